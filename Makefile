@@ -1,0 +1,40 @@
+# `make run` and `make test` work on a fresh Debian bookworm machine (root installs system packages).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+LISTEN ?= 0.0.0.0:30060
+SIMULATE ?= 0
+IS_ROOT := $(shell [ "$$(id -u)" -eq 0 ] && echo yes)
+
+.PHONY: run test deps deps-run deps-test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(BIN)/python setup.cfg setup.py
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+# eBPF needs bcc and kernel headers; without root the agent falls back to procfs.
+deps-run: $(VENV)/.installed
+ifeq ($(IS_ROOT),yes)
+	bash scripts/prepare-bpf-host.sh
+endif
+
+deps-test: deps-run
+	bash scripts/apt-install.sh gcc prometheus prometheus-alertmanager
+
+deps: deps-test
+
+run: deps-run
+	$(BIN)/kepler-bridge serve --listen $(LISTEN) --simulate $(SIMULATE)
+
+test: deps-test
+	$(BIN)/python -m pytest -q -rs
+
+bench: deps-test
+	$(BIN)/python benchmarks/agent_http.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,91 @@
+"""Command line: serve, collect, doctor, --version."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import NoReturn, Sequence
+
+from kepler_bridge import __version__
+from kepler_bridge.config import Config, ConfigError, add_arguments, load
+from kepler_bridge.sources import REGISTRY, selected_groups
+
+EXIT_BAD_SETTING = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line and exits 2, like every other bad setting."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_SETTING, f"kepler-bridge: bad setting: {message}; see kepler-bridge {self.prog.split()[-1]} --help\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kepler-bridge", description="Accelerator and workload energy metrics for one node.")
+    parser.add_argument("--version", action="version", version=f"kepler-bridge {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_arguments(commands.add_parser("serve", help="run the agent: /metrics and /v1/collect over HTTP"))
+    collect = commands.add_parser("collect", help="take one sample, print it, exit")
+    form = collect.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_const", const="json", dest="form", help="/v1/collect JSON")
+    form.add_argument("--prometheus", action="store_const", const="prometheus", dest="form",
+                      help="Prometheus text (the default)")
+    add_arguments(collect)
+    add_arguments(commands.add_parser("doctor", help="say which sources work here, and why not"))
+    return parser
+
+
+def _validate_sources(config: Config) -> None:
+    unknown = [name for name in config.sources if name != "auto" and name not in REGISTRY]
+    if unknown:
+        raise ConfigError("sources", ",".join(config.sources),
+                          f"unknown source {unknown[0]!r}; known: auto, {', '.join(sorted(REGISTRY))}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load(vars(args))
+        _validate_sources(config)
+    except ConfigError as err:
+        print(f"kepler-bridge: {err}", file=sys.stderr)
+        return EXIT_BAD_SETTING
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        from kepler_bridge.server import serve
+
+        return serve(config)
+    if args.command == "collect":
+        return _collect(config, args.form or "prometheus")
+    return _doctor(config)
+
+
+def _collect(config: Config, form: str) -> int:
+    from kepler_bridge.exposition import baetyl, prometheus
+    from kepler_bridge.sampler import Sampler, SnapshotStore
+
+    sampler = Sampler(config, SnapshotStore())
+    try:
+        snapshot = sampler.sample()
+    finally:
+        sampler.stop()
+    if form == "json":
+        sys.stdout.buffer.write(baetyl.render(snapshot, config.metric_allowed, config.baetyl_memory_unit) + b"\n")
+    else:
+        sys.stdout.buffer.write(prometheus.render(snapshot, config.metric_allowed))
+    return 0
+
+
+def _doctor(config: Config) -> int:
+    from kepler_bridge.sampler import check_source
+
+    groups, _ = selected_groups(config)
+    names = [name for group in groups for name in group]
+    names += [name for name in REGISTRY if name not in names and name != "simulated"]
+    working = 0
+    for name in names:
+        ok, line = check_source(name, config)
+        working += ok
+        print(f"{'ok ' if ok else 'no '} {name:<10} {line}")
+    return 0 if working else 1

@@ -1,0 +1,281 @@
+"""Settings: one table, read from flags > environment > config file > default."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+
+class ConfigError(Exception):
+    """A setting has a value that is not accepted; the CLI exits 2 with this one line."""
+
+    def __init__(self, setting: str, value: object, accepted: str, origin: str = "") -> None:
+        where = f" (from {origin})" if origin else ""
+        super().__init__(f"bad setting {setting}={value!r}{where}: {accepted}")
+
+
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(value: object) -> float:
+    """Go-style duration (`500ms`, `1m30s`) or a plain number of seconds, as seconds."""
+    if isinstance(value, bool):
+        raise ValueError
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    while pos < len(text):
+        match = _DURATION_PART.match(text, pos)
+        if not match:
+            raise ValueError
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if not text:
+        raise ValueError
+    return total
+
+
+def _interval(value: object) -> float:
+    seconds = parse_duration(value)
+    if not 0.1 <= seconds <= 3600:
+        raise ValueError
+    return seconds
+
+
+def _listen(value: object) -> tuple[str, int]:
+    text = str(value).strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    host = host or "0.0.0.0"
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        if not re.fullmatch(r"[A-Za-z0-9.-]+", host):
+            raise ValueError from None
+    return host, int(port_text)
+
+
+def _name_list(value: object) -> tuple[str, ...]:
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    names = tuple(str(item).strip() for item in items if str(item).strip())
+    if not all(re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:.-]*", name) for name in names):
+        raise ValueError
+    return names
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ValueError
+    number = int(str(value).strip())
+    if number < 0:
+        raise ValueError
+    return number
+
+
+def _text(value: object) -> str:
+    if isinstance(value, (dict, list, bool)):
+        raise ValueError
+    return str(value)
+
+
+def _optional_path(value: object) -> str:
+    return _text(value).strip()
+
+
+def _memory_unit(value: object) -> str:
+    text = _text(value)
+    if text not in ("bytes", "KiB", "MiB"):
+        raise ValueError
+    return text
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its config-file key, flag, environment names, parser and default."""
+
+    key: str
+    envs: tuple[str, ...]
+    parse: Callable[[object], Any]
+    default: Any
+    accepted: str
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("listen", ("KEPLER_BRIDGE_LISTEN",), _listen, "0.0.0.0:30060",
+            "expected HOST:PORT such as 0.0.0.0:30060, 127.0.0.1:9400 or [::]:30060",
+            "address of /metrics and /v1/collect"),
+    Setting("interval", ("KEPLER_BRIDGE_INTERVAL", "KEPLER_SAMPLING_INTERVAL"), _interval, "1s",
+            "expected a duration from 100ms to 1h, such as 500ms, 5s, 1m, or a number of seconds",
+            "sampling period"),
+    Setting("node_name", ("KUBE_NODE_NAME",), _text, "",
+            "expected a node name", "key of /v1/collect and the node label (default: hostname)"),
+    Setting("sources", ("KEPLER_BRIDGE_SOURCES",), _name_list, ("auto",),
+            "expected a comma list of source names such as nvml,ebpf or auto",
+            "sources to read; auto = every source that works here"),
+    Setting("metrics_allow", ("KEPLER_BRIDGE_METRICS_ALLOW",), _name_list, (),
+            "expected a comma list of metric-name prefixes such as gpu_utilization,gpu_memory",
+            "export only metrics whose name starts with one of these prefixes"),
+    Setting("metrics_deny", ("KEPLER_BRIDGE_METRICS_DENY",), _name_list, (),
+            "expected a comma list of metric-name prefixes", "never export metrics with these prefixes"),
+    Setting("procfs", ("KEPLER_BRIDGE_PROCFS",), _optional_path, "/proc",
+            "expected a directory path", "host /proc root (in a pod: /host/proc)"),
+    Setting("sysfs", ("KEPLER_BRIDGE_SYSFS",), _optional_path, "/sys",
+            "expected a directory path", "host /sys root (in a pod: /host/sys)"),
+    Setting("nvml_library", ("KEPLER_BRIDGE_NVML_LIBRARY",), _optional_path, "",
+            "expected the path of libnvidia-ml.so.1", "explicit NVIDIA driver library path"),
+    Setting("simulate", ("KEPLER_BRIDGE_SIMULATE",), _count, 0,
+            "expected a whole number >= 0", "add N simulated accelerators"),
+    Setting("simulate_seed", ("KEPLER_BRIDGE_SIMULATE_SEED",), _count, 0,
+            "expected a whole number >= 0", "seed of the simulated readings"),
+    Setting("baetyl_memory_unit", ("KEPLER_BRIDGE_BAETYL_MEMORY_UNIT",), _memory_unit, "bytes",
+            "expected one of bytes, KiB, MiB", "unit of memory values in /v1/collect"),
+    Setting("max_processes", ("KEPLER_BRIDGE_MAX_PROCESSES",), _count, 5000,
+            "expected a whole number >= 0", "cap on tracked processes (memory bound)"),
+    Setting("process_grace", ("KEPLER_BRIDGE_PROCESS_GRACE",), parse_duration, "30s",
+            "expected a duration such as 30s or 2m", "how long an ended process keeps its series"),
+    Setting("tls_cert", ("KEPLER_BRIDGE_TLS_CERT",), _optional_path, "",
+            "expected a PEM certificate path", "serve HTTPS with this certificate"),
+    Setting("tls_key", ("KEPLER_BRIDGE_TLS_KEY",), _optional_path, "",
+            "expected a PEM key path", "private key of --tls-cert"),
+    Setting("auth_token_file", ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",), _optional_path, "",
+            "expected a readable file holding the bearer token", "require this bearer token on /metrics"),
+)
+
+_BY_KEY = {setting.key: setting for setting in SETTINGS}
+# The seed's allow-list file: {"metrics": ["gpu_utilization", ...]}.
+_FILE_ALIASES = {"metrics": "metrics_allow"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated settings of one agent run."""
+
+    listen: tuple[str, int]
+    interval: float
+    node_name: str
+    sources: tuple[str, ...]
+    metrics_allow: tuple[str, ...]
+    metrics_deny: tuple[str, ...]
+    procfs: str
+    sysfs: str
+    nvml_library: str
+    simulate: int
+    simulate_seed: int
+    baetyl_memory_unit: str
+    max_processes: int
+    process_grace: float
+    tls_cert: str
+    tls_key: str
+    auth_token_file: str
+    config_file: str = ""
+
+    @property
+    def listen_text(self) -> str:
+        host, port = self.listen
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def metric_allowed(self, name: str) -> bool:
+        """Whether a metric name passes the allow/deny prefixes."""
+        if self.metrics_allow and not name.startswith(self.metrics_allow):
+            return False
+        return not (self.metrics_deny and name.startswith(self.metrics_deny))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per setting, plus --config; defaults stay None so precedence works."""
+    parser.add_argument("--config", metavar="FILE", help="YAML or JSON config file (env KEPLER_BRIDGE_CONFIG)")
+    for setting in SETTINGS:
+        parser.add_argument(setting.flag, dest=setting.key, metavar=setting.key.split("_")[-1].upper(),
+                            help=f"{setting.help} (env {setting.envs[0]}, default {_show(setting.default)})")
+
+
+def _show(default: object) -> str:
+    if isinstance(default, tuple):
+        return ",".join(default) or "none"
+    return str(default) if default != "" else "none"
+
+
+def read_file(path: str) -> dict[str, object]:
+    """Read a YAML or JSON config file into a mapping of known keys."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError("config", path, f"cannot read the file: {err}") from None
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError("config", path, f"JSON syntax error at line {err.lineno}: {err.msg}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError("config", path, f"YAML syntax error{line}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("config", path, "expected a mapping of setting names to values")
+    known = sorted(set(_BY_KEY) | set(_FILE_ALIASES))
+    result: dict[str, object] = {}
+    for key, value in data.items():
+        name = _FILE_ALIASES.get(str(key), str(key))
+        if name not in _BY_KEY:
+            raise ConfigError(f"{key} (in {path})", value, f"unknown key; accepted keys: {', '.join(known)}")
+        result[name] = value
+    return result
+
+
+def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) -> Config:
+    """Resolve every setting by precedence flag > env > file > default, and validate it."""
+    environ = os.environ if environ is None else environ
+    config_file = flags.get("config") or environ.get("KEPLER_BRIDGE_CONFIG") or ""
+    from_file = read_file(str(config_file)) if config_file else {}
+    values: dict[str, object] = {}
+    for setting in SETTINGS:
+        raw, origin = _pick(setting, flags, environ, from_file, str(config_file))
+        try:
+            values[setting.key] = setting.parse(raw)
+        except (ValueError, TypeError):
+            raise ConfigError(setting.key, raw, setting.accepted, origin) from None
+    if not values["node_name"]:
+        values["node_name"] = socket.gethostname()
+    if bool(values["tls_cert"]) != bool(values["tls_key"]):
+        raise ConfigError("tls_key" if values["tls_cert"] else "tls_cert", "",
+                          "--tls-cert and --tls-key must be given together")
+    for key in ("tls_cert", "tls_key", "auth_token_file"):
+        path = str(values[key])
+        if path and not os.access(path, os.R_OK):
+            raise ConfigError(key, path, "expected a readable file")
+    return Config(config_file=str(config_file), **values)
+
+
+def _pick(setting: Setting, flags: Mapping[str, object], environ: Mapping[str, str],
+          from_file: Mapping[str, object], config_file: str) -> tuple[object, str]:
+    if flags.get(setting.key) is not None:
+        return flags[setting.key], setting.flag
+    for env in setting.envs:
+        if environ.get(env, "") != "":
+            return environ[env], env
+    if setting.key in from_file:
+        return from_file[setting.key], config_file
+    return setting.default, "default"

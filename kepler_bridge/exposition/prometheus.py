@@ -1,0 +1,196 @@
+"""Prometheus exposition of a snapshot through a custom prometheus_client Collector."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+from kepler_bridge import __version__
+from kepler_bridge.model import GpuReading, Snapshot
+
+GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
+PROCESS_LABELS = GPU_LABELS + ("pid", "comm", "namespace", "pod", "container")
+
+# Plain gauges of a GPU reading: exposed name -> (reading attribute, help).
+GPU_GAUGES: dict[str, tuple[str, str]] = {
+    "gpu_utilization_ratio": ("utilization", "Fraction of time a kernel ran on the accelerator (0..1)."),
+    "gpu_memory_utilization_ratio": ("memory_utilization", "Fraction of time device memory was read or written (0..1)."),
+    "gpu_encoder_utilization_ratio": ("encoder_utilization", "Video encoder utilization (0..1)."),
+    "gpu_decoder_utilization_ratio": ("decoder_utilization", "Video decoder utilization (0..1)."),
+    "gpu_memory_used_bytes": ("memory_used_bytes", "Device memory in use."),
+    "gpu_memory_total_bytes": ("memory_total_bytes", "Device memory size."),
+    "gpu_memory_free_bytes": ("memory_free_bytes", "Device memory free."),
+    "gpu_temperature_celsius": ("temperature_celsius", "Accelerator core temperature."),
+    "gpu_memory_temperature_celsius": ("memory_temperature_celsius", "Accelerator memory temperature."),
+    "gpu_power_watts": ("power_watts", "Power draw."),
+    "gpu_power_limit_watts": ("power_limit_watts", "Enforced power limit."),
+    "gpu_sm_clock_hertz": ("sm_clock_hertz", "SM (core) clock."),
+    "gpu_memory_clock_hertz": ("memory_clock_hertz", "Memory clock."),
+    "gpu_fan_speed_ratio": ("fan_speed_ratio", "Fan speed as a fraction of its maximum (0..1)."),
+    "gpu_pcie_transmit_bytes_per_second": ("pcie_transmit_bytes_per_second", "PCIe transmit throughput."),
+    "gpu_pcie_receive_bytes_per_second": ("pcie_receive_bytes_per_second", "PCIe receive throughput."),
+    "gpu_performance_state": ("performance_state", "Performance state P0 (max) .. P15 (min)."),
+    "gpu_last_xid_timestamp_seconds": ("last_xid_timestamp", "Unix time of the last XID error."),
+}
+
+# Every metric this module can emit, with its help text; the README lists exactly these.
+METRICS: dict[str, str] = {
+    "gpu_info": "Accelerator metadata; value 1.",
+    "gpu_up": "1 when the accelerator is readable, 0 when lost or failing.",
+    **{name: help_text for name, (_, help_text) in GPU_GAUGES.items()},
+    "gpu_energy_joules_total": "Energy consumed by the accelerator.",
+    "gpu_throttled": "1 while the clocks are held down for this reason.",
+    "gpu_ecc_errors_total": "ECC memory errors since the driver loaded, by kind.",
+    "gpu_xid_errors_total": "XID errors reported by the driver, by XID code.",
+    "gpu_process_memory_used_bytes": "Device memory used by a process.",
+    "gpu_process_utilization_ratio": "SM utilization of a process on the accelerator (0..1).",
+    "kepler_bridge_process_cpu_seconds_total": "CPU time used by a process.",
+    "kepler_bridge_container_cpu_seconds_total": "CPU time used by the processes of a container.",
+    "kepler_bridge_build_info": "Agent build metadata; value 1.",
+    "kepler_bridge_source_up": "1 when the source was read in the last sample.",
+    "kepler_bridge_source_errors_total": "Failed reads or starts of the source.",
+    "kepler_bridge_sample_duration_seconds": "Time the last sample took to read every source.",
+    "kepler_bridge_last_sample_timestamp_seconds": "Unix time of the last published sample.",
+    "kepler_bridge_ebpf_programs_attached": "eBPF programs attached by the agent.",
+}
+
+
+def _gauge(name: str, labels: Iterable[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, METRICS[name], labels=list(labels))
+
+
+def _counter(name: str, labels: Iterable[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name.removesuffix("_total"), METRICS[name], labels=list(labels))
+
+
+def exposed_name(family: Metric) -> str:
+    """The name users see and filter by: counters end in _total, info in _info."""
+    suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")
+    return family.name + suffix
+
+
+class SnapshotCollector(Collector):
+    """Yields the metric families of one snapshot."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._gpu_families()
+        yield from self._cpu_families()
+        yield from self._agent_families()
+
+    def _gpu_families(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        info = InfoMetricFamily("gpu", METRICS["gpu_info"], labels=list(GPU_LABELS))
+        up = _gauge("gpu_up", GPU_LABELS)
+        gauges = {name: _gauge(name, GPU_LABELS) for name in GPU_GAUGES}
+        energy = _counter("gpu_energy_joules_total", GPU_LABELS)
+        throttled = _gauge("gpu_throttled", GPU_LABELS + ("reason",))
+        ecc = _counter("gpu_ecc_errors_total", GPU_LABELS + ("kind",))
+        xid = _counter("gpu_xid_errors_total", GPU_LABELS + ("xid",))
+        proc_memory = _gauge("gpu_process_memory_used_bytes", PROCESS_LABELS)
+        proc_util = _gauge("gpu_process_utilization_ratio", PROCESS_LABELS)
+        for gpu in snap.gpus:
+            labels = [snap.node, str(gpu.index), gpu.uuid, gpu.vendor, gpu.model]
+            info.add_metric(labels, {"driver_version": gpu.driver_version, "pci_bus_id": gpu.pci_bus_id})
+            up.add_metric(labels, 1.0 if gpu.up else 0.0)
+            if not gpu.up:
+                continue
+            for name, (attribute, _) in GPU_GAUGES.items():
+                value = getattr(gpu, attribute)
+                if value is not None:
+                    gauges[name].add_metric(labels, float(value))
+            if gpu.energy_joules is not None:
+                energy.add_metric(labels, gpu.energy_joules)
+            for reason, active in gpu.throttled:
+                throttled.add_metric(labels + [reason], 1.0 if active else 0.0)
+            for kind, value in (("corrected", gpu.ecc_corrected_total), ("uncorrected", gpu.ecc_uncorrected_total)):
+                if value is not None:
+                    ecc.add_metric(labels + [kind], float(value))
+            for code, count in gpu.xid_errors:
+                xid.add_metric(labels + [str(code)], float(count))
+            _add_processes(gpu, labels, proc_memory, proc_util)
+        yield info
+        yield up
+        yield from gauges.values()
+        yield from (energy, throttled, ecc, xid, proc_memory, proc_util)
+
+    def _cpu_families(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        process = _counter("kepler_bridge_process_cpu_seconds_total", ("node", "pid", "comm", "container_id"))
+        for proc in snap.processes:
+            process.add_metric([snap.node, str(proc.pid), proc.comm, proc.container_id], proc.cpu_seconds)
+        container = _counter("kepler_bridge_container_cpu_seconds_total", ("node", "container_id"))
+        for container_id, seconds in snap.containers:
+            container.add_metric([snap.node, container_id], seconds)
+        yield process
+        yield container
+
+    def _agent_families(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        build = InfoMetricFamily("kepler_bridge_build", METRICS["kepler_bridge_build_info"], labels=["node"])
+        build.add_metric([snap.node], {"version": __version__})
+        up = _gauge("kepler_bridge_source_up", ("node", "source"))
+        errors = _counter("kepler_bridge_source_errors_total", ("node", "source"))
+        for status in snap.sources:
+            up.add_metric([snap.node, status.name], 1.0 if status.up else 0.0)
+            errors.add_metric([snap.node, status.name], float(status.errors_total))
+        duration = _gauge("kepler_bridge_sample_duration_seconds", ("node",))
+        duration.add_metric([snap.node], snap.duration_seconds)
+        timestamp = _gauge("kepler_bridge_last_sample_timestamp_seconds", ("node",))
+        timestamp.add_metric([snap.node], snap.timestamp)
+        yield from (build, up, errors, duration, timestamp)
+        if snap.ebpf_programs_attached is not None:
+            attached = _gauge("kepler_bridge_ebpf_programs_attached", ("node",))
+            attached.add_metric([snap.node], float(snap.ebpf_programs_attached))
+            yield attached
+
+
+def _add_processes(gpu: GpuReading, labels: list[str], memory: GaugeMetricFamily,
+                   utilization: GaugeMetricFamily) -> None:
+    for proc in gpu.processes:
+        proc_labels = labels + [str(proc.pid), proc.comm, proc.namespace, proc.pod, proc.container]
+        if proc.memory_used_bytes is not None:
+            memory.add_metric(proc_labels, float(proc.memory_used_bytes))
+        if proc.utilization is not None:
+            utilization.add_metric(proc_labels, proc.utilization)
+
+
+class _NodeLabelled(Collector):
+    """Adds the node label to another collector's families (prometheus_client's process_*)."""
+
+    def __init__(self, inner: Collector, node: str) -> None:
+        self.inner = inner
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.inner.collect():
+            family.samples = [Sample(s.name, {"node": self.node, **s.labels}, s.value, s.timestamp, s.exemplar)
+                              for s in family.samples]
+            yield family
+
+
+class _Filtered(Collector):
+    """Keeps only non-empty families whose exposed name passes the allow/deny prefixes."""
+
+    def __init__(self, inner: Collector, allowed: Callable[[str], bool]) -> None:
+        self.inner = inner
+        self.allowed = allowed
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in self.inner.collect() if family.samples and self.allowed(exposed_name(family)))
+
+
+def render(snapshot: Snapshot, allowed: Callable[[str], bool], openmetrics: bool = False) -> bytes:
+    """Render a snapshot (plus the agent's own process_* metrics) in text or OpenMetrics format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Filtered(SnapshotCollector(snapshot), allowed))
+    registry.register(_Filtered(_NodeLabelled(ProcessCollector(registry=None), snapshot.node), allowed))
+    return generate_openmetrics(registry) if openmetrics else generate_latest(registry)

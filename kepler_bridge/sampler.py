@@ -1,0 +1,203 @@
+"""The sampling loop: owns the sources and the clock, publishes immutable snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kepler_bridge.config import Config
+from kepler_bridge.counters import CounterGuard
+from kepler_bridge.model import GpuReading, ProcessCpu, Snapshot, SourceReading, SourceStatus
+from kepler_bridge.sources import selected_groups, source_class
+from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_SECONDS = 30.0
+
+
+class SnapshotStore:
+    """Holds the newest snapshot; publication is one reference swap, so readers never lock."""
+
+    def __init__(self) -> None:
+        self._snapshot: Snapshot | None = None
+        self._published = threading.Condition()
+
+    def publish(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        with self._published:
+            self._published.notify_all()
+
+    def latest(self) -> Snapshot | None:
+        return self._snapshot
+
+    def wait(self, timeout: float) -> Snapshot | None:
+        """Wait until a snapshot exists (or timeout) and return the newest one."""
+        with self._published:
+            self._published.wait_for(lambda: self._snapshot is not None, timeout)
+        return self._snapshot
+
+
+@dataclass
+class _Slot:
+    """One configured source and its health."""
+
+    name: str
+    source: Source | None
+    started: bool = False
+    error: str = ""
+    errors_total: int = 0
+    retry_at: float = 0.0
+    backoff: float = 0.0
+    last: SourceReading = field(default_factory=SourceReading)
+
+    def fail(self, message: str, interval: float, now: float) -> None:
+        self.error = message
+        self.errors_total += 1
+        self.backoff = min(MAX_BACKOFF_SECONDS, max(interval, self.backoff * 2))
+        self.retry_at = now + self.backoff
+
+
+def build_slots(config: Config) -> list[_Slot]:
+    """Start the configured sources; `auto` drops absent ones and falls back within a group."""
+    groups, auto = selected_groups(config)
+    slots: list[_Slot] = []
+    for group in groups:
+        for position, name in enumerate(group):
+            slot = _open(name, config)
+            if slot.started or position == len(group) - 1:
+                if not (auto and len(group) == 1 and slot.source is None):
+                    slots.append(slot)
+                break
+            # An alternative that lost to the next one stays visible as down, with its reason.
+            slots.append(_Slot(name, None, error=slot.error, errors_total=slot.errors_total))
+    return slots
+
+
+def _open(name: str, config: Config) -> _Slot:
+    source = source_class(name)(config)
+    slot = _Slot(name, source)
+    try:
+        source.start()
+        slot.started = True
+    except SourceAbsent as err:
+        slot.source, slot.error, slot.errors_total = None, str(err), 1
+    except SourceUnavailable as err:
+        slot.fail(str(err), config.interval, time.monotonic())
+    except Exception as err:  # a broken driver must not stop the agent
+        slot.fail(f"{type(err).__name__}: {err}", config.interval, time.monotonic())
+    return slot
+
+
+class Sampler:
+    """Reads every source once per interval and publishes one Snapshot per sample."""
+
+    def __init__(self, config: Config, store: SnapshotStore, slots: list[_Slot] | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.slots = build_slots(config) if slots is None else slots
+        self._counters = CounterGuard()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kepler-bridge-sampler", daemon=True)
+        self._thread.start()
+
+    def alive(self) -> bool:
+        """Whether the sampling thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float = 1.5) -> None:
+        """Stop sampling and release the sources, within about `timeout` seconds."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():  # stuck in a driver call: releasing it now could crash the driver
+                return
+        for slot in self.slots:
+            if slot.source is not None and slot.started:
+                try:
+                    slot.source.stop()
+                except Exception as err:
+                    log.warning("stopping source %s: %s", slot.name, err)
+
+    def _run(self) -> None:
+        deadline = time.monotonic()
+        while not self._stop.is_set():
+            self.store.publish(self.sample())
+            deadline += self.config.interval
+            now = time.monotonic()
+            if deadline < now:  # fell behind (slow driver): skip missed ticks instead of bursting
+                deadline = now
+            self._stop.wait(deadline - now)
+
+    def sample(self) -> Snapshot:
+        """Read all sources once and build the snapshot."""
+        started = time.monotonic()
+        gpus: list[GpuReading] = []
+        processes: list[ProcessCpu] = []
+        attached: int | None = None
+        for slot in self.slots:
+            reading = self._read(slot, started)
+            gpus.extend(reading.gpus)
+            processes.extend(reading.processes)
+            if reading.ebpf_programs_attached is not None:
+                attached = (attached or 0) + reading.ebpf_programs_attached
+        node_gpus = tuple(self._counters.gpu(dataclasses.replace(gpu, index=i)) for i, gpu in enumerate(gpus))
+        return Snapshot(
+            node=self.config.node_name,
+            timestamp=time.time(),
+            duration_seconds=time.monotonic() - started,
+            interval_seconds=self.config.interval,
+            sources=tuple(SourceStatus(s.name, s.started and not s.error, s.error, s.errors_total)
+                          for s in self.slots),
+            gpus=node_gpus,
+            processes=tuple(processes),
+            containers=self._counters.containers(processes),
+            ebpf_programs_attached=attached,
+        )
+
+    def _read(self, slot: _Slot, now: float) -> SourceReading:
+        if slot.source is None:
+            return SourceReading()
+        if not slot.started:
+            if now < slot.retry_at:
+                return slot.last
+            try:
+                slot.source.start()
+                slot.started, slot.error, slot.backoff = True, "", 0.0
+            except Exception as err:
+                slot.fail(str(err) or type(err).__name__, self.config.interval, now)
+                return slot.last
+        try:
+            reading = slot.source.read()
+        except Exception as err:
+            log.debug("source %s failed", slot.name, exc_info=True)
+            slot.error = str(err) or type(err).__name__
+            slot.errors_total += 1
+            return dataclasses.replace(slot.last, gpus=tuple(
+                dataclasses.replace(gpu, up=False, error=slot.error) for gpu in slot.last.gpus))
+        slot.error = ""
+        slot.last = reading
+        return reading
+
+
+def check_source(name: str, config: Config) -> tuple[bool, str]:
+    """Start and read one source once, for `doctor`: whether it works and one line saying what or why not."""
+    source = source_class(name)(config)
+    try:
+        source.start()
+    except (SourceAbsent, SourceUnavailable) as err:
+        return False, str(err)
+    except Exception as err:
+        return False, f"{type(err).__name__}: {err}"
+    try:
+        return True, source.describe(source.read())
+    except Exception as err:
+        return False, f"started, but reading failed: {err}"
+    finally:
+        source.stop()

@@ -1,0 +1,93 @@
+"""Runs the agent under gunicorn: one worker (drivers must not be forked), gthread, sampler after fork."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+
+from gunicorn.app.base import BaseApplication
+
+from kepler_bridge.config import Config
+
+THREADS = 4
+GRACEFUL_SECONDS = 1
+
+
+class BindError(Exception):
+    """The listen address cannot be bound; the message says why and what to do."""
+
+
+def bind(config: Config) -> socket.socket:
+    """Bind the listening socket in the master, so a busy port is one clear error before gunicorn starts."""
+    host, port = config.listen
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise BindError(f"cannot listen on {config.listen_text}: address already in use; stop the other "
+                            "process or choose another address with --listen") from None
+        raise BindError(f"cannot listen on {config.listen_text}: {err.strerror or err}; "
+                        "choose another address with --listen") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class AgentApplication(BaseApplication):
+    """gunicorn application whose worker builds the sampler and the Flask app after the fork."""
+
+    def __init__(self, config: Config, sock: socket.socket) -> None:
+        self.config = config
+        self.sock = sock
+        self.sampler = None
+        super().__init__()
+
+    def load_config(self) -> None:
+        settings = {
+            "bind": [f"fd://{self.sock.fileno()}"],
+            "workers": 1,
+            "worker_class": "gthread",
+            "threads": THREADS,
+            "timeout": 60,
+            "graceful_timeout": GRACEFUL_SECONDS,
+            "keepalive": 5,
+            "proc_name": "kepler-bridge",
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": "info",
+            "worker_exit": self._worker_exit,
+        }
+        if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 24: no shared control socket in $HOME
+            settings["control_socket_disable"] = True
+        if self.config.tls_cert:
+            settings.update(certfile=self.config.tls_cert, keyfile=self.config.tls_key)
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        from kepler_bridge.sampler import Sampler, SnapshotStore
+        from kepler_bridge.web import create_app
+
+        store = SnapshotStore()
+        self.sampler = Sampler(self.config, store)
+        self.sampler.start()
+        return create_app(store, self.config, alive=self.sampler.alive)
+
+    def _worker_exit(self, server, worker) -> None:
+        if self.sampler is not None:
+            self.sampler.stop(timeout=GRACEFUL_SECONDS / 2)
+
+
+def serve(config: Config) -> int:
+    """Run until SIGTERM/SIGINT; 1 when the address cannot be bound."""
+    try:
+        sock = bind(config)
+    except BindError as err:
+        print(f"kepler-bridge: {err}", file=sys.stderr)
+        return 1
+    AgentApplication(config, sock).run()
+    return 0

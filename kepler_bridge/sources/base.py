@@ -1,0 +1,46 @@
+"""The interface every source implements."""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+from kepler_bridge.config import Config
+from kepler_bridge.model import SourceReading
+
+
+class SourceAbsent(Exception):
+    """The hardware or kernel feature this source reads does not exist here; the message says why."""
+
+
+class SourceUnavailable(Exception):
+    """The source exists but cannot be read now; the message says why and how to fix it."""
+
+
+class Source(abc.ABC):
+    """Reads one kind of hardware or kernel state; never formats output, never raises into the sampler loop."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Open drivers or load programs; raise SourceAbsent or SourceUnavailable with the reason."""
+
+    @abc.abstractmethod
+    def read(self) -> SourceReading:
+        """Return this sample's readings; any exception marks the source down for this sample."""
+
+    def stop(self) -> None:
+        """Release drivers, threads and programs."""
+
+    def describe(self, reading: SourceReading) -> str:
+        """One line for `doctor` saying what this source found."""
+        parts = []
+        if reading.gpus:
+            parts.append(f"{len(reading.gpus)} accelerator(s)")
+        if reading.processes:
+            parts.append(f"{len(reading.processes)} process(es)")
+        return ", ".join(parts) or "works, nothing to report yet"

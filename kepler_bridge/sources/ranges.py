@@ -1,0 +1,42 @@
+"""Physical-range checks: a reading outside them is a driver sentinel or garbage, and is dropped."""
+
+from __future__ import annotations
+
+MAX_WATTS = 5_000.0
+MAX_CELSIUS = 150.0
+MAX_HERTZ = 10e9
+MAX_BYTES = 2**53  # beyond any device memory; also above every 32/64-bit "not available" sentinel we see
+MAX_BYTES_PER_SECOND = 1e12
+
+
+def bounded(value: float | None, low: float, high: float) -> float | None:
+    """The value when low <= value <= high, else None."""
+    if value is None or not low <= value <= high:
+        return None
+    return value
+
+
+def ratio_from_percent(percent: float | None) -> float | None:
+    """0..100 % as a 0..1 ratio; anything else dropped."""
+    checked = bounded(percent, 0, 100)
+    return None if checked is None else checked / 100.0
+
+
+def celsius(value: float | None) -> float | None:
+    """Temperatures from 0 to 150 °C; negatives and sentinels dropped."""
+    return bounded(value, 0, MAX_CELSIUS)
+
+
+def watts(value: float | None) -> float | None:
+    """Power from 0 to 5 kW."""
+    return bounded(value, 0, MAX_WATTS)
+
+
+def hertz(value: float | None) -> float | None:
+    """Clocks from just above 0 to 10 GHz."""
+    return bounded(value, 1, MAX_HERTZ)
+
+
+def byte_count(value: int | None) -> int | None:
+    """Byte quantities (memory, counters of bytes) below 2**53."""
+    return None if value is None or not 0 <= value < MAX_BYTES else int(value)

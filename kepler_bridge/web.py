@@ -1,0 +1,129 @@
+"""Flask app factory: thin HTTP layer over the render cache; a request never touches a driver."""
+
+from __future__ import annotations
+
+import hmac
+import html
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from flask import Flask, Request, Response, request
+from werkzeug.exceptions import HTTPException
+
+from kepler_bridge import __version__
+from kepler_bridge.config import Config
+from kepler_bridge.exposition import RenderCache, baetyl
+from kepler_bridge.model import Snapshot
+from kepler_bridge.sampler import SnapshotStore
+
+TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+READY_AGE_INTERVALS = 3
+
+
+def _json(body: bytes, status: int = 200) -> Response:
+    return Response(body, status=status, mimetype="application/json")
+
+
+def _error(status: int, message: str) -> Response:
+    return _json(json.dumps({"error": message, "status": status}).encode(), status)
+
+
+def _wants_gzip(req: Request) -> bool:
+    return "gzip" in req.headers.get("Accept-Encoding", "")
+
+
+def readiness(snapshot: Snapshot | None, now: float) -> tuple[bool, str]:
+    """Ready when a snapshot younger than 3 intervals exists and at least one source is up."""
+    if snapshot is None:
+        return False, "no sample has completed yet"
+    age = now - snapshot.timestamp
+    if age > READY_AGE_INTERVALS * snapshot.interval_seconds:
+        return False, f"newest sample is {age:.1f}s old (more than {READY_AGE_INTERVALS} intervals)"
+    if not any(status.up for status in snapshot.sources):
+        reasons = "; ".join(f"{s.name}: {s.error or 'down'}" for s in snapshot.sources) or "no source configured"
+        return False, f"no source is up ({reasons})"
+    return True, "ok"
+
+
+def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] = lambda: True) -> Flask:
+    """Build the app serving /metrics, /v1/collect, /healthz, /readyz and /."""
+    app = Flask("kepler_bridge")
+    cache = RenderCache(store, config)
+    token = Path(config.auth_token_file).read_text().strip().encode() if config.auth_token_file else b""
+
+    def route(path: str) -> Callable:
+        return app.route(path, methods=["GET", "HEAD"], provide_automatic_options=False)
+
+    @route("/metrics")
+    def metrics() -> Response:
+        if token and not hmac.compare_digest(request.headers.get("Authorization", "").encode(),
+                                             b"Bearer " + token):
+            return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'")
+        openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
+        variant = "openmetrics" if openmetrics else "text"
+        gzipped = _wants_gzip(request)
+        found = cache.get(variant + "+gzip" if gzipped else variant)
+        if found is None:
+            return _error(503, "no sample has completed yet; retry in one interval")
+        response = Response(found[1], mimetype=None, content_type=OPENMETRICS_TYPE if openmetrics else TEXT_TYPE)
+        if gzipped:
+            response.headers["Content-Encoding"] = "gzip"
+        response.headers["Vary"] = "Accept, Accept-Encoding"
+        return response
+
+    @route("/v1/collect")
+    def collect() -> Response:
+        gzipped = _wants_gzip(request)
+        found = cache.get("baetyl+gzip" if gzipped else "baetyl")
+        if found is None:
+            empty = Snapshot(node=config.node_name, timestamp=0.0, duration_seconds=0.0,
+                             interval_seconds=config.interval)
+            return _json(baetyl.render(empty, config.metric_allowed, config.baetyl_memory_unit))
+        response = _json(found[1])
+        if gzipped:
+            response.headers["Content-Encoding"] = "gzip"
+        response.headers["Vary"] = "Accept-Encoding"
+        return response
+
+    @route("/healthz")
+    def healthz() -> Response:
+        if not alive():
+            return _error(503, "the sampling thread has stopped; restart the agent")
+        return _json(b'{"status":"ok"}')
+
+    @route("/readyz")
+    def readyz() -> Response:
+        ready, reason = readiness(store.latest(), time.time())
+        return _json(json.dumps({"ready": ready, "reason": reason}).encode(), 200 if ready else 503)
+
+    @route("/")
+    def index() -> Response:
+        return Response(_index_page(config, store.latest()), mimetype="text/html")
+
+    @app.errorhandler(HTTPException)
+    def http_error(err: HTTPException) -> Response:
+        response = _error(err.code or 500, err.description or err.name)
+        if err.code == 405:
+            response.headers["Allow"] = "GET, HEAD"
+        return response
+
+    return app
+
+
+def _index_page(config: Config, snapshot: Snapshot | None) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(s.name)}</td><td>{'up' if s.up else 'down'}</td>"
+        f"<td>{html.escape(s.error)}</td></tr>" for s in (snapshot.sources if snapshot else ()))
+    gpus = len(snapshot.gpus) if snapshot else 0
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>kepler-bridge</title></head><body>"
+        f"<h1>kepler-bridge {html.escape(__version__)}</h1>"
+        f"<p>node <b>{html.escape(config.node_name)}</b>, {gpus} accelerator(s), "
+        f"sampling every {config.interval:g}s</p>"
+        f"<table><tr><th>source</th><th>status</th><th>error</th></tr>{rows}</table>"
+        "<p><a href='/metrics'>/metrics</a> · <a href='/v1/collect'>/v1/collect</a> · "
+        "<a href='/healthz'>/healthz</a> · <a href='/readyz'>/readyz</a></p></body></html>"
+    )

@@ -1,0 +1,5 @@
+"""Packaging shim; metadata lives in setup.cfg."""
+
+from setuptools import setup
+
+setup()

@@ -1,0 +1,85 @@
+"""Starts the real agent (`kepler-bridge serve`, gunicorn inside) on a free loopback port for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+KEPLER_BRIDGE = str(Path(sys.executable).with_name("kepler-bridge"))
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Agent:
+    """A running `kepler-bridge serve`; use as a context manager."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, ready: bool = True,
+                 timeout: float = 20.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = ["serve", "--listen", f"127.0.0.1:{self.port}", "--node-name", "test-node", *args]
+        self.env = {**os.environ, **(env or {})}
+        self.ready = ready
+        self.timeout = timeout
+        self.process: subprocess.Popen | None = None
+        self.log = tempfile.TemporaryFile(mode="w+")
+
+    def __enter__(self) -> "Agent":
+        # A file, not a pipe: an unread pipe would fill up and block the agent's logging.
+        self.process = subprocess.Popen([KEPLER_BRIDGE, *self.args], env=self.env, stdout=self.log,
+                                        stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + self.timeout
+        path = "/readyz" if self.ready else "/healthz"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"agent exited {self.process.returncode}: {self.output()}")
+            try:
+                if requests.get(self.url + path, timeout=1).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"agent not {path} within {self.timeout}s: {self.output()}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def get(self, path: str, **kwargs) -> requests.Response:
+        return requests.get(self.url + path, timeout=5, **kwargs)
+
+    def metrics(self) -> str:
+        response = self.get("/metrics")
+        response.raise_for_status()
+        return response.text
+
+    def stop(self, timeout: float = 5.0) -> float:
+        """SIGTERM the agent; return how long it took to exit."""
+        if self.process is None or self.process.poll() is not None:
+            return 0.0
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        return time.monotonic() - started
+
+    def output(self) -> str:
+        """Everything the agent printed so far."""
+        self.log.seek(0)
+        return self.log.read()
