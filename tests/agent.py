@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 KEPLER_BRIDGE = str(Path(sys.executable).with_name("kepler-bridge"))
 
@@ -65,6 +66,25 @@ class Agent:
         response = self.get("/metrics")
         response.raise_for_status()
         return response.text
+
+    def samples(self, name: str) -> dict[str, float]:
+        """Values of one metric from /metrics, keyed by the `gpu` label (or '' when absent)."""
+        found: dict[str, float] = {}
+        for family in text_string_to_metric_families(self.metrics()):
+            for sample in family.samples:
+                if sample.name == name:
+                    found[sample.labels.get("gpu", "")] = sample.value
+        return found
+
+    def wait_for(self, check, timeout: float = 10.0, what: str = "condition"):
+        """Poll check() until it returns something truthy; fail with the agent's log otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = check()
+            if result:
+                return result
+            time.sleep(0.1)
+        raise AssertionError(f"{what} not met within {timeout}s; agent log:\n{self.output()[-3000:]}")
 
     def stop(self, timeout: float = 5.0) -> float:
         """SIGTERM the agent; return how long it took to exit."""

@@ -1,0 +1,106 @@
+"""Container ids from cgroup paths (cgroup v1 and v2, every common runtime and driver).
+
+Recognised path components (the innermost match wins, so a pod inside a
+kind/docker node yields the pod's container):
+
+- docker:      ``/docker/<id>``, ``/system.slice/docker-<id>.scope``
+- containerd:  ``cri-containerd-<id>.scope``, ``/kubepods/.../pod<uid>/<id>``,
+               nerdctl's ``/<namespace>/<id>`` and ``nerdctl-<id>.scope``
+- CRI-O:       ``crio-<id>.scope``, ``/kubepods/.../pod<uid>/crio-<id>``
+- podman:      ``libpod-<id>.scope``, ``/libpod_parent/libpod-<id>``
+- kubepods with the systemd (``kubepods-burstable-pod<uid>.slice``) or
+  cgroupfs (``/kubepods/burstable/pod<uid>``) driver.
+
+Runtime monitors (``crio-conmon-<id>``, ``libpod-conmon-<id>``) belong to no
+container and yield ''.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+_ID = re.compile(r"^(?:(?:docker|cri-containerd|crio|cri-o|libpod|containerd|nerdctl|podman)-)?"
+                 r"([0-9a-f]{64})(?:\.scope)?$")
+# Where the unified (v2) hierarchy is mounted: pure v2 hosts, then hybrid v1/v2 hosts.
+_CGROUP2_MOUNTS = ("fs/cgroup", "fs/cgroup/unified")
+
+
+def container_id_from_path(path: str) -> str:
+    """The container id in one cgroup path, or '' for host processes."""
+    for part in reversed(path.split("/")):
+        match = _ID.match(part)
+        if match:
+            return match.group(1)
+    return ""
+
+
+def container_id(cgroup_file_text: str) -> str:
+    """The container id from the text of /proc/<pid>/cgroup (v1 lines and the v2 ``0::`` line)."""
+    for line in cgroup_file_text.splitlines():
+        _, _, path = line.partition(":")
+        _, _, path = path.partition(":")
+        found = container_id_from_path(path)
+        if found:
+            return found
+    return ""
+
+
+def read_container_id(procfs: str, pid: int) -> str | None:
+    """Container id of a live process, '' for host processes, None when the process is gone."""
+    try:
+        with open(f"{procfs}/{pid}/cgroup", encoding="utf-8", errors="replace") as file:
+            return container_id(file.read())
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+class CgroupIdIndex:
+    """Maps cgroup v2 ids (bpf_get_current_cgroup_id) to container ids for processes already gone.
+
+    A v2 cgroup's id is the inode number of its directory, so one walk of the
+    unified hierarchy indexes them; the walk repeats at most once per
+    ``min_rescan`` seconds, when an unknown id shows up.
+    """
+
+    def __init__(self, sysfs: str = "/sys", min_rescan: float = 10.0) -> None:
+        self.root = _cgroup2_root(sysfs)
+        self.min_rescan = min_rescan
+        self._ids: dict[int, str] = {}
+        self._scanned_at: float | None = None
+
+    def container_id(self, cgroup_id: int, now: float) -> str:
+        """Container id of the cgroup with this id, '' when unknown or not a container."""
+        if cgroup_id in self._ids or not self.root:
+            return self._ids.get(cgroup_id, "")
+        if self._scanned_at is None or now - self._scanned_at >= self.min_rescan:
+            self._scan()
+            self._scanned_at = now
+        return self._ids.get(cgroup_id, "")
+
+    def _scan(self) -> None:
+        ids: dict[int, str] = {}
+        pending = [(self.root, "")]
+        while pending:
+            directory, inherited = pending.pop()
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue
+            for entry in entries:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                found = container_id_from_path(entry.name) or inherited
+                if found:
+                    ids[entry.inode()] = found
+                pending.append((entry.path, found))
+        self._ids = ids
+
+
+def _cgroup2_root(sysfs: str) -> str:
+    """The mounted cgroup v2 hierarchy under sysfs ('' when there is none)."""
+    for relative in _CGROUP2_MOUNTS:
+        path = os.path.join(sysfs, relative)
+        if os.path.isfile(os.path.join(path, "cgroup.controllers")):
+            return path
+    return ""

@@ -1,0 +1,120 @@
+"""The processes a CPU source reports: pid reuse, a grace period for ended ones, and a cap.
+
+Shared by the ebpf and procfs sources. Rules:
+
+- a process is (pid, start time); a pid seen with a new start time is a new
+  process, and when both carry the same labels the newer one is reported;
+- an ended process keeps its last counter for ``grace`` seconds, then goes;
+- at most ``max_processes`` entries are kept (0 = no cap): the ones with the
+  most CPU seconds, live or ended. An evicted live process that keeps running
+  comes back with its counter re-read from /proc.
+- reported counters never decrease for the same process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Collection, Mapping
+
+from kepler_bridge.model import ProcessCpu
+
+
+@dataclass
+class TrackedProcess:
+    """One process; ``start`` is its start time in clock ticks after boot, or a negative serial if unseen."""
+
+    pid: int
+    start: int
+    comm: str
+    container_id: str
+    cpu_seconds: float
+    shown: float = 0.0
+    ended_at: float | None = None
+    # Kept by the ebpf source to notice exec (comm change) and cgroup moves cheaply.
+    bpf_comm: str = ""
+    cgroup_id: int = 0
+
+
+class ProcessTable:
+    """Processes being reported, bounded in number and in how long ended ones stay."""
+
+    def __init__(self, max_processes: int, grace: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_processes = max_processes
+        self.grace = grace
+        self.clock = clock
+        self._entries: dict[tuple[int, int], TrackedProcess] = {}
+        self._current: dict[int, tuple[int, int]] = {}
+        self._serial = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def current(self, pid: int) -> TrackedProcess | None:
+        """The newest process seen with this pid, live or ended."""
+        key = self._current.get(pid)
+        return self._entries.get(key) if key else None
+
+    def begin(self, pid: int, start: int | None, comm: str, container_id: str, cpu_seconds: float) -> TrackedProcess:
+        """Track a process first seen now; start None means it ended before anyone saw it alive."""
+        if start is None:
+            self._serial += 1
+            start = -self._serial
+        old = self.current(pid)
+        if old is not None and old.start != start and old.ended_at is None:
+            old.ended_at = self.clock()
+        entry = TrackedProcess(pid, start, comm, container_id, cpu_seconds)
+        self._entries[(pid, start)] = entry
+        self._current[pid] = (pid, start)
+        return entry
+
+    def end(self, entry: TrackedProcess) -> None:
+        """Mark a process ended now (its counter stays for the grace period)."""
+        if entry.ended_at is None:
+            entry.ended_at = self.clock()
+
+    def end_missing(self, alive: Collection[int]) -> None:
+        """End every live process whose pid is not in alive."""
+        now = self.clock()
+        for entry in self._entries.values():
+            if entry.ended_at is None and entry.pid not in alive:
+                entry.ended_at = now
+
+    def live_pids(self) -> set[int]:
+        """Pids of processes not ended."""
+        return {entry.pid for entry in self._entries.values() if entry.ended_at is None}
+
+    def rows(self, in_flight: Mapping[int, float] | None = None) -> tuple[ProcessCpu, ...]:
+        """Expire and cap, then the rows to report; in_flight adds CPU seconds not yet committed, by pid."""
+        self._expire()
+        self._cap()
+        in_flight = in_flight or {}
+        by_labels: dict[tuple[int, str, str], TrackedProcess] = {}
+        for entry in self._entries.values():
+            extra = in_flight.get(entry.pid, 0.0) if entry.ended_at is None else 0.0
+            entry.shown = max(entry.shown, entry.cpu_seconds + extra)
+            labels = (entry.pid, entry.comm, entry.container_id)
+            other = by_labels.get(labels)
+            if other is None or other.start < entry.start:
+                by_labels[labels] = entry
+        return tuple(ProcessCpu(e.pid, e.comm, e.shown, e.container_id) for e in by_labels.values())
+
+    def _expire(self) -> None:
+        now = self.clock()
+        gone = [key for key, entry in self._entries.items()
+                if entry.ended_at is not None and now - entry.ended_at >= self.grace]
+        for key in gone:
+            self._drop(key)
+
+    def _cap(self) -> None:
+        excess = len(self._entries) - self.max_processes
+        if self.max_processes <= 0 or excess <= 0:
+            return
+        smallest = sorted(self._entries, key=lambda key: self._entries[key].cpu_seconds)[:excess]
+        for key in smallest:
+            self._drop(key)
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        del self._entries[key]
+        if self._current.get(key[0]) == key:
+            del self._current[key[0]]

@@ -1,0 +1,115 @@
+"""Snapshot to bytes: omitted readings, filters, the baetyl contract, monotonic counters."""
+
+from __future__ import annotations
+
+import json
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kepler_bridge.counters import CounterGuard
+from kepler_bridge.exposition import baetyl, prometheus
+from kepler_bridge.model import GpuProcess, GpuReading, ProcessCpu, Snapshot, SourceStatus
+
+GIB = 1024**3
+
+
+def snapshot(*gpus: GpuReading) -> Snapshot:
+    return Snapshot(node="n1", timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0,
+                    sources=(SourceStatus("nvml", True),), gpus=gpus)
+
+
+def gpu(index: int, **values) -> GpuReading:
+    return GpuReading(index=index, uuid=f"GPU-{index}", vendor="nvidia", model="A100", **values)
+
+
+def families(snap: Snapshot, allowed=lambda name: True) -> dict[str, list]:
+    text = prometheus.render(snap, allowed).decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def test_unreported_values_are_omitted_not_sentinels() -> None:
+    found = families(snapshot(gpu(0, utilization=0.5), gpu(1, power_watts=100.0)))
+    assert [s.labels["gpu"] for s in found["gpu_utilization_ratio"]] == ["0"]
+    assert [s.labels["gpu"] for s in found["gpu_power_watts"]] == ["1"]
+    assert "gpu_fan_speed_ratio" not in found
+
+
+def test_lost_gpu_has_up_0_and_info_only() -> None:
+    found = families(snapshot(gpu(0, utilization=0.5), gpu(1, up=False, utilization=0.7)))
+    assert {s.labels["gpu"]: s.value for s in found["gpu_up"]} == {"0": 1.0, "1": 0.0}
+    assert [s.labels["gpu"] for s in found["gpu_utilization_ratio"]] == ["0"]
+    assert len(found["gpu_info"]) == 2
+
+
+def test_labelled_families() -> None:
+    snap = snapshot(gpu(0, throttled=(("hw_slowdown", True), ("gpu_idle", False)), ecc_uncorrected_total=2,
+                        xid_errors=((79, 1),), last_xid_timestamp=5.0,
+                        processes=(GpuProcess(pid=7, comm="python3", memory_used_bytes=GIB, utilization=0.25),)))
+    found = families(snap)
+    assert {s.labels["reason"]: s.value for s in found["gpu_throttled"]} == {"hw_slowdown": 1, "gpu_idle": 0}
+    assert [(s.name, s.labels["kind"], s.value) for s in found["gpu_ecc_errors"]] == [
+        ("gpu_ecc_errors_total", "uncorrected", 2)]
+    assert found["gpu_xid_errors"][0].labels["xid"] == "79"
+    proc, = found["gpu_process_memory_used_bytes"]
+    assert proc.labels | {} == {"node": "n1", "gpu": "0", "uuid": "GPU-0", "vendor": "nvidia", "model": "A100",
+                                "pid": "7", "comm": "python3", "namespace": "", "pod": "", "container": ""}
+    assert found["gpu_process_utilization_ratio"][0].value == 0.25
+
+
+def test_filter_applies_to_exposed_names_including_seed_short_names() -> None:
+    allowed = ("gpu_utilization", "gpu_memory_used", "gpu_temperature")
+    found = families(snapshot(gpu(0, utilization=0.5, memory_used_bytes=5, memory_total_bytes=10,
+                                  temperature_celsius=40.0)), lambda name: name.startswith(allowed))
+    assert set(found) == {"gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_temperature_celsius"}
+
+
+def test_every_emitted_family_is_declared() -> None:
+    snap = Snapshot(node="n1", timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0,
+                    sources=(SourceStatus("ebpf", True),), processes=(ProcessCpu(1, "init", 2.0, "abc"),),
+                    containers=(("abc", 2.0),), ebpf_programs_attached=1,
+                    gpus=(gpu(0, utilization=0.1, energy_joules=1.0, ecc_corrected_total=0,
+                              throttled=(("gpu_idle", True),), xid_errors=((13, 1),)),))
+    text = prometheus.render(snap, lambda name: True).decode()
+    names = {prometheus.exposed_name(f) for f in text_string_to_metric_families(text)}
+    assert names - set(prometheus.METRICS) == {n for n in names if n.startswith("process_")}
+
+
+def test_baetyl_contract_lost_device_keeps_place_and_no_nan() -> None:
+    snap = snapshot(gpu(0, memory_used_bytes=100, memory_total_bytes=1000),
+                    gpu(1, up=False, memory_used_bytes=5, memory_total_bytes=10),
+                    gpu(2, memory_total_bytes=0))
+    body = json.loads(baetyl.render(snap, lambda name: True))
+    assert body == {"n1": {"deviceNum": 3, "devices": [
+        {"usedMemory": 100, "totalMemory": 1000, "percent": 0.1},
+        {"usedMemory": 0, "totalMemory": 0, "percent": 0},
+        {"usedMemory": 0, "totalMemory": 0, "percent": 0}],
+        "usedMemory": 100, "totalMemory": 1000, "percent": 0.1}}
+
+
+def test_baetyl_matches_design_example_and_units() -> None:
+    snap = snapshot(gpu(0, memory_used_bytes=100, memory_total_bytes=1000),
+                    gpu(1, memory_used_bytes=101, memory_total_bytes=1001))
+    node = json.loads(baetyl.render(snap, lambda name: True))["n1"]
+    assert node["devices"][1]["percent"] == 0.1008991008991009
+    assert node["percent"] == 0.10044977511244378
+    big = snapshot(gpu(0, memory_used_bytes=3 * GIB, memory_total_bytes=80 * GIB))
+    assert json.loads(baetyl.render(big, lambda name: True, "MiB"))["n1"]["devices"][0] == {
+        "usedMemory": 3072, "totalMemory": 81920, "percent": 0.0375}
+    denied = json.loads(baetyl.render(big, lambda name: not name.startswith("gpu_memory")))["n1"]
+    assert denied["usedMemory"] == 0 and denied["deviceNum"] == 1
+
+
+def test_counters_never_decrease_across_resets() -> None:
+    guard = CounterGuard()
+    values = [guard.gpu(gpu(0, energy_joules=e, xid_errors=((79, x),))) for e, x in
+              [(100.0, 1), (150.0, 2), (10.0, 1), (20.0, 1)]]
+    energy = [v.energy_joules for v in values]
+    assert energy == [100.0, 150.0, 160.0, 170.0]
+    assert [v.xid_errors[0][1] for v in values] == [1, 2, 3, 3]
+
+
+def test_container_totals_survive_processes_leaving() -> None:
+    guard = CounterGuard()
+    assert guard.containers([ProcessCpu(1, "a", 2.0, "c1"), ProcessCpu(2, "b", 3.0, "c1")]) == (("c1", 5.0),)
+    assert guard.containers([ProcessCpu(1, "a", 4.0, "c1")]) == (("c1", 7.0),)
+    assert guard.containers([ProcessCpu(1, "a", 4.0, "c1"), ProcessCpu(3, "c", 1.0, "c1")]) == (("c1", 8.0),)

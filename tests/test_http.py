@@ -1,0 +1,162 @@
+"""The real agent under gunicorn on a loopback port: endpoints, methods, negotiation, shutdown."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent import KEPLER_BRIDGE, Agent
+
+
+@pytest.fixture(scope="module")
+def agent():
+    with Agent("--simulate", "2", "--interval", "0.5s", "--sources", "simulated") as running:
+        yield running
+
+
+def test_metrics_text_format_parses_and_has_node_label_everywhere(agent: Agent) -> None:
+    response = agent.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    assert {"gpu_utilization_ratio", "gpu_up", "kepler_bridge_source_up", "process_resident_memory_bytes"} <= set(families)
+    for family in families.values():
+        for sample in family.samples:
+            assert sample.labels.get("node") == "test-node", sample
+    up = [s for s in families["gpu_up"].samples]
+    assert [s.labels["gpu"] for s in up] == ["0", "1"] and all(s.value == 1 for s in up)
+
+
+def test_openmetrics_negotiated_by_accept(agent: Agent) -> None:
+    response = agent.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert response.text.endswith("# EOF\n")
+
+
+def test_gzip_when_asked(agent: Agent) -> None:
+    raw = requests.get(agent.url + "/metrics", headers={"Accept-Encoding": "gzip"}, stream=True, timeout=5)
+    assert raw.headers["Content-Encoding"] == "gzip"
+    body = gzip.decompress(raw.raw.read())
+    assert b"gpu_up{" in body
+    plain = requests.get(agent.url + "/v1/collect", headers={"Accept-Encoding": "identity"}, timeout=5)
+    assert "Content-Encoding" not in plain.headers
+
+
+def test_collect_follows_the_baetyl_contract(agent: Agent) -> None:
+    response = agent.get("/v1/collect")
+    assert response.status_code == 200
+    assert response.headers["Content-Type"] == "application/json"
+    body = response.json()
+    node = body["test-node"]
+    assert node["deviceNum"] == 2 == len(node["devices"])
+    for device in node["devices"]:
+        assert isinstance(device["usedMemory"], int) and isinstance(device["totalMemory"], int)
+        assert 0 <= device["percent"] <= 1
+    assert node["usedMemory"] == sum(d["usedMemory"] for d in node["devices"])
+    assert node["totalMemory"] == sum(d["totalMemory"] for d in node["devices"])
+    assert node["percent"] == pytest.approx(node["usedMemory"] / node["totalMemory"])
+
+
+def test_health_readiness_and_index(agent: Agent) -> None:
+    assert agent.get("/healthz").json() == {"status": "ok"}
+    ready = agent.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    page = agent.get("/")
+    assert page.headers["Content-Type"].startswith("text/html")
+    assert "test-node" in page.text and "simulated" in page.text and "/metrics" in page.text
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS"])
+def test_only_get_and_head(agent: Agent, method: str) -> None:
+    response = requests.request(method, agent.url + "/metrics", timeout=5)
+    assert response.status_code == 405
+    assert response.headers["Allow"] == "GET, HEAD"
+    assert response.json()["status"] == 405
+
+
+def test_head_and_unknown_path(agent: Agent) -> None:
+    head = requests.head(agent.url + "/v1/collect", timeout=5)
+    assert head.status_code == 200 and head.content == b""
+    missing = agent.get("/v2/nothing")
+    assert missing.status_code == 404 and missing.json()["status"] == 404
+
+
+def test_snapshot_is_fresh_and_values_move(agent: Agent) -> None:
+    def sample_time() -> float:
+        for family in text_string_to_metric_families(agent.metrics()):
+            if family.name == "kepler_bridge_last_sample_timestamp_seconds":
+                return family.samples[0].value
+        raise AssertionError("no timestamp")
+
+    first = sample_time()
+    assert time.time() - first < 1.5
+    time.sleep(1.1)
+    assert sample_time() > first
+
+
+def test_hundred_concurrent_clients_for_ten_seconds_no_error(agent: Agent) -> None:
+    errors: list[str] = []
+    counts = [0] * 100
+    deadline = time.monotonic() + 10
+
+    def client(slot: int) -> None:
+        session = requests.Session()
+        paths = ("/metrics", "/v1/collect")
+        while time.monotonic() < deadline:
+            try:
+                response = session.get(agent.url + paths[counts[slot] % 2], timeout=10)
+                if response.status_code != 200:
+                    errors.append(f"{response.status_code} {response.text[:80]}")
+            except requests.RequestException as err:
+                errors.append(repr(err))
+            counts[slot] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(100)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors[:5]
+    assert sum(counts) > 200
+
+
+def test_port_in_use_is_one_line_and_exit_1(agent: Agent) -> None:
+    result = subprocess.run([KEPLER_BRIDGE, "serve", "--listen", f"127.0.0.1:{agent.port}"],
+                            capture_output=True, text=True, timeout=20)
+    assert result.returncode == 1
+    line, = result.stderr.strip().splitlines()
+    assert "address already in use" in line and "--listen" in line
+
+
+def test_sigterm_stops_within_two_seconds() -> None:
+    with Agent("--simulate", "1", "--sources", "simulated") as running:
+        assert running.stop() < 2.0
+        assert running.process.returncode == 0
+
+
+def test_bearer_token_protects_metrics(tmp_path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    with Agent("--simulate", "1", "--auth-token-file", str(token)) as running:
+        assert running.get("/metrics").status_code == 401
+        assert running.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert running.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert running.get("/v1/collect").status_code == 200
+
+
+def test_no_accelerator_gives_empty_device_list() -> None:
+    with Agent("--sources", "nvml", "--nvml-library", "/nonexistent/libnvidia-ml.so.1", ready=False) as running:
+        body = running.get("/v1/collect").json()
+        assert body == {"test-node": {"deviceNum": 0, "devices": [], "usedMemory": 0, "totalMemory": 0,
+                                      "percent": 0}}
+        ready = running.get("/readyz")
+        assert ready.status_code == 503
+        assert "nvml" in ready.json()["reason"] and "does not exist" in ready.json()["reason"]
+        assert json.loads(running.get("/healthz").text)["status"] == "ok"
