@@ -289,7 +289,7 @@ class NvmlSource(Source):
         if not memory:
             return ()
         utilization = self._process_utilization(device)
-        device.comms = {pid: device.comms.get(pid) or self._comm(pid) for pid in memory}
+        device.comms = {pid: device.comms[pid] if pid in device.comms else self._comm(pid) for pid in memory}
         return tuple(GpuProcess(pid=pid, comm=device.comms[pid], memory_used_bytes=used,
                                 utilization=None if utilization is None else utilization.get(pid, 0.0))
                      for pid, used in sorted(memory.items()))
