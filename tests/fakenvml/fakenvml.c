@@ -1,0 +1,1726 @@
+/*
+ * fakenvml.c - a fake NVIDIA Management Library (libnvidia-ml.so.1) for tests.
+ *
+ * The real `pynvml` binding (nvidia-ml-py) loads this library with ctypes and
+ * calls its symbols by name, so the structures below mirror pynvml's ctypes
+ * definitions byte for byte (checked with _Static_assert and by the tests).
+ *
+ * Every value comes from a plain-text config file named by the environment
+ * variable FAKE_NVML_CONFIG (see README.md in this directory for the keys).
+ * The file is read at nvmlInit and re-read whenever stat() says it changed
+ * (inode, size or mtime; a file modified less than a second before it was
+ * loaded is re-read on every call, so two same-size writes within one clock
+ * tick are never missed).  Writers replace the file atomically (rename).
+ *
+ * Optional: FAKE_NVML_STATS=/path makes the library rewrite /path (atomically)
+ * on every API call with one "name count" line per function called so far in
+ * this process.
+ *
+ * Thread-safe: one mutex guards all state; it is never held while sleeping
+ * (delay_ms, nvmlEventSetWait_v2 polling).
+ *
+ * Build: gcc -std=c11 -shared -fPIC -O2 -Wall -Wextra -Werror -pthread \
+ *            -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 fakenvml.c
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ------------------------------------------------------------------------ */
+/* NVML ABI (as nvidia-ml-py's ctypes definitions describe it)              */
+/* ------------------------------------------------------------------------ */
+
+typedef int nvmlReturn_t;
+
+#define NVML_SUCCESS 0
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_TIMEOUT 10
+#define NVML_ERROR_GPU_IS_LOST 15
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+#define NVML_ERROR_UNKNOWN 999
+
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
+#define NVML_FI_DEV_MEMORY_TEMP 82
+#define NVML_EVENT_TYPE_XID_CRITICAL_ERROR 0x8ULL
+#define NVML_MEMORY_V2_VERSION 0x02000028u /* pynvml.nvmlMemory_v2 */
+#define NVML_NO_INSTANCE 0xFFFFFFFFu       /* gpu/compute instance id: not MIG */
+
+struct fake_device;
+struct fake_event_set;
+typedef struct fake_device *nvmlDevice_t;
+typedef struct fake_event_set *nvmlEventSet_t;
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    uint32_t fieldId;
+    uint32_t scopeId;
+    int64_t timestamp;
+    int64_t latencyUsec;
+    unsigned int valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+typedef struct { /* pynvml c_nvmlProcessInfo_v3_t == c_nvmlProcessInfo_v2_t */
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+_Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
+_Static_assert(sizeof(nvmlUtilization_t) == 8, "nvmlUtilization_t layout");
+_Static_assert(sizeof(nvmlMemory_t) == 24, "nvmlMemory_t layout");
+_Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t layout");
+_Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t layout");
+_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "sample layout");
+_Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t layout");
+
+/* ------------------------------------------------------------------------ */
+/* Time                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static long long ts_diff_ns(const struct timespec *a, const struct timespec *b)
+{
+    return (long long)(a->tv_sec - b->tv_sec) * 1000000000LL + (a->tv_nsec - b->tv_nsec);
+}
+
+static unsigned long long now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000ull;
+}
+
+static long long mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000LL + ts.tv_nsec / 1000000LL;
+}
+
+static void sleep_ms(unsigned long long ms)
+{
+    struct timespec req, rem;
+    if (!ms)
+        return;
+    req.tv_sec = (time_t)(ms / 1000ull);
+    req.tv_nsec = (long)(ms % 1000ull) * 1000000L;
+    while (nanosleep(&req, &rem) != 0 && errno == EINTR)
+        req = rem;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Call counters                                                            */
+/* ------------------------------------------------------------------------ */
+
+#define FN_LIST(X)                                  \
+    X(nvmlInitWithFlags)                            \
+    X(nvmlInit_v2)                                  \
+    X(nvmlShutdown)                                 \
+    X(nvmlErrorString)                              \
+    X(nvmlSystemGetDriverVersion)                   \
+    X(nvmlSystemGetNVMLVersion)                     \
+    X(nvmlDeviceGetCount_v2)                        \
+    X(nvmlDeviceGetHandleByIndex_v2)                \
+    X(nvmlDeviceGetIndex)                           \
+    X(nvmlDeviceGetName)                            \
+    X(nvmlDeviceGetUUID)                            \
+    X(nvmlDeviceGetPciInfo_v3)                      \
+    X(nvmlDeviceGetUtilizationRates)                \
+    X(nvmlDeviceGetEncoderUtilization)              \
+    X(nvmlDeviceGetDecoderUtilization)              \
+    X(nvmlDeviceGetMemoryInfo)                      \
+    X(nvmlDeviceGetMemoryInfo_v2)                   \
+    X(nvmlDeviceGetTemperature)                     \
+    X(nvmlDeviceGetFieldValues)                     \
+    X(nvmlDeviceGetPowerUsage)                      \
+    X(nvmlDeviceGetEnforcedPowerLimit)              \
+    X(nvmlDeviceGetTotalEnergyConsumption)          \
+    X(nvmlDeviceGetClockInfo)                       \
+    X(nvmlDeviceGetFanSpeed)                        \
+    X(nvmlDeviceGetPcieThroughput)                  \
+    X(nvmlDeviceGetPerformanceState)                \
+    X(nvmlDeviceGetCurrentClocksEventReasons)       \
+    X(nvmlDeviceGetCurrentClocksThrottleReasons)    \
+    X(nvmlDeviceGetTotalEccErrors)                  \
+    X(nvmlDeviceGetComputeRunningProcesses_v3)      \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3)     \
+    X(nvmlDeviceGetProcessUtilization)              \
+    X(nvmlEventSetCreate)                           \
+    X(nvmlDeviceRegisterEvents)                     \
+    X(nvmlDeviceGetSupportedEventTypes)             \
+    X(nvmlEventSetWait_v2)                          \
+    X(nvmlEventSetFree)
+
+#define X_ENUM(n) F_##n,
+enum fn_id { FN_LIST(X_ENUM) F_COUNT };
+#undef X_ENUM
+#define X_NAME(n) #n,
+static const char *const fn_names[F_COUNT] = {FN_LIST(X_NAME)};
+#undef X_NAME
+
+/* The stats file is rewritten (temp file + rename) at most every
+ * STATS_PERIOD_MS: a call at least that long after the previous write writes
+ * at once; otherwise the counts are marked dirty and a flusher thread writes
+ * them when the period is over (a rename over an existing file costs ~0.2 ms
+ * on ext4).  So the file is never more than ~STATS_PERIOD_MS behind. */
+#define STATS_PERIOD_MS 50
+
+static pthread_mutex_t g_stats_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_stats_cond = PTHREAD_COND_INITIALIZER;
+static unsigned long long g_calls[F_COUNT];
+static char g_stats_path[4096];
+static int g_stats_env_read;
+static int g_stats_dirty;
+static int g_flusher_running;
+static long long g_stats_last_ms = -1000000;
+
+static void stats_read_env_locked(void)
+{
+    const char *p = getenv("FAKE_NVML_STATS");
+    if (p && *p && strlen(p) < sizeof(g_stats_path) - 32)
+        strcpy(g_stats_path, p);
+    else
+        g_stats_path[0] = '\0';
+    g_stats_env_read = 1;
+}
+
+static void stats_write_locked(void)
+{
+    char tmp[sizeof(g_stats_path) + 64];
+    char buf[F_COUNT * 80 + 64];
+    size_t len = 0;
+    int fd;
+
+    g_stats_dirty = 0;
+    g_stats_last_ms = mono_ms();
+    if (!g_stats_path[0])
+        return;
+    len += (size_t)snprintf(buf + len, sizeof(buf) - len, "# pid %ld\n", (long)getpid());
+    for (int i = 0; i < F_COUNT; i++) {
+        if (g_calls[i])
+            len += (size_t)snprintf(buf + len, sizeof(buf) - len, "%s %llu\n", fn_names[i], g_calls[i]);
+    }
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", g_stats_path, (long)getpid());
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, buf + off, len - off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        off += (size_t)w;
+    }
+    close(fd);
+    if (off == len)
+        rename(tmp, g_stats_path);
+    else
+        unlink(tmp);
+}
+
+static void *stats_flusher(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_stats_lock);
+    for (;;) {
+        while (!g_stats_dirty)
+            pthread_cond_wait(&g_stats_cond, &g_stats_lock);
+        long long wait = g_stats_last_ms + STATS_PERIOD_MS - mono_ms();
+        if (wait > 0) {
+            pthread_mutex_unlock(&g_stats_lock);
+            sleep_ms((unsigned long long)wait);
+            pthread_mutex_lock(&g_stats_lock);
+            continue;
+        }
+        stats_write_locked();
+    }
+    return NULL;
+}
+
+/* Start the flusher (signals blocked: it must never run Python's handlers'
+ * C part in place of the main thread). Returns 0 when it runs. */
+static int stats_start_flusher_locked(void)
+{
+    pthread_t t;
+    pthread_attr_t attr;
+    sigset_t all, old;
+    int rc;
+
+    if (g_flusher_running)
+        return 0;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    rc = pthread_create(&t, &attr, stats_flusher, NULL);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc == 0)
+        g_flusher_running = 1;
+    return rc;
+}
+
+static void count_call(enum fn_id id)
+{
+    pthread_mutex_lock(&g_stats_lock);
+    if (!g_stats_env_read)
+        stats_read_env_locked();
+    g_calls[id]++;
+    if (g_stats_path[0]) {
+        if (mono_ms() - g_stats_last_ms >= STATS_PERIOD_MS || stats_start_flusher_locked() != 0) {
+            stats_write_locked();
+        } else {
+            g_stats_dirty = 1;
+            pthread_cond_signal(&g_stats_cond);
+        }
+    }
+    pthread_mutex_unlock(&g_stats_lock);
+}
+
+/* Exported for in-process tests (ctypes): calls of `name` in this process. */
+EXPORT unsigned long long fakenvml_call_count(const char *name)
+{
+    unsigned long long n = 0;
+    if (!name)
+        return 0;
+    pthread_mutex_lock(&g_stats_lock);
+    for (int i = 0; i < F_COUNT; i++) {
+        if (strcmp(fn_names[i], name) == 0)
+            n = g_calls[i];
+    }
+    pthread_mutex_unlock(&g_stats_lock);
+    return n;
+}
+
+EXPORT void fakenvml_reset_counts(void)
+{
+    pthread_mutex_lock(&g_stats_lock);
+    memset(g_calls, 0, sizeof(g_calls));
+    if (g_stats_path[0])
+        stats_write_locked();
+    pthread_mutex_unlock(&g_stats_lock);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                            */
+/* ------------------------------------------------------------------------ */
+
+#define MAX_GPUS 64
+#define LIST_LEN 1024
+
+enum proc_type { PROC_COMPUTE = 1, PROC_GRAPHICS = 2, PROC_BOTH = 3 };
+
+typedef struct {
+    char name[96];
+    char uuid[96];
+    char pci_bus_id[32];
+    unsigned long long pci_device_id;
+    unsigned long long pci_subsystem_id;
+    unsigned long long utilization_gpu;
+    unsigned long long utilization_memory;
+    unsigned long long encoder_utilization;
+    unsigned long long decoder_utilization;
+    unsigned long long memory_total;
+    unsigned long long memory_used;
+    unsigned long long memory_free;
+    unsigned long long memory_reserved;
+    unsigned long long memory_v2;
+    unsigned long long temperature;
+    unsigned long long memory_temperature;
+    unsigned long long power_usage;
+    unsigned long long power_limit;
+    unsigned long long total_energy;
+    unsigned long long clock_graphics;
+    unsigned long long clock_sm;
+    unsigned long long clock_memory;
+    unsigned long long clock_video;
+    unsigned long long fan_speed;
+    unsigned long long pcie_tx;
+    unsigned long long pcie_rx;
+    unsigned long long performance_state;
+    unsigned long long clocks_event_reasons;
+    unsigned long long ecc_corrected_volatile;
+    unsigned long long ecc_uncorrected_volatile;
+    unsigned long long ecc_corrected_aggregate;
+    unsigned long long ecc_uncorrected_aggregate;
+    unsigned long long supported_event_types;
+    unsigned long long lost;
+    unsigned long long delay_ms;
+    char not_supported[LIST_LEN];
+    char errors[LIST_LEN];
+} gpu_cfg;
+
+typedef struct {
+    int gpu;
+    unsigned int pid;
+    unsigned long long used_memory;
+    unsigned int sm_util, mem_util, enc_util, dec_util;
+    int type;
+    unsigned long long timestamp_us; /* 0: "now" */
+} proc_cfg;
+
+typedef struct {
+    int gpu;
+    unsigned long long xid;
+} xid_cfg;
+
+typedef struct {
+    char driver_version[80];
+    char nvml_version[80];
+    unsigned int device_count;
+    nvmlReturn_t init_error;
+    nvmlReturn_t fail_all;
+    unsigned long long delay_ms;
+    char errors[LIST_LEN];
+    gpu_cfg gpus[MAX_GPUS];
+    proc_cfg *procs;
+    size_t nprocs;
+    xid_cfg *xids;
+    size_t nxids;
+} config_t;
+
+enum ftype { T_STR, T_U64, T_BOOL };
+
+typedef struct {
+    const char *name;
+    enum ftype type;
+    size_t offset;
+    size_t size; /* for strings */
+} field_def;
+
+#define FSTR(n) {#n, T_STR, offsetof(gpu_cfg, n), sizeof(((gpu_cfg *)0)->n)}
+#define FU64(n) {#n, T_U64, offsetof(gpu_cfg, n), 0}
+#define FBOOL(n) {#n, T_BOOL, offsetof(gpu_cfg, n), 0}
+
+static const field_def gpu_fields[] = {
+    FSTR(name), FSTR(uuid), FSTR(pci_bus_id),
+    FU64(pci_device_id), FU64(pci_subsystem_id),
+    FU64(utilization_gpu), FU64(utilization_memory),
+    FU64(encoder_utilization), FU64(decoder_utilization),
+    FU64(memory_total), FU64(memory_used), FU64(memory_free), FU64(memory_reserved),
+    FBOOL(memory_v2),
+    FU64(temperature), FU64(memory_temperature),
+    FU64(power_usage), FU64(power_limit), FU64(total_energy),
+    FU64(clock_graphics), FU64(clock_sm), FU64(clock_memory), FU64(clock_video),
+    FU64(fan_speed), FU64(pcie_tx), FU64(pcie_rx),
+    FU64(performance_state), FU64(clocks_event_reasons),
+    FU64(ecc_corrected_volatile), FU64(ecc_uncorrected_volatile),
+    FU64(ecc_corrected_aggregate), FU64(ecc_uncorrected_aggregate),
+    FU64(supported_event_types),
+    FBOOL(lost), FU64(delay_ms),
+    FSTR(not_supported), FSTR(errors),
+};
+
+static void copy_str(char *dst, size_t size, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= size)
+        n = size - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* Decimal, 0x-hex; a leading '-' wraps like C unsigned arithmetic. */
+static unsigned long long parse_u64(const char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X'))
+        return strtoull(s + 2, NULL, 16);
+    return strtoull(s, NULL, 10);
+}
+
+static unsigned long long parse_bool(const char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    if (!strncasecmp(s, "true", 4) || !strncasecmp(s, "yes", 3) || !strncasecmp(s, "on", 2))
+        return 1;
+    return parse_u64(s) != 0;
+}
+
+static void gpu_defaults(gpu_cfg *g, unsigned int i)
+{
+    memset(g, 0, sizeof(*g));
+    copy_str(g->name, sizeof(g->name), "NVIDIA Fake A100");
+    snprintf(g->uuid, sizeof(g->uuid), "GPU-fa4e0000-0000-4000-8000-%012x", i);
+    snprintf(g->pci_bus_id, sizeof(g->pci_bus_id), "00000000:%02X:00.0", (0x10 + i) & 0xff);
+    g->pci_device_id = 0x20B010DEull;
+    g->pci_subsystem_id = 0x134F10DEull;
+    g->utilization_gpu = 50;
+    g->utilization_memory = 30;
+    g->memory_total = 85899345920ull;  /* 80 GiB */
+    g->memory_reserved = 536870912ull; /* 512 MiB */
+    g->memory_used = 10737418240ull;   /* 10 GiB */
+    g->memory_free = g->memory_total - g->memory_reserved - g->memory_used;
+    g->memory_v2 = 1;
+    g->temperature = 60;
+    g->memory_temperature = 70;
+    g->power_usage = 250000;            /* mW */
+    g->power_limit = 400000;            /* mW */
+    g->total_energy = 1000000000ull;    /* mJ */
+    g->clock_graphics = 1410;
+    g->clock_sm = 1410;
+    g->clock_memory = 1593;
+    g->clock_video = 1275;
+    g->fan_speed = 40;
+    g->pcie_tx = 1000; /* KB/s */
+    g->pcie_rx = 2000;
+    g->performance_state = 0;
+    g->supported_event_types = 0x1F; /* SBE|DBE|PState|Xid|Clock */
+}
+
+static gpu_cfg g_default_gpus[MAX_GPUS];
+static pthread_once_t g_defaults_once = PTHREAD_ONCE_INIT;
+
+static void init_defaults(void)
+{
+    for (unsigned int i = 0; i < MAX_GPUS; i++)
+        gpu_defaults(&g_default_gpus[i], i);
+}
+
+static void config_free(config_t *c)
+{
+    if (!c)
+        return;
+    free(c->procs);
+    free(c->xids);
+    free(c);
+}
+
+/* "pid,used_memory,sm,mem,enc,dec,type[,timestamp_us]" */
+static int parse_process(const char *v, int gpu, proc_cfg *p)
+{
+    char buf[512];
+    char *save = NULL, *tok;
+    int col = 0;
+
+    memset(p, 0, sizeof(*p));
+    p->gpu = gpu;
+    p->type = PROC_COMPUTE;
+    copy_str(buf, sizeof(buf), v);
+    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), col++) {
+        while (*tok == ' ')
+            tok++;
+        switch (col) {
+        case 0: p->pid = (unsigned int)parse_u64(tok); break;
+        case 1: p->used_memory = parse_u64(tok); break;
+        case 2: p->sm_util = (unsigned int)parse_u64(tok); break;
+        case 3: p->mem_util = (unsigned int)parse_u64(tok); break;
+        case 4: p->enc_util = (unsigned int)parse_u64(tok); break;
+        case 5: p->dec_util = (unsigned int)parse_u64(tok); break;
+        case 6:
+            if (!strncasecmp(tok, "graphics", 8))
+                p->type = PROC_GRAPHICS;
+            else if (!strncasecmp(tok, "both", 4) || !strncasecmp(tok, "compute+graphics", 16))
+                p->type = PROC_BOTH;
+            else
+                p->type = PROC_COMPUTE;
+            break;
+        case 7: p->timestamp_us = parse_u64(tok); break;
+        default: break;
+        }
+    }
+    return col > 0;
+}
+
+static int push(void **arr, size_t *n, size_t *cap, size_t elsize, const void *el)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 16;
+        void *p = realloc(*arr, nc * elsize);
+        if (!p)
+            return -1;
+        *arr = p;
+        *cap = nc;
+    }
+    memcpy((char *)*arr + *n * elsize, el, elsize);
+    (*n)++;
+    return 0;
+}
+
+static void apply_gpu_key(config_t *c, unsigned int idx, const char *field, const char *val,
+                          size_t *proc_cap)
+{
+    gpu_cfg *g = &c->gpus[idx];
+    if (!strcmp(field, "process")) {
+        proc_cfg p;
+        if (parse_process(val, (int)idx, &p))
+            push((void **)&c->procs, &c->nprocs, proc_cap, sizeof(p), &p);
+        return;
+    }
+    for (size_t i = 0; i < sizeof(gpu_fields) / sizeof(gpu_fields[0]); i++) {
+        const field_def *f = &gpu_fields[i];
+        if (strcmp(f->name, field))
+            continue;
+        char *dst = (char *)g + f->offset;
+        switch (f->type) {
+        case T_STR: copy_str(dst, f->size, val); break;
+        case T_U64: *(unsigned long long *)dst = parse_u64(val); break;
+        case T_BOOL: *(unsigned long long *)dst = parse_bool(val); break;
+        }
+        return;
+    }
+    /* unknown keys are ignored (forward compatible) */
+}
+
+/* Parse a whole config text (NUL-terminated, modified in place). */
+static config_t *config_parse(char *text)
+{
+    config_t *c = calloc(1, sizeof(*c));
+    size_t proc_cap = 0, xid_cap = 0;
+    int max_gpu = -1, have_count = 0;
+    char *save = NULL, *line;
+
+    if (!c)
+        return NULL;
+    pthread_once(&g_defaults_once, init_defaults);
+    memcpy(c->gpus, g_default_gpus, sizeof(c->gpus));
+    copy_str(c->driver_version, sizeof(c->driver_version), "550.54.15");
+    copy_str(c->nvml_version, sizeof(c->nvml_version), "12.550.54.15");
+
+    for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        size_t len = strlen(line);
+        if (len && line[len - 1] == '\r')
+            line[--len] = '\0';
+        while (*line == ' ' || *line == '\t')
+            line++;
+        if (!*line || *line == '#')
+            continue;
+        char *eq = strchr(line, '=');
+        if (!eq)
+            continue;
+        *eq = '\0';
+        const char *key = line, *val = eq + 1;
+        char *kend = eq;
+        while (kend > line && (kend[-1] == ' ' || kend[-1] == '\t'))
+            *--kend = '\0';
+
+        if (!strncmp(key, "gpu.", 4)) {
+            char *end = NULL;
+            unsigned long idx = strtoul(key + 4, &end, 10);
+            if (!end || end == key + 4 || *end != '.' || idx >= MAX_GPUS)
+                continue;
+            if ((int)idx > max_gpu)
+                max_gpu = (int)idx;
+            apply_gpu_key(c, (unsigned int)idx, end + 1, val, &proc_cap);
+        } else if (!strcmp(key, "xid")) {
+            xid_cfg x;
+            char *end = NULL;
+            x.gpu = (int)strtol(val, &end, 10);
+            if (!end || *end != ',')
+                continue;
+            x.xid = parse_u64(end + 1);
+            push((void **)&c->xids, &c->nxids, &xid_cap, sizeof(x), &x);
+        } else if (!strcmp(key, "driver_version")) {
+            copy_str(c->driver_version, sizeof(c->driver_version), val);
+        } else if (!strcmp(key, "nvml_version")) {
+            copy_str(c->nvml_version, sizeof(c->nvml_version), val);
+        } else if (!strcmp(key, "device_count")) {
+            unsigned long long n = parse_u64(val);
+            c->device_count = n > MAX_GPUS ? MAX_GPUS : (unsigned int)n;
+            have_count = 1;
+        } else if (!strcmp(key, "init_error")) {
+            c->init_error = (nvmlReturn_t)parse_u64(val);
+        } else if (!strcmp(key, "fail_all")) {
+            c->fail_all = (nvmlReturn_t)parse_u64(val);
+        } else if (!strcmp(key, "delay_ms")) {
+            c->delay_ms = parse_u64(val);
+        } else if (!strcmp(key, "errors")) {
+            copy_str(c->errors, sizeof(c->errors), val);
+        }
+    }
+    if (!have_count)
+        c->device_count = (unsigned int)(max_gpu + 1);
+    return c;
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "re");
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+
+    if (!f)
+        return NULL;
+    for (;;) {
+        if (cap - len < 4096) {
+            size_t nc = cap ? cap * 2 : 8192;
+            char *p = realloc(buf, nc);
+            if (!p) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = p;
+            cap = nc;
+        }
+        size_t r = fread(buf + len, 1, cap - len - 1, f);
+        len += r;
+        if (r == 0)
+            break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return NULL;
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Global state (all guarded by g_lock)                                     */
+/* ------------------------------------------------------------------------ */
+
+struct fake_device {
+    unsigned int magic;
+    unsigned int index;
+};
+
+#define DEVICE_MAGIC 0xFA4E0D00u
+#define SET_MAGIC 0xFA4E5E70u
+#define MAX_SETS 256
+
+struct fake_event_set {
+    unsigned int magic;
+    size_t cursor; /* index of the next xid line to consider */
+    unsigned long long mask[MAX_GPUS];
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fake_device g_dev[MAX_GPUS];
+static struct fake_event_set *g_sets[MAX_SETS];
+static config_t *g_cfg;
+static char *g_cfg_text; /* the text g_cfg was parsed from */
+static int g_refcount;
+static char g_cfg_path[4096];
+
+static struct {
+    int valid;
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+    struct timespec loaded_at;
+} g_key;
+
+#define RACY_NS 1000000000LL /* files younger than this at load time are re-read */
+
+/* fork() safety: no lock is held across fork, and the child (which has no
+ * flusher thread) starts its own when it needs one. */
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_stats_lock);
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&g_stats_lock);
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void atfork_child(void)
+{
+    g_flusher_running = 0;
+    pthread_cond_init(&g_stats_cond, NULL); /* forget the parent's flusher */
+    pthread_mutex_unlock(&g_stats_lock);
+    pthread_mutex_unlock(&g_lock);
+}
+
+__attribute__((constructor)) static void fakenvml_load(void)
+{
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+/* At exit (or dlclose) write counts the flusher has not written yet. */
+__attribute__((destructor)) static void fakenvml_unload(void)
+{
+    pthread_mutex_lock(&g_stats_lock);
+    if (g_stats_dirty)
+        stats_write_locked();
+    pthread_mutex_unlock(&g_stats_lock);
+}
+
+/* Re-read the config when it changed. force: always re-read.
+ * Returns 0 when a config is loaded (new or kept), -1 when none could be read. */
+static int maybe_reload_locked(int force)
+{
+    struct stat st;
+    if (!g_cfg_path[0])
+        return g_cfg ? 0 : -1;
+    if (stat(g_cfg_path, &st) != 0)
+        return (g_cfg && !force) ? 0 : -1; /* keep the last good config */
+    if (!force && g_cfg && g_key.valid && st.st_dev == g_key.dev && st.st_ino == g_key.ino &&
+        st.st_size == g_key.size && st.st_mtim.tv_sec == g_key.mtime.tv_sec &&
+        st.st_mtim.tv_nsec == g_key.mtime.tv_nsec &&
+        ts_diff_ns(&g_key.loaded_at, &g_key.mtime) >= RACY_NS)
+        return 0;
+
+    char *text = read_file(g_cfg_path);
+    if (!text)
+        return (g_cfg && !force) ? 0 : -1;
+    if (g_cfg && g_cfg_text && !strcmp(text, g_cfg_text)) {
+        free(text); /* unchanged (a young file re-checked): keep the parsed config */
+    } else {
+        char *copy = strdup(text);
+        config_t *c = config_parse(text); /* parses in place */
+        free(text);
+        if (!c || !copy) {
+            free(copy);
+            config_free(c);
+            return (g_cfg && !force) ? 0 : -1;
+        }
+        config_free(g_cfg);
+        g_cfg = c;
+        free(g_cfg_text);
+        g_cfg_text = copy;
+    }
+    g_key.valid = 1;
+    g_key.dev = st.st_dev;
+    g_key.ino = st.st_ino;
+    g_key.size = st.st_size;
+    g_key.mtime = st.st_mtim;
+    clock_gettime(CLOCK_REALTIME, &g_key.loaded_at);
+    return 0;
+}
+
+static int device_index(nvmlDevice_t d)
+{
+    uintptr_t p = (uintptr_t)d, base = (uintptr_t)&g_dev[0];
+    if (!d || p < base || p >= base + sizeof(g_dev) || (p - base) % sizeof(g_dev[0]))
+        return -1;
+    if (d->magic != DEVICE_MAGIC)
+        return -1;
+    return (int)d->index;
+}
+
+static int set_valid(nvmlEventSet_t s)
+{
+    if (!s)
+        return 0;
+    for (int i = 0; i < MAX_SETS; i++)
+        if (g_sets[i] == s)
+            return s->magic == SET_MAGIC;
+    return 0;
+}
+
+/* Is `name` one of the comma-separated tokens of `aliases`? */
+static int name_in(const char *aliases, const char *name, size_t nlen)
+{
+    const char *a = aliases;
+    while (a && *a) {
+        const char *e = strchr(a, ',');
+        size_t l = e ? (size_t)(e - a) : strlen(a);
+        if (l == nlen && !strncmp(a, name, nlen))
+            return 1;
+        a = e ? e + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Search a "name[:code],name[:code]" list for the function name or any alias.
+ * Returns the code (default_code when a token has no ":code"), 0 if absent. */
+static nvmlReturn_t list_lookup(const char *list, const char *fname, const char *aliases,
+                                nvmlReturn_t default_code)
+{
+    const char *t = list;
+    while (t && *t) {
+        const char *e = strchr(t, ',');
+        size_t l = e ? (size_t)(e - t) : strlen(t);
+        const char *colon = memchr(t, ':', l);
+        size_t nl = colon ? (size_t)(colon - t) : l;
+        const char *n = t;
+        while (nl && (*n == ' ' || *n == '\t')) {
+            n++;
+            nl--;
+        }
+        while (nl && (n[nl - 1] == ' ' || n[nl - 1] == '\t'))
+            nl--;
+        if (nl && ((strlen(fname) == nl && !strncmp(fname, n, nl)) || name_in(aliases, n, nl))) {
+            if (colon)
+                return (nvmlReturn_t)strtol(colon + 1, NULL, 0);
+            return default_code;
+        }
+        t = e ? e + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Error injected for this device and field (errors wins over not_supported). */
+static nvmlReturn_t gpu_field_rc(const gpu_cfg *g, const char *fname, const char *aliases)
+{
+    nvmlReturn_t rc = list_lookup(g->errors, fname, aliases, NVML_ERROR_UNKNOWN);
+    if (rc)
+        return rc;
+    return list_lookup(g->not_supported, fname, aliases, NVML_ERROR_NOT_SUPPORTED);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Call prologue / epilogue                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    nvmlReturn_t rc;
+    unsigned long long delay_ms;
+    const config_t *cfg;
+    const gpu_cfg *gpu;
+    int idx;
+} call_t;
+
+/* Counts the call, takes g_lock (always; release with leave()), reloads the
+ * config and decides the injected error. With need_device, validates `d`. */
+static call_t enter(enum fn_id id, int need_device, nvmlDevice_t d, const char *aliases)
+{
+    call_t c = {0, 0, NULL, NULL, -1};
+    count_call(id);
+    pthread_mutex_lock(&g_lock);
+    if (g_refcount <= 0) {
+        c.rc = NVML_ERROR_UNINITIALIZED;
+        return c;
+    }
+    if (maybe_reload_locked(0) != 0 || !g_cfg) {
+        c.rc = NVML_ERROR_UNINITIALIZED;
+        return c;
+    }
+    c.cfg = g_cfg;
+    c.delay_ms = g_cfg->delay_ms;
+    if (g_cfg->fail_all) {
+        c.rc = g_cfg->fail_all;
+        return c;
+    }
+    c.rc = list_lookup(g_cfg->errors, fn_names[id], "", NVML_ERROR_UNKNOWN);
+    if (c.rc || !need_device)
+        return c;
+    c.idx = device_index(d);
+    if (c.idx < 0) {
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        return c;
+    }
+    if ((unsigned int)c.idx >= g_cfg->device_count) {
+        c.rc = NVML_ERROR_GPU_IS_LOST; /* the device went away */
+        return c;
+    }
+    c.gpu = &g_cfg->gpus[c.idx];
+    c.delay_ms += c.gpu->delay_ms;
+    if (c.gpu->lost) {
+        c.rc = NVML_ERROR_GPU_IS_LOST;
+        return c;
+    }
+    c.rc = gpu_field_rc(c.gpu, fn_names[id], aliases ? aliases : "");
+    return c;
+}
+
+static nvmlReturn_t leave(call_t *c)
+{
+    pthread_mutex_unlock(&g_lock);
+    sleep_ms(c->delay_ms);
+    return c->rc;
+}
+
+#define DEV_ENTER(fn, dev, aliases) call_t c = enter(F_##fn, 1, (dev), (aliases))
+#define SYS_ENTER(fn) call_t c = enter(F_##fn, 0, NULL, "")
+
+static nvmlReturn_t copy_out_str(char *dst, unsigned int length, const char *src)
+{
+    size_t n = strlen(src);
+    if (!dst)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if ((size_t)length < n + 1)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, n + 1);
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Init / shutdown / errors / system                                        */
+/* ------------------------------------------------------------------------ */
+
+static nvmlReturn_t do_init(void)
+{
+    nvmlReturn_t rc;
+    unsigned long long delay = 0;
+
+    pthread_mutex_lock(&g_stats_lock);
+    stats_read_env_locked();
+    pthread_mutex_unlock(&g_stats_lock);
+
+    pthread_mutex_lock(&g_lock);
+    for (unsigned int i = 0; i < MAX_GPUS; i++) {
+        g_dev[i].magic = DEVICE_MAGIC;
+        g_dev[i].index = i;
+    }
+    const char *p = getenv("FAKE_NVML_CONFIG");
+    if (p && *p && strlen(p) < sizeof(g_cfg_path))
+        strcpy(g_cfg_path, p);
+    else
+        g_cfg_path[0] = '\0';
+    if (!g_cfg_path[0] || maybe_reload_locked(1) != 0) {
+        rc = NVML_ERROR_DRIVER_NOT_LOADED; /* no config: "no kernel module" */
+    } else {
+        delay = g_cfg->delay_ms;
+        rc = g_cfg->init_error;
+        if (!rc)
+            g_refcount++;
+    }
+    pthread_mutex_unlock(&g_lock);
+    sleep_ms(delay);
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    count_call(F_nvmlInitWithFlags);
+    return do_init();
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void)
+{
+    count_call(F_nvmlInit_v2);
+    return do_init();
+}
+
+EXPORT nvmlReturn_t nvmlShutdown(void)
+{
+    nvmlReturn_t rc = NVML_SUCCESS;
+    unsigned long long delay = 0;
+    count_call(F_nvmlShutdown);
+    pthread_mutex_lock(&g_lock);
+    if (g_refcount <= 0) {
+        rc = NVML_ERROR_UNINITIALIZED;
+    } else {
+        g_refcount--;
+        if (g_cfg)
+            delay = g_cfg->delay_ms;
+    }
+    pthread_mutex_unlock(&g_lock);
+    sleep_ms(delay);
+    return rc;
+}
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t result)
+{
+    count_call(F_nvmlErrorString);
+    switch (result) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 5: return "Already Initialized";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 8: return "Insufficient External Power";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 11: return "Interrupt Request Issue";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 14: return "Corrupted infoROM";
+    case 15: return "GPU is lost";
+    case 16: return "GPU requires restart";
+    case 17: return "The operating system has blocked the request.";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
+    case 19: return "In use by another client";
+    case 20: return "Insufficient Memory";
+    case 21: return "No data";
+    case 22: return "The requested vgpu operation is not available on target device, becasue ECC is enabled";
+    case 23: return "Insufficient resources";
+    case 24: return "Frequency not supported";
+    case 25: return "Argument version mismatch";
+    case 26: return "Deprecated";
+    case 27: return "Not ready";
+    case 28: return "GPU not found";
+    case 29: return "Invalid state";
+    default: return "Unknown Error";
+    }
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    SYS_ENTER(nvmlSystemGetDriverVersion);
+    if (!c.rc)
+        c.rc = copy_out_str(version, length, c.cfg->driver_version);
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+    SYS_ENTER(nvmlSystemGetNVMLVersion);
+    if (!c.rc)
+        c.rc = copy_out_str(version, length, c.cfg->nvml_version);
+    return leave(&c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Devices                                                                  */
+/* ------------------------------------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    SYS_ENTER(nvmlDeviceGetCount_v2);
+    if (!c.rc) {
+        if (!deviceCount)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *deviceCount = c.cfg->device_count;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    SYS_ENTER(nvmlDeviceGetHandleByIndex_v2);
+    if (!c.rc) {
+        if (!device || index >= c.cfg->device_count) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            const gpu_cfg *g = &c.cfg->gpus[index];
+            c.delay_ms += g->delay_ms;
+            if (g->lost)
+                c.rc = NVML_ERROR_GPU_IS_LOST;
+            else
+                c.rc = gpu_field_rc(g, "nvmlDeviceGetHandleByIndex_v2", "handle");
+            if (!c.rc)
+                *device = &g_dev[index];
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    DEV_ENTER(nvmlDeviceGetIndex, device, "index");
+    if (!c.rc) {
+        if (!index)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *index = (unsigned int)c.idx;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    DEV_ENTER(nvmlDeviceGetName, device, "name");
+    if (!c.rc)
+        c.rc = copy_out_str(name, length, c.gpu->name);
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    DEV_ENTER(nvmlDeviceGetUUID, device, "uuid");
+    if (!c.rc)
+        c.rc = copy_out_str(uuid, length, c.gpu->uuid);
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    DEV_ENTER(nvmlDeviceGetPciInfo_v3, device, "pci_bus_id,pci_info");
+    if (!c.rc) {
+        if (!pci) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            unsigned int dom = 0, bus = 0, dev = 0, fn = 0;
+            memset(pci, 0, sizeof(*pci));
+            copy_str(pci->busId, sizeof(pci->busId), c.gpu->pci_bus_id);
+            if (sscanf(c.gpu->pci_bus_id, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) == 4) {
+                snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:%02X.%X",
+                         dom & 0xffffu, bus & 0xffu, dev & 0xffu, fn & 0xfu);
+            } else {
+                copy_str(pci->busIdLegacy, sizeof(pci->busIdLegacy), c.gpu->pci_bus_id);
+            }
+            pci->domain = dom;
+            pci->bus = bus;
+            pci->device = dev;
+            pci->pciDeviceId = (unsigned int)c.gpu->pci_device_id;
+            pci->pciSubSystemId = (unsigned int)c.gpu->pci_subsystem_id;
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *u)
+{
+    DEV_ENTER(nvmlDeviceGetUtilizationRates, device, "utilization,utilization_gpu,utilization_memory");
+    if (!c.rc) {
+        if (!u) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            u->gpu = (unsigned int)c.gpu->utilization_gpu;
+            u->memory = (unsigned int)c.gpu->utilization_memory;
+        }
+    }
+    return leave(&c);
+}
+
+#define SAMPLING_PERIOD_US 167000u
+
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *util,
+                                                    unsigned int *samplingPeriodUs)
+{
+    DEV_ENTER(nvmlDeviceGetEncoderUtilization, device, "encoder_utilization");
+    if (!c.rc) {
+        if (!util || !samplingPeriodUs) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            *util = (unsigned int)c.gpu->encoder_utilization;
+            *samplingPeriodUs = SAMPLING_PERIOD_US;
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *util,
+                                                    unsigned int *samplingPeriodUs)
+{
+    DEV_ENTER(nvmlDeviceGetDecoderUtilization, device, "decoder_utilization");
+    if (!c.rc) {
+        if (!util || !samplingPeriodUs) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            *util = (unsigned int)c.gpu->decoder_utilization;
+            *samplingPeriodUs = SAMPLING_PERIOD_US;
+        }
+    }
+    return leave(&c);
+}
+
+#define MEMORY_ALIASES "memory,memory_total,memory_used,memory_free,memory_reserved"
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m)
+{
+    DEV_ENTER(nvmlDeviceGetMemoryInfo, device, MEMORY_ALIASES);
+    if (!c.rc) {
+        if (!m) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            m->total = c.gpu->memory_total;
+            m->free = c.gpu->memory_free;
+            m->used = c.gpu->memory_used;
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *m)
+{
+    DEV_ENTER(nvmlDeviceGetMemoryInfo_v2, device, MEMORY_ALIASES);
+    if (!c.rc) {
+        if (!c.gpu->memory_v2) {
+            c.rc = NVML_ERROR_NOT_SUPPORTED;
+        } else if (!m) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (m->version != NVML_MEMORY_V2_VERSION) {
+            c.rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        } else {
+            m->total = c.gpu->memory_total;
+            m->reserved = c.gpu->memory_reserved;
+            m->free = c.gpu->memory_free;
+            m->used = c.gpu->memory_used;
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensorType,
+                                             unsigned int *temp)
+{
+    DEV_ENTER(nvmlDeviceGetTemperature, device, "temperature");
+    if (!c.rc) {
+        if (!temp || sensorType != 0)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *temp = (unsigned int)c.gpu->temperature;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
+                                             nvmlFieldValue_t *values)
+{
+    DEV_ENTER(nvmlDeviceGetFieldValues, device, "field_values");
+    if (!c.rc) {
+        if (valuesCount < 0 || (valuesCount > 0 && !values)) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            long long ts = (long long)now_us();
+            for (int i = 0; i < valuesCount; i++) {
+                nvmlFieldValue_t *v = &values[i];
+                v->timestamp = ts;
+                v->latencyUsec = 0;
+                v->value.ullVal = 0;
+                v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+                if (v->fieldId == NVML_FI_DEV_MEMORY_TEMP) {
+                    v->nvmlReturn = gpu_field_rc(c.gpu, "", "memory_temperature");
+                    if (!v->nvmlReturn)
+                        v->value.uiVal = (unsigned int)c.gpu->memory_temperature;
+                } else {
+                    v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+                }
+            }
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+    DEV_ENTER(nvmlDeviceGetPowerUsage, device, "power_usage");
+    if (!c.rc) {
+        if (!power)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *power = (unsigned int)c.gpu->power_usage;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    DEV_ENTER(nvmlDeviceGetEnforcedPowerLimit, device, "power_limit");
+    if (!c.rc) {
+        if (!limit)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *limit = (unsigned int)c.gpu->power_limit;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device,
+                                                        unsigned long long *energy)
+{
+    DEV_ENTER(nvmlDeviceGetTotalEnergyConsumption, device, "total_energy");
+    if (!c.rc) {
+        if (!energy)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *energy = c.gpu->total_energy;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, unsigned int type,
+                                           unsigned int *clock)
+{
+    static const char *const aliases[] = {
+        "clocks,clock_graphics", "clocks,clock_sm", "clocks,clock_memory", "clocks,clock_video"};
+    DEV_ENTER(nvmlDeviceGetClockInfo, device, type < 4 ? aliases[type] : "clocks");
+    if (!c.rc) {
+        if (!clock || type > 3) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            const unsigned long long v[4] = {c.gpu->clock_graphics, c.gpu->clock_sm,
+                                             c.gpu->clock_memory, c.gpu->clock_video};
+            *clock = (unsigned int)v[type];
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed)
+{
+    DEV_ENTER(nvmlDeviceGetFanSpeed, device, "fan_speed");
+    if (!c.rc) {
+        if (!speed)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *speed = (unsigned int)c.gpu->fan_speed;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, unsigned int counter,
+                                                unsigned int *value)
+{
+    DEV_ENTER(nvmlDeviceGetPcieThroughput, device,
+              counter == 0 ? "pcie_throughput,pcie_tx" : counter == 1 ? "pcie_throughput,pcie_rx"
+                                                                      : "pcie_throughput");
+    if (!c.rc) {
+        if (!value || counter > 1)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *value = (unsigned int)(counter == 0 ? c.gpu->pcie_tx : c.gpu->pcie_rx);
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t device, unsigned int *pState)
+{
+    DEV_ENTER(nvmlDeviceGetPerformanceState, device, "performance_state");
+    if (!c.rc) {
+        if (!pState)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *pState = (unsigned int)c.gpu->performance_state;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
+                                                           unsigned long long *reasons)
+{
+    DEV_ENTER(nvmlDeviceGetCurrentClocksEventReasons, device, "clocks_event_reasons");
+    if (!c.rc) {
+        if (!reasons)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *reasons = c.gpu->clocks_event_reasons;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
+                                                              unsigned long long *reasons)
+{
+    DEV_ENTER(nvmlDeviceGetCurrentClocksThrottleReasons, device, "clocks_event_reasons");
+    if (!c.rc) {
+        if (!reasons)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *reasons = c.gpu->clocks_event_reasons;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, unsigned int errorType,
+                                                unsigned int counterType,
+                                                unsigned long long *eccCounts)
+{
+    static const char *const aliases[2][2] = {
+        {"ecc,ecc_corrected_volatile", "ecc,ecc_corrected_aggregate"},
+        {"ecc,ecc_uncorrected_volatile", "ecc,ecc_uncorrected_aggregate"}};
+    DEV_ENTER(nvmlDeviceGetTotalEccErrors, device,
+              (errorType < 2 && counterType < 2) ? aliases[errorType][counterType] : "ecc");
+    if (!c.rc) {
+        if (!eccCounts || errorType > 1 || counterType > 1) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            const unsigned long long v[2][2] = {
+                {c.gpu->ecc_corrected_volatile, c.gpu->ecc_corrected_aggregate},
+                {c.gpu->ecc_uncorrected_volatile, c.gpu->ecc_uncorrected_aggregate}};
+            *eccCounts = v[errorType][counterType];
+        }
+    }
+    return leave(&c);
+}
+
+/* The INSUFFICIENT_SIZE protocol pynvml expects: with infos == NULL (or a too
+ * small *count) set *count to the number of processes and return
+ * INSUFFICIENT_SIZE (SUCCESS when there are none); else fill and succeed. */
+static nvmlReturn_t running_processes(const call_t *c, int type_mask, unsigned int *count,
+                                      nvmlProcessInfo_t *infos)
+{
+    unsigned int n = 0, k = 0;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (size_t i = 0; i < c->cfg->nprocs; i++) {
+        const proc_cfg *p = &c->cfg->procs[i];
+        if (p->gpu == c->idx && (p->type & type_mask))
+            n++;
+    }
+    if (n == 0) {
+        *count = 0;
+        return NVML_SUCCESS;
+    }
+    if (!infos || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (size_t i = 0; i < c->cfg->nprocs; i++) {
+        const proc_cfg *p = &c->cfg->procs[i];
+        if (p->gpu != c->idx || !(p->type & type_mask))
+            continue;
+        infos[k].pid = p->pid;
+        infos[k].usedGpuMemory = p->used_memory;
+        infos[k].gpuInstanceId = NVML_NO_INSTANCE;
+        infos[k].computeInstanceId = NVML_NO_INSTANCE;
+        k++;
+    }
+    *count = k;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                            unsigned int *infoCount,
+                                                            nvmlProcessInfo_t *infos)
+{
+    DEV_ENTER(nvmlDeviceGetComputeRunningProcesses_v3, device, "processes,compute_processes");
+    if (!c.rc)
+        c.rc = running_processes(&c, PROC_COMPUTE, infoCount, infos);
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
+                                                             unsigned int *infoCount,
+                                                             nvmlProcessInfo_t *infos)
+{
+    DEV_ENTER(nvmlDeviceGetGraphicsRunningProcesses_v3, device, "processes,graphics_processes");
+    if (!c.rc)
+        c.rc = running_processes(&c, PROC_GRAPHICS, infoCount, infos);
+    return leave(&c);
+}
+
+/* One sample per configured process of this GPU, stamped with its configured
+ * timestamp (µs since the epoch) or, when that is 0, with the current time.
+ * Only samples newer than lastSeenTimeStamp count; none -> NOT_FOUND. */
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                    nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount,
+                                                    unsigned long long lastSeenTimeStamp)
+{
+    DEV_ENTER(nvmlDeviceGetProcessUtilization, device, "process_utilization");
+    if (!c.rc) {
+        unsigned long long now = now_us();
+        unsigned int n = 0, k = 0;
+        if (!processSamplesCount) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+            return leave(&c);
+        }
+        for (size_t i = 0; i < c.cfg->nprocs; i++) {
+            const proc_cfg *p = &c.cfg->procs[i];
+            unsigned long long ts = p->timestamp_us ? p->timestamp_us : now;
+            if (p->gpu == c.idx && ts > lastSeenTimeStamp)
+                n++;
+        }
+        if (n == 0) {
+            *processSamplesCount = 0;
+            c.rc = NVML_ERROR_NOT_FOUND;
+        } else if (!utilization || *processSamplesCount < n) {
+            *processSamplesCount = n;
+            c.rc = NVML_ERROR_INSUFFICIENT_SIZE;
+        } else {
+            for (size_t i = 0; i < c.cfg->nprocs; i++) {
+                const proc_cfg *p = &c.cfg->procs[i];
+                unsigned long long ts = p->timestamp_us ? p->timestamp_us : now;
+                if (p->gpu != c.idx || ts <= lastSeenTimeStamp)
+                    continue;
+                utilization[k].pid = p->pid;
+                utilization[k].timeStamp = ts;
+                utilization[k].smUtil = p->sm_util;
+                utilization[k].memUtil = p->mem_util;
+                utilization[k].encUtil = p->enc_util;
+                utilization[k].decUtil = p->dec_util;
+                k++;
+            }
+            *processSamplesCount = k;
+        }
+    }
+    return leave(&c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Events                                                                   */
+/* ------------------------------------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    SYS_ENTER(nvmlEventSetCreate);
+    if (!c.rc) {
+        int slot = -1;
+        for (int i = 0; i < MAX_SETS && slot < 0; i++)
+            if (!g_sets[i])
+                slot = i;
+        if (!set) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (slot < 0) {
+            c.rc = NVML_ERROR_UNKNOWN;
+        } else {
+            struct fake_event_set *s = calloc(1, sizeof(*s));
+            if (!s) {
+                c.rc = NVML_ERROR_UNKNOWN;
+            } else {
+                s->magic = SET_MAGIC;
+                s->cursor = c.cfg->nxids; /* only events appended from now on */
+                g_sets[slot] = s;
+                *set = s;
+            }
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                             nvmlEventSet_t set)
+{
+    DEV_ENTER(nvmlDeviceRegisterEvents, device, "events");
+    if (!c.rc) {
+        if (!set_valid(set))
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (eventTypes & ~c.gpu->supported_event_types)
+            c.rc = NVML_ERROR_NOT_SUPPORTED;
+        else
+            set->mask[c.idx] |= eventTypes;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                                     unsigned long long *eventTypes)
+{
+    DEV_ENTER(nvmlDeviceGetSupportedEventTypes, device, "events");
+    if (!c.rc) {
+        if (!eventTypes)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *eventTypes = c.gpu->supported_event_types;
+    }
+    return leave(&c);
+}
+
+#define WAIT_POLL_MS 50 /* a real driver blocks on an fd; polling faster only burns the caller's CPU */
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                        unsigned int timeoutms)
+{
+    SYS_ENTER(nvmlEventSetWait_v2);
+    if (!c.rc && (!set_valid(set) || !data))
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (c.rc)
+        return leave(&c);
+    leave(&c); /* unlock and apply delay_ms */
+
+    long long deadline = mono_ms() + (long long)timeoutms;
+    for (;;) {
+        nvmlReturn_t rc = NVML_ERROR_TIMEOUT;
+        int delivered = 0;
+        pthread_mutex_lock(&g_lock);
+        if (g_refcount <= 0) {
+            rc = NVML_ERROR_UNINITIALIZED;
+        } else if (maybe_reload_locked(0) != 0 || !g_cfg) {
+            rc = NVML_ERROR_UNINITIALIZED;
+        } else if (g_cfg->fail_all) {
+            rc = g_cfg->fail_all;
+        } else if (!set_valid(set)) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            if (set->cursor > g_cfg->nxids)
+                set->cursor = g_cfg->nxids; /* list shrank: writer started over */
+            while (set->cursor < g_cfg->nxids) {
+                const xid_cfg *x = &g_cfg->xids[set->cursor++];
+                if (x->gpu < 0 || x->gpu >= MAX_GPUS || (unsigned int)x->gpu >= g_cfg->device_count)
+                    continue;
+                if (!(set->mask[x->gpu] & NVML_EVENT_TYPE_XID_CRITICAL_ERROR))
+                    continue;
+                data->device = &g_dev[x->gpu];
+                data->eventType = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
+                data->eventData = x->xid;
+                data->gpuInstanceId = NVML_NO_INSTANCE;
+                data->computeInstanceId = NVML_NO_INSTANCE;
+                delivered = 1;
+                rc = NVML_SUCCESS;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&g_lock);
+        if (delivered || rc != NVML_ERROR_TIMEOUT)
+            return rc;
+        long long left = deadline - mono_ms();
+        if (left <= 0)
+            return NVML_ERROR_TIMEOUT;
+        sleep_ms((unsigned long long)(left < WAIT_POLL_MS ? left : WAIT_POLL_MS));
+    }
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    SYS_ENTER(nvmlEventSetFree);
+    if (!c.rc) {
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        for (int i = 0; set && i < MAX_SETS; i++) {
+            if (g_sets[i] == set) {
+                g_sets[i] = NULL;
+                set->magic = 0;
+                free(set);
+                c.rc = NVML_SUCCESS;
+                break;
+            }
+        }
+    }
+    return leave(&c);
+}
