@@ -9,7 +9,7 @@ from typing import NoReturn, Sequence
 
 from kepler_bridge import __version__
 from kepler_bridge.config import Config, ConfigError, add_arguments, load
-from kepler_bridge.sources import REGISTRY, selected_groups
+from kepler_bridge.sources import available, selected_groups
 
 EXIT_BAD_SETTING = 2
 
@@ -24,7 +24,8 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kepler-bridge", description="Accelerator and workload energy metrics for one node.")
     parser.add_argument("--version", action="version", version=f"kepler-bridge {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # dest is not "command": that is a setting (--command) and would overwrite the subcommand name.
+    commands = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser)
     add_arguments(commands.add_parser("serve", help="run the agent: /metrics and /v1/collect over HTTP"))
     collect = commands.add_parser("collect", help="take one sample, print it, exit")
     form = collect.add_mutually_exclusive_group()
@@ -37,10 +38,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate_sources(config: Config) -> None:
-    unknown = [name for name in config.sources if name != "auto" and name not in REGISTRY]
+    known = available()
+    unknown = [name for name in config.sources if name != "auto" and name not in known]
     if unknown:
         raise ConfigError("sources", ",".join(config.sources),
-                          f"unknown source {unknown[0]!r}; known: auto, {', '.join(sorted(REGISTRY))}")
+                          f"unknown source {unknown[0]!r}; known: auto, {', '.join(sorted(known))}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,11 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kepler-bridge: {err}", file=sys.stderr)
         return EXIT_BAD_SETTING
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "serve":
+    if args.subcommand == "serve":
         from kepler_bridge.server import serve
 
         return serve(config)
-    if args.command == "collect":
+    if args.subcommand == "collect":
         return _collect(config, args.form or "prometheus")
     return _doctor(config)
 
@@ -82,7 +84,7 @@ def _doctor(config: Config) -> int:
 
     groups, _ = selected_groups(config)
     names = [name for group in groups for name in group]
-    names += [name for name in REGISTRY if name not in names and name != "simulated"]
+    names += [name for name in available() if name not in names and name != "simulated"]
     working = 0
     for name in names:
         ok, line = check_source(name, config)

@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 import re
+import shlex
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,11 +100,80 @@ def _optional_path(value: object) -> str:
     return _text(value).strip()
 
 
+def _argv(value: object) -> tuple[str, ...]:
+    """An executable and its arguments: a list (config file) or a string split like a shell would (flag, env)."""
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(item, str) for item in value):
+            raise ValueError
+        argv = tuple(value)
+    else:
+        argv = tuple(shlex.split(_text(value)))
+    if argv and shutil.which(argv[0]) is None:
+        raise ValueError
+    return argv
+
+
+def _command_timeout(value: object) -> float:
+    seconds = parse_duration(value)
+    if not 0.1 <= seconds <= 600:
+        raise ValueError
+    return seconds
+
+
 def _memory_unit(value: object) -> str:
     text = _text(value)
     if text not in ("bytes", "KiB", "MiB"):
         raise ValueError
     return text
+
+
+# Where Kubernetes mounts a pod's service-account token and the cluster CA.
+SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def _watts(value: object) -> float:
+    if isinstance(value, bool):
+        raise ValueError
+    watts = float(_text(value).strip())
+    if not 0 <= watts <= 100_000:
+        raise ValueError
+    return watts
+
+
+def _optional_watts(value: object) -> float | None:
+    return None if _text(value).strip() == "" else _watts(value)
+
+
+def _process_metrics(value: object) -> int | None:
+    """off -> 0 series, all -> None (no limit), top:N -> N."""
+    text = _text(value).strip()
+    if text in ("off", "all"):
+        return 0 if text == "off" else None
+    match = re.fullmatch(r"top:(\d+)", text)
+    if not match or int(match.group(1)) < 1:
+        raise ValueError
+    return int(match.group(1))
+
+
+def _kube_source(value: object) -> str:
+    text = _text(value).strip()
+    if text not in ("auto", "kubelet", "apiserver", "metaserver", "off"):
+        raise ValueError
+    return text
+
+
+def _url(value: object) -> str:
+    text = _text(value).strip().rstrip("/")
+    if text and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", text):
+        raise ValueError
+    return text
+
+
+def _flag(value: object) -> bool:
+    text = str(value).strip().lower()
+    if text not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError
+    return text in ("true", "1", "yes")
 
 
 @dataclass(frozen=True)
@@ -160,6 +231,46 @@ SETTINGS: tuple[Setting, ...] = (
             "expected a PEM key path", "private key of --tls-cert"),
     Setting("auth_token_file", ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",), _optional_path, "",
             "expected a readable file holding the bearer token", "require this bearer token on /metrics"),
+    Setting("ebpf_map_entries", ("KEPLER_BRIDGE_EBPF_MAP_ENTRIES",),
+            lambda value: _count(value) if 64 <= _count(value) <= 1 << 22 else int("out of range"), 16384,
+            "expected a whole number from 64 to 4194304",
+            "size of the eBPF per-process maps: thread groups that may run within one interval"),
+    Setting("command", ("KEPLER_BRIDGE_COMMAND",), _argv, (),
+            "expected an executable that exists, with its arguments: a list in the config file, a string split "
+            "like a shell would on the flag or env (no shell runs it)",
+            "run this executable each interval; it prints accelerator readings as JSON (docs/command-source.md)"),
+    Setting("command_timeout", ("KEPLER_BRIDGE_COMMAND_TIMEOUT",), _command_timeout, "5s",
+            "expected a duration from 100ms to 10m, such as 2s or 30s",
+            "time limit of one run of --command and of npu-smi; past it the process group is killed"),
+    Setting("npu_smi", ("KEPLER_BRIDGE_NPU_SMI",), _optional_path, "npu-smi",
+            "expected the npu-smi executable: a path, or a name looked up in PATH and /usr/local/sbin",
+            "Huawei Ascend npu-smi that the ascend source runs"),
+    Setting("cpu_tdp_watts", ("KEPLER_BRIDGE_CPU_TDP_WATTS",), _watts, 0,
+            "expected a number of watts >= 0, such as 65 (0 = no estimate)",
+            "where RAPL is absent, estimate CPU power as this times CPU usage (0 = no CPU energy there)"),
+    Setting("gpu_idle_watts", ("KEPLER_BRIDGE_GPU_IDLE_WATTS",), _optional_watts, "",
+            "expected a number of watts >= 0, or empty for the lowest power seen",
+            "idle power of each GPU: energy above it is shared by the GPU's processes (default: lowest seen)"),
+    Setting("process_metrics", ("KEPLER_BRIDGE_PROCESS_METRICS",), _process_metrics, "top:50",
+            "expected off, all, or top:N with N >= 1, such as top:50",
+            "per-process energy series: none, all, or the N using most energy plus one pid=\"other\""),
+    Setting("kube_source", ("KEPLER_BRIDGE_KUBE_SOURCE",), _kube_source, "auto",
+            "expected one of auto, kubelet, apiserver, metaserver, off",
+            "where pod names come from; auto tries the KubeEdge MetaServer, the kubelet, then the API server"),
+    Setting("kubelet_url", ("KEPLER_BRIDGE_KUBELET_URL",), _url, "",
+            "expected an http(s) URL such as https://10.0.0.5:10250",
+            "the kubelet (default https://$NODE_IP:10250)"),
+    Setting("metaserver_url", ("KEPLER_BRIDGE_METASERVER_URL",), _url, "http://127.0.0.1:10550",
+            "expected an http(s) URL such as http://127.0.0.1:10550", "KubeEdge's edge MetaServer"),
+    Setting("kube_token_file", ("KEPLER_BRIDGE_KUBE_TOKEN_FILE",), _optional_path, f"{SERVICE_ACCOUNT}/token",
+            "expected a file path", "bearer token for the kubelet and the API server (re-read at each refresh)"),
+    Setting("kube_ca_file", ("KEPLER_BRIDGE_KUBE_CA_FILE",), _optional_path, f"{SERVICE_ACCOUNT}/ca.crt",
+            "expected a PEM file path", "CA that signed the kubelet's and the API server's certificates"),
+    Setting("kube_insecure_skip_tls_verify", ("KEPLER_BRIDGE_KUBE_INSECURE_SKIP_TLS_VERIFY",), _flag, False,
+            "expected true or false", "do not verify the kubelet's and API server's certificates"),
+    Setting("pod_resources_socket", ("KEPLER_BRIDGE_POD_RESOURCES_SOCKET",), _optional_path,
+            "/var/lib/kubelet/pod-resources/kubelet.sock", "expected a unix socket path, or empty for none",
+            "the kubelet's pod-resources socket: which pod each GPU is assigned to"),
 )
 
 _BY_KEY = {setting.key: setting for setting in SETTINGS}
@@ -188,6 +299,20 @@ class Config:
     tls_cert: str
     tls_key: str
     auth_token_file: str
+    ebpf_map_entries: int = 16384
+    command: tuple[str, ...] = ()
+    command_timeout: float = 5.0
+    npu_smi: str = "npu-smi"
+    cpu_tdp_watts: float = 0.0
+    gpu_idle_watts: float | None = None
+    process_metrics: int | None = 50
+    kube_source: str = "auto"
+    kubelet_url: str = ""
+    metaserver_url: str = "http://127.0.0.1:10550"
+    kube_token_file: str = f"{SERVICE_ACCOUNT}/token"
+    kube_ca_file: str = f"{SERVICE_ACCOUNT}/ca.crt"
+    kube_insecure_skip_tls_verify: bool = False
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     config_file: str = ""
 
     @property

@@ -1,40 +1,56 @@
-"""Keeps exported counters monotonic across device resets, lost GPUs and process churn."""
+"""Keeps exported counters monotonic across device resets, RAPL wrap-around, lost GPUs and process churn."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Iterable, Mapping
 
 from kepler_bridge.model import GpuReading, ProcessCpu
 
+# A process as its series names it: pid, comm, container id.
+ProcessKey = tuple[int, str, str]
 
-class _Monotonic:
-    """Turns a raw counter that may reset to zero into one that never decreases."""
 
-    __slots__ = ("last_raw", "offset")
+def increase(last: float | None, raw: float, wrap_at: float = 0.0) -> float:
+    """How much a raw counter grew since `last` (0 on first sight).
+
+    A drop is a wrap-around when the counter has a known range (`wrap_at`,
+    e.g. RAPL's max_energy_range_uj), else a reset to zero.
+    """
+    if last is None:
+        return 0.0
+    if raw >= last:
+        return raw - last
+    return raw + (wrap_at - last if wrap_at > last else 0.0)
+
+
+class Monotonic:
+    """Turns a raw counter that may reset (or wrap) into one that never decreases; starts at the first raw value."""
+
+    __slots__ = ("last_raw", "value")
 
     def __init__(self) -> None:
         self.last_raw: float | None = None
-        self.offset = 0.0
+        self.value = 0.0
 
-    def update(self, raw: float) -> float:
-        if self.last_raw is not None and raw < self.last_raw:
-            self.offset += self.last_raw
+    def update(self, raw: float, wrap_at: float = 0.0) -> float:
+        self.value = raw if self.last_raw is None else self.value + increase(self.last_raw, raw, wrap_at)
         self.last_raw = raw
-        return raw + self.offset
+        return self.value
 
 
 class CounterGuard:
     """Per-device and per-container counter state owned by the sampler thread."""
 
     def __init__(self) -> None:
-        self._gpu: dict[tuple[str, str], _Monotonic] = {}
-        self._process_seen: dict[tuple[int, str], float] = {}
+        self._gpu: dict[tuple[str, str], Monotonic] = {}
+        self._process_seen: dict[ProcessKey, float] = {}
         self._container_total: dict[str, float] = {}
 
     def _value(self, uuid: str, name: str, raw: float) -> float:
         state = self._gpu.get((uuid, name))
         if state is None:
-            state = self._gpu[(uuid, name)] = _Monotonic()
+            state = self._gpu[(uuid, name)] = Monotonic()
         return state.update(raw)
 
     def gpu(self, reading: GpuReading) -> GpuReading:
@@ -52,20 +68,25 @@ class CounterGuard:
                 (xid, int(self._value(reading.uuid, f"xid{xid}", count))) for xid, count in reading.xid_errors)
         return dataclasses.replace(reading, **changes) if changes else reading
 
-    def containers(self, processes: list[ProcessCpu]) -> tuple[tuple[str, float], ...]:
-        """Per-container CPU seconds as sums of process deltas, so a process leaving never lowers a total."""
-        seen: dict[tuple[int, str], float] = {}
-        present: set[str] = set()
+    def cpu_increases(self, processes: Iterable[ProcessCpu]) -> dict[ProcessKey, float]:
+        """CPU seconds each process used since the last call; one seen for the first time counts whole,
+        one whose counter dropped (a new process with the same labels) counts from zero."""
+        seen: dict[ProcessKey, float] = {}
+        increases: dict[ProcessKey, float] = {}
         for proc in processes:
-            if not proc.container_id:
-                continue
-            key = (proc.pid, proc.container_id)
-            last = self._process_seen.get(key, 0.0)
-            delta = proc.cpu_seconds - last if proc.cpu_seconds >= last else proc.cpu_seconds
-            self._container_total[proc.container_id] = self._container_total.get(proc.container_id, 0.0) + delta
+            key = (proc.pid, proc.comm, proc.container_id)
+            increases[key] = increase(self._process_seen.get(key, 0.0), proc.cpu_seconds)
             seen[key] = proc.cpu_seconds
-            present.add(proc.container_id)
         self._process_seen = seen
+        return increases
+
+    def containers(self, increases: Mapping[ProcessKey, float]) -> tuple[tuple[str, float], ...]:
+        """Per-container CPU seconds as sums of process increases, so a process leaving never lowers a total."""
+        present: set[str] = set()
+        for (_, _, container_id), seconds in increases.items():
+            if container_id:
+                self._container_total[container_id] = self._container_total.get(container_id, 0.0) + seconds
+                present.add(container_id)
         for container in set(self._container_total) - present:
             del self._container_total[container]
         return tuple(sorted(self._container_total.items()))

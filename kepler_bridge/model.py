@@ -21,6 +21,7 @@ class GpuProcess:
     namespace: str = ""
     pod: str = ""
     container: str = ""
+    container_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class GpuReading:
     xid_errors: tuple[tuple[int, int], ...] = ()
     last_xid_timestamp: float | None = None
     processes: tuple[GpuProcess, ...] = ()
+    # UUIDs of the MIG instances carved out of this GPU (the kubelet hands those to pods).
+    mig_uuids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,12 +75,32 @@ class ProcessCpu:
 
 
 @dataclass(frozen=True)
+class RaplZone:
+    """One RAPL powercap zone's raw energy counter, which wraps at max_energy_range_uj."""
+
+    id: str  # the sysfs zone directory, e.g. intel-rapl:0:1: identity of the counter
+    zone: str  # its kind, the socket suffix dropped: package, core, uncore, dram, psys
+    energy_uj: int
+    max_energy_range_uj: int
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """Busy and total time of all CPUs since boot (the `cpu` line of /proc/stat)."""
+
+    busy_seconds: float
+    total_seconds: float
+
+
+@dataclass(frozen=True)
 class SourceReading:
     """Everything one source returned for one sample."""
 
     gpus: tuple[GpuReading, ...] = ()
     processes: tuple[ProcessCpu, ...] = ()
     ebpf_programs_attached: int | None = None
+    rapl_zones: tuple[RaplZone, ...] = ()
+    cpu_times: CpuTimes | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +111,49 @@ class SourceStatus:
     up: bool
     error: str = ""
     errors_total: int = 0
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """The Kubernetes container a process or device belongs to; empty outside Kubernetes."""
+
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+
+
+@dataclass(frozen=True)
+class CpuZoneEnergy:
+    """Joules of one CPU energy zone since the agent started; source is rapl or estimate."""
+
+    zone: str
+    source: str
+    joules: float
+
+
+@dataclass(frozen=True)
+class WorkloadEnergy:
+    """Joules attributed to one process, container or pod since the agent started; unused labels are ''."""
+
+    pid: str = ""
+    comm: str = ""
+    container_id: str = ""
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    cpu_joules: float = 0.0
+    gpu_joules: float = 0.0
+
+
+@dataclass(frozen=True)
+class Energy:
+    """Energy counters of one sample: node zones, GPU idle energy (by uuid) and the attributed levels."""
+
+    cpu_zones: tuple[CpuZoneEnergy, ...] = ()
+    gpu_idle: tuple[tuple[str, float], ...] = ()
+    processes: tuple[WorkloadEnergy, ...] = ()
+    containers: tuple[WorkloadEnergy, ...] = ()
+    pods: tuple[WorkloadEnergy, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,3 +169,7 @@ class Snapshot:
     processes: tuple[ProcessCpu, ...] = ()
     containers: tuple[tuple[str, float], ...] = ()
     ebpf_programs_attached: int | None = None
+    energy: Energy = Energy()
+    # Kubernetes owners: container id -> container, and GPU uuid -> the one container the kubelet assigned it to.
+    container_pods: tuple[tuple[str, PodRef], ...] = ()
+    gpu_pods: tuple[tuple[str, PodRef], ...] = ()

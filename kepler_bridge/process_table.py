@@ -80,10 +80,6 @@ class ProcessTable:
             if entry.ended_at is None and entry.pid not in alive:
                 entry.ended_at = now
 
-    def live_pids(self) -> set[int]:
-        """Pids of processes not ended."""
-        return {entry.pid for entry in self._entries.values() if entry.ended_at is None}
-
     def rows(self, in_flight: Mapping[int, float] | None = None) -> tuple[ProcessCpu, ...]:
         """Expire and cap, then the rows to report; in_flight adds CPU seconds not yet committed, by pid."""
         self._expire()
@@ -93,10 +89,8 @@ class ProcessTable:
         for entry in self._entries.values():
             extra = in_flight.get(entry.pid, 0.0) if entry.ended_at is None else 0.0
             entry.shown = max(entry.shown, entry.cpu_seconds + extra)
-            labels = (entry.pid, entry.comm, entry.container_id)
-            other = by_labels.get(labels)
-            if other is None or other.start < entry.start:
-                by_labels[labels] = entry
+            # Entries are in the order first seen: a newer process with the same labels wins.
+            by_labels[(entry.pid, entry.comm, entry.container_id)] = entry
         return tuple(ProcessCpu(e.pid, e.comm, e.shown, e.container_id) for e in by_labels.values())
 
     def _expire(self) -> None:

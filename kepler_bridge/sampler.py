@@ -8,9 +8,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from kepler_bridge.attribution import Attribution, Inputs
 from kepler_bridge.config import Config
 from kepler_bridge.counters import CounterGuard
-from kepler_bridge.model import GpuReading, ProcessCpu, Snapshot, SourceReading, SourceStatus
+from kepler_bridge.kube.metadata import KubeMetadata
+from kepler_bridge.model import CpuTimes, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading, SourceStatus
 from kepler_bridge.sources import selected_groups, source_class
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
 
@@ -100,10 +102,14 @@ class Sampler:
         self.store = store
         self.slots = build_slots(config) if slots is None else slots
         self._counters = CounterGuard()
+        self._attribution = Attribution(config.cpu_tdp_watts, config.gpu_idle_watts, config.process_metrics,
+                                        config.process_grace, config.max_processes)
+        self.kube = KubeMetadata(config)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self.kube.start()
         self._thread = threading.Thread(target=self._run, name="kepler-bridge-sampler", daemon=True)
         self._thread.start()
 
@@ -114,6 +120,7 @@ class Sampler:
     def stop(self, timeout: float = 1.5) -> None:
         """Stop sampling and release the sources, within about `timeout` seconds."""
         self._stop.set()
+        self.kube.stop(timeout / 3)
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():  # stuck in a driver call: releasing it now could crash the driver
@@ -140,14 +147,27 @@ class Sampler:
         started = time.monotonic()
         gpus: list[GpuReading] = []
         processes: list[ProcessCpu] = []
+        zones: list[RaplZone] = []
+        cpu_times: CpuTimes | None = None
         attached: int | None = None
         for slot in self.slots:
             reading = self._read(slot, started)
             gpus.extend(reading.gpus)
             processes.extend(reading.processes)
+            zones.extend(reading.rapl_zones)
+            cpu_times = reading.cpu_times or cpu_times
             if reading.ebpf_programs_attached is not None:
                 attached = (attached or 0) + reading.ebpf_programs_attached
-        node_gpus = tuple(self._counters.gpu(dataclasses.replace(gpu, index=i)) for i, gpu in enumerate(gpus))
+        kube = self.kube.view()
+        node_gpus = tuple(kube.label(self._counters.gpu(dataclasses.replace(gpu, index=i)))
+                          for i, gpu in enumerate(gpus))
+        increases = self._counters.cpu_increases(processes)
+        self.kube.notice({key[2] for key in increases if key[2]} |
+                         {proc.container_id for gpu in node_gpus for proc in gpu.processes if proc.container_id})
+        energy = self._attribution.update(Inputs(started, tuple(zones), cpu_times, node_gpus, increases,
+                                                 kube.containers))
+        containers = self._counters.containers(increases)
+        gpu_owners = {gpu.uuid: kube.gpu_owners(gpu) for gpu in node_gpus}
         return Snapshot(
             node=self.config.node_name,
             timestamp=time.time(),
@@ -157,8 +177,12 @@ class Sampler:
                           for s in self.slots),
             gpus=node_gpus,
             processes=tuple(processes),
-            containers=self._counters.containers(processes),
+            containers=containers,
             ebpf_programs_attached=attached,
+            energy=energy,
+            container_pods=tuple((container_id, kube.containers[container_id]) for container_id, _ in containers
+                                 if container_id in kube.containers),
+            gpu_pods=tuple((uuid, owners[0]) for uuid, owners in gpu_owners.items() if len(owners) == 1),
         )
 
     def _read(self, slot: _Slot, now: float) -> SourceReading:

@@ -110,6 +110,10 @@ def test_counters_never_decrease_across_resets() -> None:
 
 def test_container_totals_survive_processes_leaving() -> None:
     guard = CounterGuard()
-    assert guard.containers([ProcessCpu(1, "a", 2.0, "c1"), ProcessCpu(2, "b", 3.0, "c1")]) == (("c1", 5.0),)
-    assert guard.containers([ProcessCpu(1, "a", 4.0, "c1")]) == (("c1", 7.0),)
-    assert guard.containers([ProcessCpu(1, "a", 4.0, "c1"), ProcessCpu(3, "c", 1.0, "c1")]) == (("c1", 8.0),)
+
+    def totals(*processes: ProcessCpu) -> tuple[tuple[str, float], ...]:
+        return guard.containers(guard.cpu_increases(processes))
+
+    assert totals(ProcessCpu(1, "a", 2.0, "c1"), ProcessCpu(2, "b", 3.0, "c1")) == (("c1", 5.0),)
+    assert totals(ProcessCpu(1, "a", 4.0, "c1")) == (("c1", 7.0),)
+    assert totals(ProcessCpu(1, "a", 4.0, "c1"), ProcessCpu(3, "c", 1.0, "c1")) == (("c1", 8.0),)

@@ -12,10 +12,17 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from kepler_bridge import __version__
-from kepler_bridge.model import GpuReading, Snapshot
+from kepler_bridge.model import GpuReading, PodRef, Snapshot, WorkloadEnergy
 
 GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
-PROCESS_LABELS = GPU_LABELS + ("pid", "comm", "namespace", "pod", "container")
+POD_LABELS = ("namespace", "pod", "container")
+PROCESS_LABELS = GPU_LABELS + ("pid", "comm") + POD_LABELS
+# Labels of the energy levels, in WorkloadEnergy's attribute names.
+ENERGY_LEVELS: dict[str, tuple[str, ...]] = {
+    "process": ("pid", "comm", "container_id") + POD_LABELS,
+    "container": ("container_id",) + POD_LABELS,
+    "pod": ("namespace", "pod"),
+}
 
 # Plain gauges of a GPU reading: exposed name -> (reading attribute, help).
 GPU_GAUGES: dict[str, tuple[str, str]] = {
@@ -52,6 +59,14 @@ METRICS: dict[str, str] = {
     "gpu_process_utilization_ratio": "SM utilization of a process on the accelerator (0..1).",
     "kepler_bridge_process_cpu_seconds_total": "CPU time used by a process.",
     "kepler_bridge_container_cpu_seconds_total": "CPU time used by the processes of a container.",
+    "kepler_bridge_node_cpu_joules_total": "CPU energy of the node by RAPL zone (or estimated from cpu_tdp_watts).",
+    "kepler_bridge_node_gpu_idle_joules_total": "Accelerator energy not attributed to processes: its idle part.",
+    "kepler_bridge_process_cpu_joules_total": "CPU energy attributed to a process by its CPU time.",
+    "kepler_bridge_process_gpu_joules_total": "Accelerator energy attributed to a process by its SM utilization.",
+    "kepler_bridge_container_cpu_joules_total": "CPU energy attributed to the processes of a container.",
+    "kepler_bridge_container_gpu_joules_total": "Accelerator energy attributed to the processes of a container.",
+    "kepler_bridge_pod_cpu_joules_total": "CPU energy attributed to the processes of a pod.",
+    "kepler_bridge_pod_gpu_joules_total": "Accelerator energy attributed to the processes of a pod.",
     "kepler_bridge_build_info": "Agent build metadata; value 1.",
     "kepler_bridge_source_up": "1 when the source was read in the last sample.",
     "kepler_bridge_source_errors_total": "Failed reads or starts of the source.",
@@ -84,21 +99,29 @@ class SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._gpu_families()
         yield from self._cpu_families()
+        yield from self._energy_families()
         yield from self._agent_families()
 
     def _gpu_families(self) -> Iterator[Metric]:
         snap = self.snapshot
-        info = InfoMetricFamily("gpu", METRICS["gpu_info"], labels=list(GPU_LABELS))
-        up = _gauge("gpu_up", GPU_LABELS)
-        gauges = {name: _gauge(name, GPU_LABELS) for name in GPU_GAUGES}
-        energy = _counter("gpu_energy_joules_total", GPU_LABELS)
-        throttled = _gauge("gpu_throttled", GPU_LABELS + ("reason",))
-        ecc = _counter("gpu_ecc_errors_total", GPU_LABELS + ("kind",))
-        xid = _counter("gpu_xid_errors_total", GPU_LABELS + ("xid",))
+        # With pod-resources, device series also name the one container the kubelet assigned the GPU to.
+        owners = dict(snap.gpu_pods)
+        device_labels = GPU_LABELS + POD_LABELS if owners else GPU_LABELS
+        info = InfoMetricFamily("gpu", METRICS["gpu_info"], labels=list(device_labels))
+        up = _gauge("gpu_up", device_labels)
+        gauges = {name: _gauge(name, device_labels) for name in GPU_GAUGES}
+        energy = _counter("gpu_energy_joules_total", device_labels)
+        idle = _counter("kepler_bridge_node_gpu_idle_joules_total", device_labels)
+        idle_joules = dict(snap.energy.gpu_idle)
+        throttled = _gauge("gpu_throttled", device_labels + ("reason",))
+        ecc = _counter("gpu_ecc_errors_total", device_labels + ("kind",))
+        xid = _counter("gpu_xid_errors_total", device_labels + ("xid",))
         proc_memory = _gauge("gpu_process_memory_used_bytes", PROCESS_LABELS)
         proc_util = _gauge("gpu_process_utilization_ratio", PROCESS_LABELS)
         for gpu in snap.gpus:
-            labels = [snap.node, str(gpu.index), gpu.uuid, gpu.vendor, gpu.model]
+            gpu_labels = [snap.node, str(gpu.index), gpu.uuid, gpu.vendor, gpu.model]
+            owner = owners.get(gpu.uuid, PodRef())
+            labels = gpu_labels + ([owner.namespace, owner.pod, owner.container] if owners else [])
             info.add_metric(labels, {"driver_version": gpu.driver_version, "pci_bus_id": gpu.pci_bus_id})
             up.add_metric(labels, 1.0 if gpu.up else 0.0)
             if not gpu.up:
@@ -109,6 +132,8 @@ class SnapshotCollector(Collector):
                     gauges[name].add_metric(labels, float(value))
             if gpu.energy_joules is not None:
                 energy.add_metric(labels, gpu.energy_joules)
+            if gpu.uuid in idle_joules:
+                idle.add_metric(labels, idle_joules[gpu.uuid])
             for reason, active in gpu.throttled:
                 throttled.add_metric(labels + [reason], 1.0 if active else 0.0)
             for kind, value in (("corrected", gpu.ecc_corrected_total), ("uncorrected", gpu.ecc_uncorrected_total)):
@@ -116,22 +141,36 @@ class SnapshotCollector(Collector):
                     ecc.add_metric(labels + [kind], float(value))
             for code, count in gpu.xid_errors:
                 xid.add_metric(labels + [str(code)], float(count))
-            _add_processes(gpu, labels, proc_memory, proc_util)
+            _add_processes(gpu, gpu_labels, proc_memory, proc_util)
         yield info
         yield up
         yield from gauges.values()
-        yield from (energy, throttled, ecc, xid, proc_memory, proc_util)
+        yield from (energy, idle, throttled, ecc, xid, proc_memory, proc_util)
 
     def _cpu_families(self) -> Iterator[Metric]:
         snap = self.snapshot
         process = _counter("kepler_bridge_process_cpu_seconds_total", ("node", "pid", "comm", "container_id"))
         for proc in snap.processes:
             process.add_metric([snap.node, str(proc.pid), proc.comm, proc.container_id], proc.cpu_seconds)
-        container = _counter("kepler_bridge_container_cpu_seconds_total", ("node", "container_id"))
+        container = _counter("kepler_bridge_container_cpu_seconds_total", ("node", "container_id") + POD_LABELS)
+        pods = dict(snap.container_pods)
         for container_id, seconds in snap.containers:
-            container.add_metric([snap.node, container_id], seconds)
+            owner = pods.get(container_id, PodRef())
+            container.add_metric([snap.node, container_id, owner.namespace, owner.pod, owner.container], seconds)
         yield process
         yield container
+
+    def _energy_families(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        zones = _counter("kepler_bridge_node_cpu_joules_total", ("node", "zone", "source"))
+        for zone in snap.energy.cpu_zones:
+            zones.add_metric([snap.node, zone.zone, zone.source], zone.joules)
+        yield zones
+        # Where the node has no CPU (or GPU) energy, the attributed series of that kind are absent, not zeros.
+        kinds = tuple(kind for kind, known in (("cpu", snap.energy.cpu_zones), ("gpu", snap.energy.gpu_idle)) if known)
+        for level, rows in (("process", snap.energy.processes), ("container", snap.energy.containers),
+                            ("pod", snap.energy.pods)):
+            yield from _energy_rows(snap.node, level, kinds, rows)
 
     def _agent_families(self) -> Iterator[Metric]:
         snap = self.snapshot
@@ -161,6 +200,16 @@ def _add_processes(gpu: GpuReading, labels: list[str], memory: GaugeMetricFamily
             memory.add_metric(proc_labels, float(proc.memory_used_bytes))
         if proc.utilization is not None:
             utilization.add_metric(proc_labels, proc.utilization)
+
+
+def _energy_rows(node: str, level: str, kinds: tuple[str, ...],
+                 rows: tuple[WorkloadEnergy, ...]) -> Iterator[Metric]:
+    names = ENERGY_LEVELS[level]
+    for kind in kinds:
+        family = _counter(f"kepler_bridge_{level}_{kind}_joules_total", ("node",) + names)
+        for row in rows:
+            family.add_metric([node] + [getattr(row, name) for name in names], getattr(row, f"{kind}_joules"))
+        yield family
 
 
 class _NodeLabelled(Collector):

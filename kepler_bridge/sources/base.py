@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections import Counter
 from typing import ClassVar
 
 from kepler_bridge.config import Config
@@ -21,6 +22,9 @@ class Source(abc.ABC):
     """Reads one kind of hardware or kernel state; never formats output, never raises into the sampler loop."""
 
     name: ClassVar[str]
+    # Plug-ins only (built-ins are listed in sources.AUTO): True joins `auto`; start() must then raise
+    # SourceAbsent where its hardware does not exist, so `auto` drops it silently there.
+    auto: ClassVar[bool] = False
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -40,7 +44,9 @@ class Source(abc.ABC):
         """One line for `doctor` saying what this source found."""
         parts = []
         if reading.gpus:
-            parts.append(f"{len(reading.gpus)} accelerator(s)")
+            kinds = Counter(" ".join(filter(None, (gpu.vendor, gpu.model))) for gpu in reading.gpus)
+            listed = ", ".join(kind if count == 1 else f"{count} x {kind}" for kind, count in kinds.items())
+            parts.append(f"{len(reading.gpus)} accelerator(s): {listed}")
         if reading.processes:
             parts.append(f"{len(reading.processes)} process(es)")
         return ", ".join(parts) or "works, nothing to report yet"

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import pynvml
 
+from kepler_bridge.cgroup import read_container_id
 from kepler_bridge.model import GpuProcess, GpuReading, SourceReading
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
@@ -52,7 +53,7 @@ class _Device:
     retry_at: float = 0.0
     backoff: float = 0.0
     last_process_sample_us: int = 0
-    comms: dict[int, str] = field(default_factory=dict)
+    comms: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (comm, container id)
 
     def fail(self, message: str, interval: float, now: float) -> None:
         self.handle, self.error = None, message
@@ -235,6 +236,7 @@ class NvmlSource(Source):
             ecc_uncorrected_total=self._ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
             xid_errors=xids, last_xid_timestamp=last_xid,
             processes=self._processes(device),
+            mig_uuids=self._mig_uuids(device),
         )
 
     def _memory(self, device: _Device) -> tuple[int | None, int | None, int | None]:
@@ -289,9 +291,10 @@ class NvmlSource(Source):
         if not memory:
             return ()
         utilization = self._process_utilization(device)
-        device.comms = {pid: device.comms[pid] if pid in device.comms else self._comm(pid) for pid in memory}
-        return tuple(GpuProcess(pid=pid, comm=device.comms[pid], memory_used_bytes=used,
-                                utilization=None if utilization is None else utilization.get(pid, 0.0))
+        device.comms = {pid: device.comms[pid] if pid in device.comms else self._identity(pid) for pid in memory}
+        return tuple(GpuProcess(pid=pid, comm=device.comms[pid][0], memory_used_bytes=used,
+                                utilization=None if utilization is None else utilization.get(pid, 0.0),
+                                container_id=device.comms[pid][1])
                      for pid, used in sorted(memory.items()))
 
     def _process_utilization(self, device: _Device) -> dict[int, float] | None:
@@ -314,11 +317,27 @@ class NvmlSource(Source):
                 latest[sample.pid] = (sample.timeStamp, util)
         return {pid: util for pid, (_, util) in latest.items()}
 
-    def _comm(self, pid: int) -> str:
+    def _identity(self, pid: int) -> tuple[str, str]:
+        """comm and container id of a process; '' where the agent cannot see it (another pid namespace)."""
         try:
-            return Path(self.config.procfs, str(pid), "comm").read_text().strip()
+            comm = Path(self.config.procfs, str(pid), "comm").read_text().strip()
         except OSError:
-            return ""
+            return "", ""
+        return comm, read_container_id(self.config.procfs, pid) or ""
+
+    def _mig_uuids(self, device: _Device) -> tuple[str, ...]:
+        """UUIDs of the MIG instances of a GPU in MIG mode: the ids the kubelet assigns to pods."""
+        h = device.handle
+        mode = self._field(device, "mig_mode", lambda: pynvml.nvmlDeviceGetMigMode(h))
+        if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return ()
+        uuids = []
+        for index in range(self._field(device, "mig_count", lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(h)) or 0):
+            try:
+                uuids.append(_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index))))
+            except pynvml.NVMLError:  # an empty slot answers NOT_FOUND
+                continue
+        return tuple(uuids)
 
     def _watch_xids(self) -> None:
         """Event thread: blocks in nvmlEventSetWait and counts XID critical errors per GPU."""

@@ -40,3 +40,13 @@ def hertz(value: float | None) -> float | None:
 def byte_count(value: int | None) -> int | None:
     """Byte quantities (memory, counters of bytes) below 2**53."""
     return None if value is None or not 0 <= value < MAX_BYTES else int(value)
+
+
+def ratio(value: float | None) -> float | None:
+    """Fractions from 0 to 1 (utilization, fan speed)."""
+    return bounded(value, 0, 1)
+
+
+def joules(value: float | None) -> float | None:
+    """Energy counters from 0 to 2**53 J; beyond that is a sentinel, not energy."""
+    return bounded(value, 0, 2**53)

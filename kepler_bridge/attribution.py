@@ -1,0 +1,265 @@
+"""Kepler-style energy attribution: node energy to processes, then containers and pods, as monotonic counters.
+
+Pure (no I/O, no clock): the sampler calls ``Attribution.update`` once per
+sample with the sources' readings. Per interval:
+
+- CPU: node energy E is the increase of the package zones (psys, then core,
+  where a node has no package zone), RAPL wrap-around handled. Active energy
+  is E x usage, usage being busy / total CPU time of /proc/stat, and is shared
+  by the CPU time each process used in the interval. Without RAPL, and only
+  when configured, the estimate cpu_tdp_watts x usage x interval is all active.
+- GPU: energy E is the increase of the device's energy counter, else power x
+  interval. Idle energy is min(idle power, E / interval) x interval, the idle
+  power being gpu_idle_watts or the lowest interval power seen on that GPU;
+  with no process on the GPU the whole interval is idle. The active rest is
+  shared by SM utilization, equally when the driver reports none, all to the
+  only process (which covers NVML's exclusive-process compute mode).
+- Every level only ever adds increases, so no counter decreases; processes
+  outside the top:N limit are summed into one ``pid="other"`` series.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from kepler_bridge.counters import ProcessKey, increase
+from kepler_bridge.model import (CpuTimes, CpuZoneEnergy, Energy, GpuProcess, GpuReading, PodRef, RaplZone,
+                                 WorkloadEnergy)
+
+# Zone kinds that measure the CPU as a whole, best first.
+PRIMARY_ZONES = ("package", "psys", "core")
+# A wrap-around implying more than this per zone is a counter reset instead.
+MAX_ZONE_WATTS = 5000.0
+NO_POD = PodRef()
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """One sample's readings as the sampler gathered them."""
+
+    now: float  # monotonic seconds
+    rapl_zones: tuple[RaplZone, ...] = ()
+    cpu_times: CpuTimes | None = None
+    gpus: tuple[GpuReading, ...] = ()  # node-wide, counters already monotonic, processes pod-labelled
+    cpu_increases: Mapping[ProcessKey, float] = field(default_factory=dict)
+    pods: Mapping[str, PodRef] = field(default_factory=dict)  # container id -> container
+
+
+@dataclass
+class _Tally:
+    """Joules of one process, container or pod, and when it was last present."""
+
+    labels: WorkloadEnergy
+    seen: float
+    cpu: float = 0.0
+    gpu: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.cpu + self.gpu
+
+    def row(self) -> WorkloadEnergy:
+        return dataclasses.replace(self.labels, cpu_joules=self.cpu, gpu_joules=self.gpu)
+
+
+def gpu_shares(processes: tuple[GpuProcess, ...]) -> list[float]:
+    """Each process's share of a GPU's active energy: by SM utilization, equal when none is reported."""
+    if len(processes) <= 1:
+        return [1.0] * len(processes)
+    utilization = [proc.utilization or 0.0 for proc in processes]
+    total = sum(utilization)
+    if total > 0:
+        return [value / total for value in utilization]
+    return [1.0 / len(processes)] * len(processes)
+
+
+class Attribution:
+    """Keeps the previous sample's counters and the accumulated joules of every level."""
+
+    def __init__(self, cpu_tdp_watts: float = 0.0, gpu_idle_watts: float | None = None,
+                 process_limit: int | None = 50, grace: float = 30.0, max_processes: int = 0) -> None:
+        self.cpu_tdp_watts = cpu_tdp_watts
+        self.gpu_idle_watts = gpu_idle_watts
+        self.process_limit = process_limit
+        self.grace = grace
+        self.max_processes = max_processes
+        self._last_now: float | None = None
+        self._last_cpu: CpuTimes | None = None
+        self._last_uj: dict[str, int] = {}
+        self._zones: dict[tuple[str, str], float] = {}
+        self._last_gpu_joules: dict[str, float] = {}
+        self._lowest_gpu_watts: dict[str, float] = {}
+        self._gpu_idle: dict[str, float] = {}
+        self._processes: dict[ProcessKey, _Tally] = {}
+        self._containers: dict[tuple[str, str, str, str], _Tally] = {}
+        self._pods: dict[tuple[str, str], _Tally] = {}
+        # Shown processes: the labels their series carries and the joules it started from.
+        self._shown: dict[ProcessKey, tuple[WorkloadEnergy, float, float]] = {}
+        self._other: _Tally | None = None
+
+    def update(self, inputs: Inputs) -> Energy:
+        """Attribute the interval since the previous call and return every counter."""
+        now = inputs.now
+        seconds = now - self._last_now if self._last_now is not None else 0.0
+        self._last_now = now
+        usage, cpu_capacity = self._usage(inputs.cpu_times)
+        increments: dict[ProcessKey, list[float]] = {}
+        owners: dict[ProcessKey, PodRef] = {key: inputs.pods.get(key[2], NO_POD) for key in inputs.cpu_increases}
+        self._share_cpu(self._cpu_active(inputs.rapl_zones, usage, seconds), inputs.cpu_increases, cpu_capacity,
+                        increments)
+        for gpu in inputs.gpus:
+            for proc in gpu.processes:
+                key = (proc.pid, proc.comm, proc.container_id)
+                labelled = PodRef(proc.namespace, proc.pod, proc.container)
+                if labelled != NO_POD or key not in owners:
+                    owners[key] = labelled
+            if gpu.up:
+                self._share_gpu(gpu, seconds, increments)
+        self._accumulate(owners, increments, now)
+        self._expire(now, owners)
+        return Energy(
+            cpu_zones=tuple(CpuZoneEnergy(zone, source, joules)
+                            for (zone, source), joules in sorted(self._zones.items())),
+            gpu_idle=tuple(sorted(self._gpu_idle.items())),
+            processes=self._process_rows(increments),
+            containers=tuple(self._containers[key].row() for key in sorted(self._containers)),
+            pods=tuple(self._pods[key].row() for key in sorted(self._pods)),
+        )
+
+    def _usage(self, times: CpuTimes | None) -> tuple[float | None, float]:
+        """The node's CPU usage ratio over the interval and the CPU seconds all CPUs had in it."""
+        if times is None:
+            return None, 0.0
+        last, self._last_cpu = self._last_cpu, times
+        if last is None:
+            return None, 0.0
+        total = times.total_seconds - last.total_seconds
+        busy = times.busy_seconds - last.busy_seconds
+        if total <= 0 or busy < 0:
+            return None, 0.0
+        return min(1.0, busy / total), total
+
+    def _cpu_active(self, zones: tuple[RaplZone, ...], usage: float | None, seconds: float) -> float:
+        """Active CPU joules of the interval; adds every zone's increase to the node counters."""
+        by_kind: dict[str, float] = {}
+        for zone in zones:
+            last = self._last_uj.get(zone.id)
+            self._last_uj[zone.id] = zone.energy_uj
+            joules = increase(last, zone.energy_uj, zone.max_energy_range_uj) / 1e6
+            if last is not None and zone.energy_uj < last and joules > MAX_ZONE_WATTS * max(seconds, 1.0):
+                joules = zone.energy_uj / 1e6
+            by_kind[zone.zone] = by_kind.get(zone.zone, 0.0) + joules
+        for kind, joules in by_kind.items():
+            self._zones[(kind, "rapl")] = self._zones.get((kind, "rapl"), 0.0) + joules
+        if usage is None:
+            return 0.0
+        if zones:
+            return usage * next((by_kind[kind] for kind in PRIMARY_ZONES if kind in by_kind), 0.0)
+        if self.cpu_tdp_watts:
+            joules = self.cpu_tdp_watts * usage * seconds
+            self._zones[("package", "estimate")] = self._zones.get(("package", "estimate"), 0.0) + joules
+            return joules
+        return 0.0
+
+    @staticmethod
+    def _share_cpu(active: float, cpu_increases: Mapping[ProcessKey, float], capacity: float,
+                   increments: dict[ProcessKey, list[float]]) -> None:
+        # No process can use more than all CPUs for the whole interval; a larger increase is a process
+        # seen again after it was dropped from the table, whose whole history arrives at once.
+        used = {key: min(seconds, capacity) for key, seconds in cpu_increases.items() if seconds > 0}
+        total = sum(used.values())
+        if active <= 0 or total <= 0:
+            return
+        for key, seconds in used.items():
+            increments.setdefault(key, [0.0, 0.0])[0] += active * (seconds / total)
+
+    def _share_gpu(self, gpu: GpuReading, seconds: float, increments: dict[ProcessKey, list[float]]) -> None:
+        if gpu.energy_joules is not None:
+            last = self._last_gpu_joules.get(gpu.uuid)
+            self._last_gpu_joules[gpu.uuid] = gpu.energy_joules
+            if last is None or seconds <= 0:
+                return
+            joules = increase(last, gpu.energy_joules)
+        elif gpu.power_watts is not None and seconds > 0:
+            joules = gpu.power_watts * seconds
+        else:
+            return
+        lowest = self._lowest_gpu_watts[gpu.uuid] = min(self._lowest_gpu_watts.get(gpu.uuid, joules / seconds),
+                                                        joules / seconds)
+        idle_watts = lowest if self.gpu_idle_watts is None else self.gpu_idle_watts
+        idle = min(idle_watts * seconds, joules) if gpu.processes else joules
+        self._gpu_idle[gpu.uuid] = self._gpu_idle.get(gpu.uuid, 0.0) + idle
+        for proc, share in zip(gpu.processes, gpu_shares(gpu.processes)):
+            increments.setdefault((proc.pid, proc.comm, proc.container_id), [0.0, 0.0])[1] += (joules - idle) * share
+
+    def _accumulate(self, owners: Mapping[ProcessKey, PodRef], increments: Mapping[ProcessKey, list[float]],
+                    now: float) -> None:
+        for key, owner in owners.items():
+            pid, comm, container_id = key
+            namespace, pod, container = owner.namespace, owner.pod, owner.container
+            process = self._processes.get(key)
+            if process is None or (process.labels.namespace, process.labels.pod,
+                                   process.labels.container) != (namespace, pod, container):
+                labels = WorkloadEnergy(str(pid), comm, container_id, namespace, pod, container)
+                process = self._processes.setdefault(key, _Tally(labels, now))
+                process.labels = labels
+            container_key = (container_id, namespace, pod, container)
+            if container_key not in self._containers:
+                self._containers[container_key] = _Tally(WorkloadEnergy(
+                    container_id=container_id, namespace=namespace, pod=pod, container=container), now)
+            if (namespace, pod) not in self._pods:
+                self._pods[(namespace, pod)] = _Tally(WorkloadEnergy(namespace=namespace, pod=pod), now)
+            cpu, gpu = increments.get(key, (0.0, 0.0))
+            for tally in (process, self._containers[container_key], self._pods[(namespace, pod)]):
+                tally.seen = now
+                tally.cpu += cpu
+                tally.gpu += gpu
+
+    def _expire(self, now: float, present: Mapping[ProcessKey, PodRef]) -> None:
+        for tallies in (self._processes, self._containers, self._pods):
+            for key in [key for key, tally in tallies.items() if now - tally.seen > self.grace]:
+                del tallies[key]
+        excess = len(self._processes) - self.max_processes
+        if self.max_processes > 0 and excess > 0:
+            absent = sorted((key for key in self._processes if key not in present),
+                            key=lambda key: self._processes[key].total)
+            for key in absent[:excess]:
+                del self._processes[key]
+
+    def _process_rows(self, increments: Mapping[ProcessKey, list[float]]) -> tuple[WorkloadEnergy, ...]:
+        """Per-process rows under the limit, plus pid="other" holding the increases of every process not shown.
+
+        A shown series counts from the sample its process entered the top N
+        (what it used before went to "other"), so the series' increases always
+        add up to the node's attributed energy and none ever decreases.
+        """
+        limit = self.process_limit
+        if limit == 0:
+            return ()
+        def rank(key: ProcessKey) -> tuple[float, ProcessKey]:
+            return -self._processes[key].total, key
+
+        top = sorted(self._processes, key=rank) if limit is None else heapq.nsmallest(limit, self._processes, rank)
+        shown: dict[ProcessKey, tuple[WorkloadEnergy, float, float]] = {}
+        for key in top:
+            tally = self._processes[key]
+            kept = self._shown.get(key)
+            if kept is None or kept[0] != tally.labels:
+                cpu, gpu = increments.get(key, (0.0, 0.0))
+                kept = (tally.labels, tally.cpu - cpu, tally.gpu - gpu)
+            shown[key] = kept
+        if limit is not None and self._other is None and len(self._processes) > limit:
+            self._other = _Tally(WorkloadEnergy(pid="other"), 0.0)
+        if self._other is not None:
+            for key, (cpu, gpu) in increments.items():
+                if key not in shown:
+                    self._other.cpu += cpu
+                    self._other.gpu += gpu
+        self._shown = shown
+        rows = [dataclasses.replace(labels, cpu_joules=self._processes[key].cpu - cpu_offset,
+                                    gpu_joules=self._processes[key].gpu - gpu_offset)
+                for key, (labels, cpu_offset, gpu_offset) in shown.items()]
+        return tuple(rows + ([self._other.row()] if self._other is not None else []))

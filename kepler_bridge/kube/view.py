@@ -1,0 +1,87 @@
+"""What the agent knows about Kubernetes at one moment: container owners and device assignments."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from kepler_bridge.model import GpuReading, PodRef
+
+NO_POD = PodRef()
+_PCI = re.compile(r"^(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One device the kubelet assigned to a container (pod-resources List)."""
+
+    device_id: str
+    resource: str
+    owner: PodRef
+
+
+def device_key(device_id: str) -> str:
+    """A device plugin's id in the form GPU readings use.
+
+    ``GPU-<uuid>::3`` (a time-slicing replica) is the GPU ``GPU-<uuid>``;
+    ``MIG-GPU-<uuid>/1/0`` (older MIG naming) is its parent GPU; PCI addresses
+    lose the domain's leading zeros; MIG-<uuid> stays (matched against the
+    GPU's MIG instances).
+    """
+    key = device_id.strip().lower().split("::", 1)[0]
+    if key.startswith("mig-gpu-"):
+        key = key[len("mig-"):].split("/", 1)[0]
+    pci = _PCI.match(key)
+    if pci:
+        domain, bus, device, function = pci.groups()
+        key = f"{int(domain or '0', 16):04x}:{bus}:{device}.{function}"
+    return key
+
+
+def device_owners(assignments: Iterable[Assignment]) -> dict[str, tuple[PodRef, ...]]:
+    """Device key -> the containers holding it (several for MIG slices or shared replicas of one GPU)."""
+    owners: dict[str, dict[PodRef, None]] = {}
+    for assignment in assignments:
+        owners.setdefault(device_key(assignment.device_id), {})[assignment.owner] = None
+    return {key: tuple(found) for key, found in owners.items()}
+
+
+@dataclass(frozen=True)
+class KubeView:
+    """Container id -> container, and device key -> owners; treat both mappings as read-only."""
+
+    containers: Mapping[str, PodRef] = field(default_factory=dict)
+    devices: Mapping[str, tuple[PodRef, ...]] = field(default_factory=dict)
+
+    def gpu_owners(self, gpu: GpuReading) -> tuple[PodRef, ...]:
+        """The containers the kubelet assigned this GPU, or a MIG instance or replica of it, to."""
+        if not self.devices:
+            return ()
+        owners: dict[PodRef, None] = {}
+        for name in (gpu.uuid, *gpu.mig_uuids, gpu.pci_bus_id):
+            if name:
+                owners.update(dict.fromkeys(self.devices.get(device_key(name), ())))
+        return tuple(owners)
+
+    def label(self, gpu: GpuReading) -> GpuReading:
+        """The reading with its processes' namespace, pod and container.
+
+        A process's own container decides. One in a container the pod list
+        does not name, or one the agent cannot see in /proc (no comm: another
+        pid namespace), gets the GPU's owner when the kubelet assigned the GPU
+        to exactly one container; a host process gets none.
+        """
+        if not gpu.processes:
+            return gpu
+        owners = self.gpu_owners(gpu)
+        fallback = owners[0] if len(owners) == 1 else NO_POD
+        processes = []
+        for proc in gpu.processes:
+            owner = self.containers.get(proc.container_id) if proc.container_id else None
+            if owner is None:
+                owner = fallback if proc.container_id or not proc.comm else NO_POD
+            processes.append(dataclasses.replace(proc, namespace=owner.namespace, pod=owner.pod,
+                                                 container=owner.container))
+        return dataclasses.replace(gpu, processes=tuple(processes))

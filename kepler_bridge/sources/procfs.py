@@ -1,0 +1,91 @@
+"""CPU time per process from /proc/<pid>/stat: the fallback when eBPF cannot load.
+
+It sees only processes alive at a sample; one that starts and ends between
+two samples is missed (the ebpf source counts those). With ``--procfs
+/host/proc`` and hostPID the pids and comms are the host's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from kepler_bridge.cgroup import read_container_id
+from kepler_bridge.config import Config
+from kepler_bridge.model import SourceReading
+from kepler_bridge.process_table import ProcessTable
+from kepler_bridge.sources.base import Source, SourceAbsent
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat the agent uses."""
+
+    pid: int
+    comm: str
+    start: int
+    cpu_seconds: float
+
+
+def parse_stat(pid: int, text: str) -> ProcStat:
+    """Parse /proc/<pid>/stat; the comm may itself hold spaces and parentheses."""
+    open_paren, close_paren = text.index("("), text.rindex(")")
+    fields = text[close_paren + 2:].split()
+    # fields[0] is field 3 (state): utime 14, stime 15, starttime 22.
+    utime, stime, start = int(fields[11]), int(fields[12]), int(fields[19])
+    return ProcStat(pid, text[open_paren + 1:close_paren], start, (utime + stime) / CLOCK_TICKS)
+
+
+def read_stat(procfs: str, pid: int) -> ProcStat | None:
+    """The stat of a live process (or thread id), None when it is gone."""
+    try:
+        with open(f"{procfs}/{pid}/stat", encoding="utf-8", errors="replace") as file:
+            return parse_stat(pid, file.read())
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def list_pids(procfs: str) -> set[int]:
+    """Pids of every process (thread group) in procfs."""
+    return {int(name) for name in os.listdir(procfs) if name.isdigit()}
+
+
+class ProcfsSource(Source):
+    """Reads utime+stime of every process each interval."""
+
+    name = "procfs"
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.table = ProcessTable(config.max_processes, config.process_grace)
+
+    def start(self) -> None:
+        if not os.path.isfile(f"{self.config.procfs}/self/stat"):
+            raise SourceAbsent(f"{self.config.procfs} is not a mounted procfs (no self/stat): "
+                               "mount the host's /proc and pass --procfs, e.g. --procfs /host/proc")
+
+    def read(self) -> SourceReading:
+        procfs = self.config.procfs
+        alive: set[int] = set()
+        for pid in list_pids(procfs):
+            stat = read_stat(procfs, pid)
+            if stat is None:
+                continue
+            entry = self.table.current(pid)
+            if entry is None or entry.start != stat.start:
+                container_id = read_container_id(procfs, pid)
+                if container_id is None:
+                    continue
+                self.table.begin(pid, stat.start, stat.comm, container_id, stat.cpu_seconds)
+            else:
+                entry.comm, entry.ended_at = stat.comm, None
+                entry.cpu_seconds = max(entry.cpu_seconds, stat.cpu_seconds)
+            alive.add(pid)
+        self.table.end_missing(alive)
+        return SourceReading(processes=self.table.rows())
+
+    def describe(self, reading: SourceReading) -> str:
+        return (f"{len(reading.processes)} process(es) from {self.config.procfs}/<pid>/stat; "
+                "processes living less than one interval are not seen (the ebpf source sees them)")

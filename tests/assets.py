@@ -1,0 +1,87 @@
+"""Read the observability assets (alert rules, dashboards) the way the tests need them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARDS = sorted((ROOT / "grafana").glob("*.json"))
+# What Grafana puts in place of its variables when the tests run a panel's query.
+SUBSTITUTIONS = {"$__rate_interval": "10s", "$__interval": "5s", "$__range": "1m",
+                 "$node": ".*", "$gpu": ".*", "$namespace": ".*", "$pod": ".*"}
+# Every metric name of DESIGN.md section 5 (the contract), plus Prometheus' own per-target series.
+CONTRACT_METRICS = {
+    "gpu_info", "gpu_up", "gpu_utilization_ratio", "gpu_memory_utilization_ratio",
+    "gpu_encoder_utilization_ratio", "gpu_decoder_utilization_ratio", "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes", "gpu_memory_free_bytes", "gpu_temperature_celsius",
+    "gpu_memory_temperature_celsius", "gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total",
+    "gpu_sm_clock_hertz", "gpu_memory_clock_hertz", "gpu_fan_speed_ratio", "gpu_pcie_transmit_bytes_per_second",
+    "gpu_pcie_receive_bytes_per_second", "gpu_performance_state", "gpu_throttled", "gpu_ecc_errors_total",
+    "gpu_xid_errors_total", "gpu_last_xid_timestamp_seconds", "gpu_process_memory_used_bytes",
+    "gpu_process_utilization_ratio", "kepler_bridge_process_cpu_seconds_total",
+    "kepler_bridge_container_cpu_seconds_total", "kepler_bridge_node_cpu_joules_total",
+    "kepler_bridge_process_cpu_joules_total", "kepler_bridge_process_gpu_joules_total",
+    "kepler_bridge_container_cpu_joules_total", "kepler_bridge_container_gpu_joules_total",
+    "kepler_bridge_pod_cpu_joules_total", "kepler_bridge_pod_gpu_joules_total",
+    "kepler_bridge_node_gpu_idle_joules_total", "kepler_bridge_build_info", "kepler_bridge_source_up",
+    "kepler_bridge_source_errors_total", "kepler_bridge_sample_duration_seconds",
+    "kepler_bridge_last_sample_timestamp_seconds", "kepler_bridge_ebpf_programs_attached",
+    "process_cpu_seconds_total", "process_resident_memory_bytes",
+    "up", "scrape_samples_scraped", "scrape_duration_seconds",
+}
+# A name not followed by "(" (a function) nor by a label matcher such as =, =~, != or !~.
+_METRIC = re.compile(r"\b((?:gpu|kepler_bridge|process|scrape)_[a-z_]+|up)\b(?!\s*\()(?![=!]~|!=|=(?!=))")
+_LABEL_VALUES = re.compile(r"label_values\((.+), *(\w+)\)")
+_NAME_REGEX = re.compile(r'__name__=~"([^"]+)"')
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    """The rules of the gpu-alerts group as Prometheus loads them."""
+    (group,) = yaml.safe_load((ROOT / "alerts" / "gpu-alerts.rules.yml").read_text(encoding="utf-8"))["groups"]
+    return group["rules"]
+
+
+def load_dashboard(path: Path) -> dict[str, Any]:
+    """One dashboard model."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def panel_queries() -> Iterator[tuple[str, str, str]]:
+    """(dashboard title, panel title, PromQL with Grafana's variables filled in) for every panel target."""
+    for path in DASHBOARDS:
+        model = load_dashboard(path)
+        for panel in model["panels"]:
+            for query in panel.get("targets", []):
+                yield model["title"], panel["title"], substitute(query["expr"])
+
+
+def variable_queries() -> Iterator[tuple[str, str, str]]:
+    """(dashboard title, variable name, PromQL counting the values) for every label_values() variable."""
+    for path in DASHBOARDS:
+        model = load_dashboard(path)
+        for item in model["templating"]["list"]:
+            if item["type"] == "query":
+                match = _LABEL_VALUES.fullmatch(item["definition"])
+                assert match, f"{model['title']}: ${item['name']} is not label_values(selector, label)"
+                selector, label = match.groups()
+                yield model["title"], item["name"], substitute(f"count by ({label}) ({selector})")
+
+
+def substitute(expr: str) -> str:
+    """Replace Grafana's variables, longest first so $__range is not read as $__r..."""
+    for name in sorted(SUBSTITUTIONS, key=len, reverse=True):
+        expr = expr.replace(name, SUBSTITUTIONS[name])
+    return expr
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names an expression selects, including those of __name__ regexes such as (cpu|gpu)."""
+    names = {match for match in _METRIC.findall(expr) if match not in {"group_left", "group_right"}}
+    for pattern in _NAME_REGEX.findall(expr):
+        names |= {name for name in CONTRACT_METRICS if re.fullmatch(pattern, name)}
+    return names

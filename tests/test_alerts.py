@@ -1,0 +1,99 @@
+"""The gpu-alerts rules: rendered files up to date, same rules everywhere, promtool checks and unit tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from promserver import ROOT, binary
+
+ALERTS = ROOT / "alerts"
+EXPECTED = {
+    "HighGPUUtilization", "GPUTemperatureHigh", "GPUMemoryNearlyFull", "GPUXidCriticalError", "GPULost",
+    "GPUEccUncorrectable", "GPUThermalThrottling", "KeplerBridgeDown", "KeplerBridgeSourceDown",
+    "KeplerBridgeStale",
+}
+ANNOTATIONS = {"summary", "description", "summary_zh", "description_zh"}
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def _render_module() -> ModuleType:
+    """alerts/render.py loaded as a module (alerts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("alerts_render", ALERTS / "render.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def _promtool(*args: str, cwd: Path = ALERTS) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([binary("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_rendered_files_match_the_source() -> None:
+    for path, text in _render_module().rendered().items():
+        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python alerts/render.py"
+
+
+def test_plain_file_and_prometheusrules_hold_the_same_rules() -> None:
+    render = _render_module()
+    plain = _load(render.PLAIN)["groups"]
+    for path in render.PROMETHEUS_RULES:
+        manifest = _load(path)
+        assert manifest["kind"] == "PrometheusRule"
+        assert manifest["spec"]["groups"] == plain, path
+    assert plain == [render.load_group()]
+
+
+def test_every_alert_has_severity_and_bilingual_annotations() -> None:
+    (group,) = _load(ALERTS / "gpu-alerts.rules.yml")["groups"]
+    assert group["name"] == "gpu-alerts"
+    assert {rule["alert"] for rule in group["rules"]} == EXPECTED
+    for rule in group["rules"]:
+        assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+        assert set(rule["annotations"]) == ANNOTATIONS, rule["alert"]
+        assert CJK.search(rule["annotations"]["summary_zh"]) and CJK.search(rule["annotations"]["description_zh"])
+        assert not CJK.search(rule["annotations"]["summary"] + rule["annotations"]["description"])
+
+
+def test_seed_alert_is_kept_in_base_units() -> None:
+    rules = {rule["alert"]: rule for rule in _load(ALERTS / "gpu-alerts.rules.yml")["groups"][0]["rules"]}
+    assert rules["HighGPUUtilization"]["expr"] == "gpu_utilization_ratio > 0.9"
+    assert rules["HighGPUUtilization"]["for"] == "5m"
+    assert rules["HighGPUUtilization"]["labels"]["severity"] == "warning"
+    assert rules["GPULost"]["expr"] == "gpu_up == 0"
+
+
+def test_promtool_check_rules_accepts_plain_file_and_prometheusrule(tmp_path: Path) -> None:
+    result = _promtool("check", "rules", "gpu-alerts.rules.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    spec = _load(ROOT / "manifests" / "kubernetes" / "70-prometheusrule.yaml")["spec"]
+    (tmp_path / "from-manifest.yml").write_text(yaml.safe_dump(spec, allow_unicode=True), encoding="utf-8")
+    result = _promtool("check", "rules", "from-manifest.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_pass() -> None:
+    result = _promtool("test", "rules", "gpu-alerts.test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout + result.stderr
+
+
+def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
+    fires: set[str] = set()
+    quiet: set[str] = set()
+    for case in _load(ALERTS / "gpu-alerts.test.yml")["tests"]:
+        for check in case.get("alert_rule_test", []):
+            (fires if check.get("exp_alerts") else quiet).add(check["alertname"])
+    assert fires == EXPECTED, f"alerts without a firing test: {EXPECTED - fires}"
+    assert quiet == EXPECTED, f"alerts without a quiet test: {EXPECTED - quiet}"

@@ -1,0 +1,272 @@
+"""Energy attribution: conservation and monotonicity over random sequences (hypothesis), and its rules one by one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kepler_bridge.attribution import Attribution, Inputs, gpu_shares
+from kepler_bridge.counters import CounterGuard
+from kepler_bridge.model import CpuTimes, Energy, GpuProcess, GpuReading, PodRef, ProcessCpu, RaplZone
+
+REAL_MAX_UJ = 262143328850
+PODS = {"c1": PodRef("shop", "web-1", "nginx"), "c2": PodRef("shop", "web-1", "sidecar"),
+        "c3": PodRef("ml", "train-0", "main")}
+# Process slots: pid, comm, container id ("c4" is a container no pod list names).
+SLOTS = [(100 + i, f"p{i}", cid) for i, cid in enumerate(["", "c1", "c2", "c3", "c4", ""])]
+
+
+def gpu(uuid: str, **values) -> GpuReading:
+    return GpuReading(index=0, uuid=uuid, vendor="nvidia", model="A100", **values)
+
+
+def identities(energy: Energy) -> dict[tuple, float]:
+    """Every counter of an output by the series it would be exported as."""
+    found: dict[tuple, float] = {}
+    for zone in energy.cpu_zones:
+        found[("zone", zone.zone, zone.source)] = zone.joules
+    for uuid, joules in energy.gpu_idle:
+        found[("idle", uuid)] = joules
+    for level, rows in (("process", energy.processes), ("container", energy.containers), ("pod", energy.pods)):
+        for row in rows:
+            labels = (row.pid, row.comm, row.container_id, row.namespace, row.pod, row.container)
+            found[(level, "cpu") + labels] = row.cpu_joules
+            found[(level, "gpu") + labels] = row.gpu_joules
+    return found
+
+
+def increases(before: dict[tuple, float], after: dict[tuple, float], level: str, kind: str) -> float:
+    """Sum over one level's series of what they gained; a new series counts from zero."""
+    return sum(value - before.get(key, 0.0) for key, value in after.items() if key[:2] == (level, kind))
+
+
+def assert_monotonic(before: dict[tuple, float], after: dict[tuple, float]) -> None:
+    for key, value in after.items():
+        if key in before:
+            assert value >= before[key], (key, before[key], value)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject) -> None:
+    draw = data.draw
+    ncpu = draw(st.integers(1, 64), label="cpus")
+    wrap_max = draw(st.integers(1_000_000, 10**9), label="max_energy_range_uj of zone 0")
+    raw = {"intel-rapl:0": draw(st.integers(0, wrap_max - 1)), "intel-rapl:1": draw(st.integers(0, 10**9))}
+    maxes = {"intel-rapl:0": wrap_max, "intel-rapl:1": REAL_MAX_UJ}
+    idle_watts = draw(st.none() | st.floats(0, 300), label="gpu_idle_watts")
+    limit = draw(st.integers(1, 4), label="top")
+    counter_gpu = draw(st.booleans(), label="GPU-0 has an energy counter")
+    guard = CounterGuard()
+    full = Attribution(gpu_idle_watts=idle_watts, process_limit=None, grace=1e9)
+    top = Attribution(gpu_idle_watts=idle_watts, process_limit=limit, grace=1e9)
+    cpu = {slot: 0.0 for slot in SLOTS}
+    present_before: set = set()
+    busy = total = 0.0
+    gpu_raw, gpu_raw_at_last_up = draw(st.floats(0, 1e6)), None
+    now = 0.0
+    previous_full = previous_top = {}
+    for step in range(draw(st.integers(2, 16), label="samples")):
+        dt = draw(st.floats(0.05, 5.0), label="interval")
+        now += dt
+        # RAPL: zone 0 wraps at its small range, zone 1 may be reset (a "wrap" would mean > 200 kJ).
+        package_joules = 0.0
+        for zone_id in raw:
+            if zone_id == "intel-rapl:1" and raw[zone_id] and draw(st.integers(0, 9)) == 0:
+                raw[zone_id] = added = draw(st.integers(0, raw[zone_id] - 1))  # reset: known energy is what it holds
+            else:
+                added = min(int(draw(st.floats(0, 400)) * dt * 1e6), maxes[zone_id] - 1)
+                raw[zone_id] = (raw[zone_id] + added) % maxes[zone_id]
+            package_joules += added / 1e6
+        zones = tuple(RaplZone(zone_id, "package", value, maxes[zone_id]) for zone_id, value in raw.items())
+        usage = draw(st.floats(0, 1), label="usage")
+        busy, total = busy + usage * ncpu * dt, total + ncpu * dt
+        # Processes: come and go, restart (counter from a small value), use 0..2 CPUs.
+        rows, expected_cpu = [], {}
+        for slot in SLOTS:
+            if not draw(st.integers(0, 4)):
+                continue
+            old = cpu[slot]
+            if draw(st.integers(0, 9)) == 0:
+                cpu[slot] = draw(st.floats(0, dt))  # a new process with the same pid, comm and container
+            else:
+                cpu[slot] += draw(st.floats(0, 2 * dt))
+            known = slot in present_before and cpu[slot] >= old
+            expected_cpu[slot] = cpu[slot] - old if known else cpu[slot]
+            rows.append(ProcessCpu(slot[0], slot[1], cpu[slot], slot[2]))
+        present_before = {(row.pid, row.comm, row.container_id) for row in rows}
+        cpu_increases = guard.cpu_increases(rows)
+        assert cpu_increases == pytest.approx(expected_cpu)
+        # One GPU: lost now and then, reset now and then, 0..3 processes with or without SM utilization.
+        up = draw(st.integers(0, 4)) > 0
+        watts = draw(st.floats(0, 700))
+        gpu_raw += watts * dt
+        gpu_joules = 0.0
+        if up and counter_gpu:
+            if draw(st.integers(0, 9)) == 0:
+                gpu_raw = draw(st.floats(0, 100))  # GPU reset: its counter starts again
+            if gpu_raw_at_last_up is not None:
+                gpu_joules = gpu_raw - gpu_raw_at_last_up if gpu_raw >= gpu_raw_at_last_up else gpu_raw
+            gpu_raw_at_last_up = gpu_raw
+        elif up and step:
+            gpu_joules = watts * dt
+        processes = tuple(
+            GpuProcess(pid, comm, utilization=draw(st.none() | st.floats(0, 1)), container_id=cid,
+                       **dataclasses.asdict(PODS.get(cid, PodRef())))
+            for pid, comm, cid in draw(st.lists(st.sampled_from(SLOTS + [(900, "", ""), (901, "", "")]),
+                                                max_size=3, unique=True)))
+        reading = guard.gpu(gpu("GPU-0", up=up, processes=processes, power_watts=watts,
+                                energy_joules=gpu_raw if counter_gpu else None))
+        inputs = Inputs(now, zones, CpuTimes(busy, total), (reading,), cpu_increases, PODS)
+        after_full, after_top = identities(full.update(inputs)), identities(top.update(inputs))
+
+        for before, after in ((previous_full, after_full), (previous_top, after_top)):
+            assert_monotonic(before, after)
+            assert all(value >= 0 for value in after.values())
+        if step:
+            active = package_joules * usage if any(value > 0 for value in cpu_increases.values()) else 0.0
+            for before, after in ((previous_full, after_full), (previous_top, after_top)):
+                assert increases(before, after, "process", "cpu") == pytest.approx(active, rel=0.01, abs=1e-6)
+                gpu_total = (increases(before, after, "process", "gpu") +
+                             after.get(("idle", "GPU-0"), 0.0) - before.get(("idle", "GPU-0"), 0.0))
+                assert gpu_total == pytest.approx(gpu_joules, rel=1e-6, abs=1e-6)
+                for kind in ("cpu", "gpu"):
+                    attributed = increases(before, after, "process", kind)
+                    assert increases(before, after, "container", kind) == pytest.approx(attributed, abs=1e-6)
+                    assert increases(before, after, "pod", kind) == pytest.approx(attributed, abs=1e-6)
+            zone_gain = after_full[("zone", "package", "rapl")] - previous_full.get(("zone", "package", "rapl"), 0)
+            assert zone_gain == pytest.approx(package_joules, rel=1e-6, abs=1e-6)
+            if not processes and up:
+                assert increases(previous_full, after_full, "process", "gpu") == 0
+        shown = [key for key in after_top if key[0] == "process" and key[1] == "cpu" and key[2] != "other"]
+        assert len(shown) <= limit
+        previous_full, previous_top = after_full, after_top
+
+
+def test_cpu_active_energy_is_shared_by_cpu_time() -> None:
+    attribution = Attribution(process_limit=None)
+    zones = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
+    attribution.update(Inputs(0.0, zones(0), CpuTimes(0, 0), pods=PODS,
+                              cpu_increases={(1, "a", ""): 0.0, (2, "b", "c1"): 0.0}))
+    energy = attribution.update(Inputs(1.0, zones(100_000_000), CpuTimes(1.0, 4.0), pods=PODS,
+                                       cpu_increases={(1, "a", ""): 0.75, (2, "b", "c1"): 0.25}))
+    # 100 J at 25 % usage: 25 J active, 3:1.
+    assert {row.pid: row.cpu_joules for row in energy.processes} == {"1": pytest.approx(18.75),
+                                                                      "2": pytest.approx(6.25)}
+    assert {(row.namespace, row.pod): row.cpu_joules for row in energy.pods} == {
+        ("", ""): pytest.approx(18.75), ("shop", "web-1"): pytest.approx(6.25)}
+    assert [(row.container_id, row.container) for row in energy.containers] == [("", ""), ("c1", "nginx")]
+
+
+def test_psys_then_core_where_no_package_zone() -> None:
+    attribution = Attribution()
+    zones = lambda uj: (RaplZone("intel-rapl:0", "psys", uj, REAL_MAX_UJ),  # noqa: E731
+                        RaplZone("intel-rapl:1", "dram", 2 * uj, REAL_MAX_UJ))
+    attribution.update(Inputs(0.0, zones(0), CpuTimes(0, 0)))
+    energy = attribution.update(Inputs(1.0, zones(10_000_000), CpuTimes(1, 1), cpu_increases={(1, "a", ""): 1.0}))
+    assert energy.processes[0].cpu_joules == pytest.approx(10.0)
+    assert {zone.zone: zone.joules for zone in energy.cpu_zones} == {"psys": 10.0, "dram": 20.0}
+
+
+def test_estimate_only_with_cpu_tdp_watts_and_labelled() -> None:
+    for tdp, expected in ((0.0, ()), (100.0, (("package", "estimate"),))):
+        attribution = Attribution(cpu_tdp_watts=tdp)
+        attribution.update(Inputs(0.0, (), CpuTimes(0, 0)))
+        energy = attribution.update(Inputs(2.0, (), CpuTimes(1, 4), cpu_increases={(1, "a", ""): 1.0}))
+        assert tuple((zone.zone, zone.source) for zone in energy.cpu_zones) == expected
+        if tdp:
+            assert energy.cpu_zones[0].joules == pytest.approx(50.0)  # 100 W x 25 % x 2 s, all active
+            assert energy.processes[0].cpu_joules == pytest.approx(50.0)
+
+
+def test_a_process_cannot_take_more_than_all_cpus() -> None:
+    attribution = Attribution(process_limit=None)
+    zones = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
+    attribution.update(Inputs(0.0, zones(0), CpuTimes(0, 0)))
+    # Process 2 came back after eviction with its whole history (1000 s) in one interval of 4 CPU-seconds.
+    energy = attribution.update(Inputs(1.0, zones(8_000_000), CpuTimes(4, 4),
+                                       cpu_increases={(1, "a", ""): 4.0, (2, "b", ""): 1000.0}))
+    assert [row.cpu_joules for row in energy.processes] == [pytest.approx(4.0), pytest.approx(4.0)]
+
+
+def test_gpu_shares() -> None:
+    procs = lambda *utils: tuple(GpuProcess(pid, utilization=u) for pid, u in enumerate(utils))  # noqa: E731
+    assert gpu_shares(procs(0.6, 0.2)) == [pytest.approx(0.75), pytest.approx(0.25)]
+    assert gpu_shares(procs(None, None, None)) == [pytest.approx(1 / 3)] * 3  # the driver reports none
+    assert gpu_shares(procs(0.0, 0.0)) == [0.5, 0.5]  # no kernel ran since the last sample
+    assert gpu_shares(procs(None)) == [1.0]  # the only process (exclusive-process mode) gets everything
+    assert gpu_shares(procs(0.0)) == [1.0]
+
+
+def test_gpu_idle_is_the_lowest_power_seen_unless_configured() -> None:
+    def run(idle_watts: float | None) -> list[Energy]:
+        attribution = Attribution(gpu_idle_watts=idle_watts, process_limit=None)
+        energies, joules = [], 0.0
+        for second, watts in enumerate([100, 300, 60, 200]):
+            joules += watts
+            procs = (GpuProcess(7, "train", utilization=0.9),) if second != 2 else ()
+            energies.append(attribution.update(Inputs(float(second), gpus=(gpu("G", energy_joules=joules,
+                                                                                  processes=procs),))))
+        return energies
+
+    lowest = run(None)
+    # 300 W (lowest so far 300): all idle; 60 W with no process: idle; 200 W, lowest 60: 60 idle, 140 active.
+    assert lowest[-1].gpu_idle == (("G", pytest.approx(300 + 60 + 60)),)
+    assert lowest[-1].processes[0].gpu_joules == pytest.approx(140)
+    configured = run(50.0)
+    assert configured[-1].gpu_idle == (("G", pytest.approx(50 + 60 + 50)),)
+    assert configured[-1].processes[0].gpu_joules == pytest.approx(250 + 150)
+
+
+def test_gpu_without_energy_counter_integrates_power() -> None:
+    attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
+    procs = (GpuProcess(1, "a", utilization=0.6), GpuProcess(2, "b", utilization=0.2))
+    attribution.update(Inputs(0.0, gpus=(gpu("G", power_watts=250.0, processes=procs),)))
+    energy = attribution.update(Inputs(2.0, gpus=(gpu("G", power_watts=250.0, processes=procs),)))
+    assert energy.gpu_idle == (("G", pytest.approx(100.0)),)
+    assert [row.gpu_joules for row in energy.processes] == [pytest.approx(300.0), pytest.approx(100.0)]
+
+
+def test_top_n_sums_the_rest_into_other_and_series_start_when_shown() -> None:
+    attribution = Attribution(process_limit=2)
+    zone = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
+    attribution.update(Inputs(0.0, zone(0), CpuTimes(0, 0)))
+    outputs = []
+    # All CPUs busy; the node uses 6 J, then 10 J; the processes' CPU-seconds share them.
+    for second, (uj, cpu, use) in enumerate([(6_000_000, 6.0, {1: 3.0, 2: 2.0, 3: 1.0}),
+                                             (16_000_000, 16.0, {1: 0.0, 2: 0.0, 3: 10.0})], start=1):
+        energy = attribution.update(Inputs(float(second), zone(uj), CpuTimes(cpu, cpu),
+                                           cpu_increases={(pid, "x", ""): seconds for pid, seconds in use.items()}))
+        outputs.append({row.pid: row.cpu_joules for row in energy.processes})
+    assert outputs[0] == {"1": pytest.approx(3.0), "2": pytest.approx(2.0), "other": pytest.approx(1.0)}
+    # Process 3 used 10 J and enters the top 2 with its series counting from there; process 2 leaves.
+    assert outputs[1] == {"3": pytest.approx(10.0), "1": pytest.approx(3.0), "other": pytest.approx(1.0)}
+
+
+def test_off_and_all() -> None:
+    for limit, expected in ((0, set()), (None, {"1", "2", "3"})):
+        attribution = Attribution(process_limit=limit)
+        energy = attribution.update(Inputs(0.0, cpu_increases={(pid, "x", ""): 1.0 for pid in (1, 2, 3)}))
+        assert {row.pid for row in energy.processes} == expected
+        assert [row.pod for row in energy.pods] == [""]
+
+
+def test_ended_processes_expire_after_the_grace_period() -> None:
+    attribution = Attribution(grace=5.0, process_limit=None)
+    attribution.update(Inputs(0.0, cpu_increases={(1, "a", "c1"): 1.0}, pods=PODS))
+    assert len(attribution.update(Inputs(5.0, pods=PODS)).processes) == 1
+    energy = attribution.update(Inputs(5.5, pods=PODS))
+    assert energy.processes == () and energy.containers == () and energy.pods == ()
+
+
+def test_gpu_process_labels_win_for_processes_the_pod_list_does_not_know() -> None:
+    attribution = Attribution(gpu_idle_watts=0.0, process_limit=None)
+    procs = (GpuProcess(900, "", utilization=1.0, namespace="ml", pod="train-0", container="main"),)
+    attribution.update(Inputs(0.0, gpus=(gpu("G", energy_joules=0.0, processes=procs),)))
+    energy = attribution.update(Inputs(1.0, gpus=(gpu("G", energy_joules=100.0, processes=procs),)))
+    assert [(row.pid, row.namespace, row.pod, row.gpu_joules) for row in energy.processes] == [
+        ("900", "ml", "train-0", 100.0)]
+    assert [(row.namespace, row.pod, row.gpu_joules) for row in energy.pods] == [("ml", "train-0", 100.0)]

@@ -1,0 +1,86 @@
+"""Grafana dashboards: generated files up to date, importable shape, variables, contract metric names."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import ModuleType
+
+import pytest
+
+from assets import CONTRACT_METRICS, DASHBOARDS, ROOT, alert_rules, load_dashboard, metric_names, panel_queries
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+UIDS = {"accelerators.json": "kepler-bridge-accelerators", "workload-energy.json": "kepler-bridge-workload-energy",
+        "agent.json": "kepler-bridge-agent"}
+
+
+def _generator() -> ModuleType:
+    """grafana/dashboards.py loaded as a module (grafana/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("grafana_dashboards", ROOT / "grafana" / "dashboards.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dashboard_files_match_the_generator() -> None:
+    outputs = _generator().rendered()
+    assert sorted(path.name for path in outputs) == sorted(path.name for path in DASHBOARDS)
+    for path, text in outputs.items():
+        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python grafana/dashboards.py"
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda path: path.name)
+def test_dashboard_is_importable_with_stable_uid_and_datasource_variable(path) -> None:
+    model = load_dashboard(path)
+    assert model["uid"] == UIDS[path.name]
+    assert "id" not in model, "an exported id would clash on import"
+    variables = {item["name"]: item for item in model["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert "node" in variables
+    for item in variables.values():
+        if item["type"] == "query":
+            assert item["datasource"] == DATASOURCE
+    for panel in model["panels"]:
+        assert panel["datasource"] == DATASOURCE, panel["title"]
+        assert panel["targets"], panel["title"]
+        for query in panel["targets"]:
+            assert query["datasource"] == DATASOURCE, panel["title"]
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda path: path.name)
+def test_panels_have_unique_ids_and_do_not_overlap(path) -> None:
+    panels = load_dashboard(path)["panels"]
+    assert len({panel["id"] for panel in panels}) == len(panels)
+    cells: set[tuple[int, int]] = set()
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+        area = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
+                for y in range(grid["y"], grid["y"] + grid["h"])}
+        assert not cells & area, f"{panel['title']} overlaps another panel"
+        cells |= area
+
+
+def test_accelerators_has_the_seed_panels_and_gpu_variable() -> None:
+    model = load_dashboard(ROOT / "grafana" / "accelerators.json")
+    assert "gpu" in {item["name"] for item in model["templating"]["list"]}
+    kinds = {(panel["type"], panel["title"]) for panel in model["panels"]}
+    assert ("timeseries", "GPU utilization") in kinds
+    assert ("heatmap", "Temperature heatmap") in kinds
+    assert ("bargauge", "Memory in use") in kinds
+    titles = {title for _, title in kinds}
+    assert {"Power", "Energy in the selected range", "Clocks", "Health", "XID errors"} <= titles
+
+
+def test_every_query_uses_only_contract_metric_names() -> None:
+    expressions = [expr for _, _, expr in panel_queries()] + [rule["expr"] for rule in alert_rules()]
+    for expr in expressions:
+        names = metric_names(expr)
+        assert names, f"no metric name found in {expr!r}"
+        assert names <= CONTRACT_METRICS, f"{expr!r} uses {names - CONTRACT_METRICS}, not in DESIGN.md section 5"
+
+
+def test_every_variable_is_substituted_for_the_live_queries() -> None:
+    for dashboard, panel, expr in panel_queries():
+        assert "$" not in expr, f"{dashboard} / {panel}: unknown variable in {expr!r}"

@@ -1,0 +1,178 @@
+"""Energy attribution through the real agent: CPU energy split by CPU time, GPU energy split by SM utilization."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent import Agent
+from fakenvml import FakeNvml
+from powercap import PowercapTree
+
+GIB = 1024**3
+
+# On a newline, uses `rate` CPUs for `seconds` in bursts of about 5 ms (catching up if it got less), prints done.
+_PACED_BURN = """
+import sys, time
+rate, seconds = float(sys.argv[1]), float(sys.argv[2])
+sys.stdin.readline()
+start, cpu0 = time.monotonic(), time.process_time()
+while (used := time.process_time() - cpu0) < rate * seconds:
+    ahead = used - rate * (time.monotonic() - start)
+    if ahead > 0.005:
+        time.sleep(ahead / rate)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+class PacedBurner:
+    """A child that, once started, uses a steady fraction of one CPU for a given time."""
+
+    def __init__(self, rate: float, seconds: float) -> None:
+        self.process = subprocess.Popen([sys.executable, "-S", "-c", _PACED_BURN, str(rate), str(seconds)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = str(self.process.pid)
+
+    def start(self) -> None:
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+
+    def wait(self) -> None:
+        assert self.process.stdout.readline() == "done\n"
+
+    def __enter__(self) -> "PacedBurner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.stdin.close()
+        self.process.wait(10)
+
+
+def scrape(agent: Agent) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """One /metrics answer (one snapshot): sample name -> [(labels, value)]."""
+    found: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(agent.metrics()):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return found
+
+
+def series(agent: Agent, name: str) -> list[tuple[dict[str, str], float]]:
+    return scrape(agent).get(name, [])
+
+
+def by(label: str, samples: list[tuple[dict[str, str], float]]) -> dict[str, float]:
+    return {labels[label]: value for labels, value in samples}
+
+
+def by_pid(agent: Agent, name: str) -> dict[str, float]:
+    return by("pid", series(agent, name))
+
+
+def test_cpu_energy_split_3_to_1_by_cpu_time(tmp_path: Path) -> None:
+    tree = PowercapTree(tmp_path / "sys")
+    # A 120 J range at 100 W wraps every 1.2 s (a hardware counter wraps after minutes; an interval must
+    # stay shorter than one turn): the split must survive several wrap-arounds.
+    tree.zone("intel-rapl:0", "package-0", 0, max_energy_range_uj=120_000_000)
+    tree.zone("intel-rapl:0:0", "core", 0)
+    with tree.drawing("intel-rapl:0", watts=100.0, step=0.002), \
+            Agent("--sources", "procfs,rapl", "--sysfs", str(tree.sysfs), "--interval", "500ms",
+                  "--process-metrics", "all") as agent, PacedBurner(0.6, 4.0) as heavy, \
+            PacedBurner(0.2, 4.0) as light:
+        agent.wait_for(lambda: {heavy.pid, light.pid} <= set(by_pid(agent, "kepler_bridge_process_cpu_joules_total")),
+                       what="both burners have CPU energy series")
+        before = scrape(agent)
+        heavy.start()
+        light.start()
+        heavy.wait()
+        light.wait()
+        # Two samples past the end, so the last CPU time is attributed. Per-interval CPU times are whole
+        # clock ticks: intervals of several ticks keep that rounding small next to the 5 % allowed.
+        time.sleep(1.2)
+        after = scrape(agent)
+
+    def gain(name: str, label: str, key: str) -> float:
+        return by(label, after[name])[key] - by(label, before[name])[key]
+
+    joules = {pid: gain("kepler_bridge_process_cpu_joules_total", "pid", pid) for pid in (heavy.pid, light.pid)}
+    seconds = {pid: gain("kepler_bridge_process_cpu_seconds_total", "pid", pid) for pid in (heavy.pid, light.pid)}
+    assert seconds[heavy.pid] == pytest.approx(2.4, rel=0.05) and seconds[light.pid] == pytest.approx(0.8, rel=0.05)
+    assert joules[heavy.pid] / joules[light.pid] == pytest.approx(3.0, rel=0.05), (joules, seconds)
+    package = gain("kepler_bridge_node_cpu_joules_total", "zone", "package")
+    assert package > 400.0  # 4 s at 100 W, through several wrap-arounds
+    assert sum(joules.values()) < package
+    assert {labels["source"] for labels, _ in after["kepler_bridge_node_cpu_joules_total"]} == {"rapl"}
+    assert {labels["zone"] for labels, _ in after["kepler_bridge_node_cpu_joules_total"]} == {"package", "core"}
+
+
+def test_cpu_energy_series_absent_without_rapl(tmp_path: Path) -> None:
+    (tmp_path / "sys" / "class" / "powercap").mkdir(parents=True)
+    with Agent("--sources", "procfs,rapl", "--sysfs", str(tmp_path / "sys"), "--interval", "200ms",
+               ready=True) as agent:
+        text = agent.metrics()
+        assert "kepler_bridge_process_cpu_seconds_total" in text
+        assert "_cpu_joules_total" not in text
+        up = {labels["source"]: value for labels, value in series(agent, "kepler_bridge_source_up")}
+        assert up == {"procfs": 1.0, "rapl": 0.0}
+
+
+@contextmanager
+def gpu_drawing(fake: FakeNvml, index: int, watts: float, step: float = 0.1) -> Iterator[None]:
+    """Advance a fake GPU's energy counter (mJ) at `watts` while the block runs."""
+    stop = threading.Event()
+    energy_mj = [float(fake.gpus[index]["total_energy"])]
+
+    def run() -> None:
+        last = time.monotonic()
+        while not stop.wait(step):
+            now = time.monotonic()
+            energy_mj[0] += watts * (now - last) * 1000
+            last = now
+            fake.gpu(index, total_energy=int(energy_mj[0]))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_gpu_energy_split_3_to_1_by_sm_utilization(fake_nvml: FakeNvml) -> None:
+    fake_nvml.processes(0, [{"pid": 999001, "used_memory": 2 * GIB, "sm_util": 60},
+                            {"pid": 999002, "used_memory": GIB, "sm_util": 20}])
+    fake_nvml.processes(1, [])
+    fake_nvml.gpu(0, power_usage=250_000)
+    with gpu_drawing(fake_nvml, 0, watts=250.0), \
+            Agent("--sources", "nvml", "--nvml-library", str(fake_nvml.library), "--interval", "200ms",
+                  "--gpu-idle-watts", "50", "--process-metrics", "all", env=fake_nvml.env()) as agent:
+        agent.wait_for(lambda: all(by_pid(agent, "kepler_bridge_process_gpu_joules_total").get(pid, 0) > 0
+                                   for pid in ("999001", "999002")), what="GPU energy for both processes")
+        before = scrape(agent)
+        time.sleep(2.0)
+        after = scrape(agent)
+
+    def gain(name: str, label: str, key: str) -> float:
+        return by(label, after[name])[key] - by(label, before[name])[key]
+
+    gained = {pid: gain("kepler_bridge_process_gpu_joules_total", "pid", pid) for pid in ("999001", "999002")}
+    assert gained["999001"] / gained["999002"] == pytest.approx(3.0, rel=0.05), gained
+    idle = gain("kepler_bridge_node_gpu_idle_joules_total", "gpu", "0")
+    total = gain("gpu_energy_joules_total", "gpu", "0")
+    assert total > 300  # 2 s at 250 W
+    # Idle is 50 W of the 250 W; what the processes got plus the idle part is the GPU's energy.
+    assert idle / total == pytest.approx(0.2, rel=0.1)
+    assert sum(gained.values()) + idle == pytest.approx(total, rel=1e-6)
+    # GPU 1 has no process and its counter stands still: no energy, no idle energy.
+    assert by("gpu", after["kepler_bridge_node_gpu_idle_joules_total"])["1"] == 0.0
+    assert [labels["pod"] for labels, _ in after["kepler_bridge_pod_gpu_joules_total"]] == [""]

@@ -1,0 +1,255 @@
+"""Kubernetes metadata: pod lists from a fake kubelet (HTTPS, token), API server and MetaServer; caching; labels."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent import Agent
+from cpu_helpers import Burner
+from kepler_bridge import config
+from kepler_bridge.kube.metadata import KubeMetadata
+from kepler_bridge.kube.pods import containers_of
+from kepler_bridge.kube.view import Assignment, KubeView, device_key, device_owners
+from kepler_bridge.model import GpuProcess, GpuReading, PodRef
+from kubefakes import FakeKube, pod, pod_list, self_signed
+from powercap import PowercapTree
+
+A, B, C, D = "a" * 64, "b" * 64, "c" * 64, "d" * 64
+PODS = pod_list(pod("shop", "web-1", ("nginx", f"containerd://{A}"), ("sidecar", f"cri-o://{B}"), ("late", ""),
+                    init=(("migrate", f"containerd://{C}"),)),
+                pod("ml", "train-0", ("main", f"docker://{D}")))
+EXPECTED = {A: PodRef("shop", "web-1", "nginx"), B: PodRef("shop", "web-1", "sidecar"),
+            C: PodRef("shop", "web-1", "migrate"), D: PodRef("ml", "train-0", "main")}
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return self_signed(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    return path
+
+
+def kube_config(**settings: object) -> config.Config:
+    return config.load({key: str(value) for key, value in settings.items()}, {})
+
+
+def metadata(environ: dict[str, str] | None = None, **settings: object) -> KubeMetadata:
+    settings.setdefault("pod_resources_socket", "")
+    return KubeMetadata(kube_config(**settings), environ=environ or {}, min_period=0.05, timeout=2.0)
+
+
+def test_pod_list_gives_every_started_container_by_runtime_id() -> None:
+    assert containers_of(PODS) == EXPECTED
+    with pytest.raises(ValueError, match="not a PodList"):
+        containers_of(["not", "a", "pod", "list"])
+
+
+def test_kubelet_over_https_with_token_and_ca(tls: tuple[Path, Path], token_file: Path) -> None:
+    with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet:
+        kube = metadata(kube_source="kubelet", kubelet_url=kubelet.url, kube_token_file=token_file,
+                        kube_ca_file=tls[0])
+        kube.refresh()
+        assert kube.view().containers == EXPECTED
+        assert kubelet.requests == [("/pods", f"Bearer {TOKEN}")]
+        assert kube.errors == {"pods": ""}
+
+
+def test_kubelet_address_defaults_to_node_ip() -> None:
+    for environ, url in (({"NODE_IP": "10.0.0.5"}, "https://10.0.0.5:10250/pods"),
+                         ({"NODE_IP": "fd00::5"}, "https://[fd00::5]:10250/pods"),
+                         ({}, "https://127.0.0.1:10250/pods")):
+        kube = KubeMetadata(kube_config(kube_source="kubelet"), environ=environ)
+        assert [endpoint.url for endpoint in kube.endpoints] == [url]
+
+
+def test_refused_token_and_untrusted_certificate_say_what_to_change(tls: tuple[Path, Path], tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("nope")
+    with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet:
+        kube = metadata(kube_source="kubelet", kubelet_url=kubelet.url, kube_token_file=wrong, kube_ca_file=tls[0])
+        kube.refresh()
+        assert kube.view().containers == {}
+        assert "answered 401" in kube.errors["pods"] and f"the token in {wrong} was refused" in kube.errors["pods"]
+        untrusted = metadata(kube_source="kubelet", kubelet_url=kubelet.url, kube_token_file=wrong,
+                             kube_ca_file=tmp_path / "no-such-ca.crt")
+        untrusted.refresh()
+        assert "certificate is not trusted" in untrusted.errors["pods"]
+        assert "kube_insecure_skip_tls_verify=true" in untrusted.errors["pods"]
+
+
+def test_insecure_skip_tls_verify(tls: tuple[Path, Path], token_file: Path, tmp_path: Path) -> None:
+    with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet:
+        kube = metadata(kube_source="kubelet", kubelet_url=kubelet.url, kube_token_file=token_file,
+                        kube_ca_file=tmp_path / "none", kube_insecure_skip_tls_verify="true")
+        kube.refresh()
+        assert kube.view().containers == EXPECTED
+
+
+def test_api_server_filtered_by_node_name(tls: tuple[Path, Path], token_file: Path) -> None:
+    with FakeKube(PODS, token=TOKEN, tls=tls) as apiserver:
+        environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(apiserver.port)}
+        kube = metadata(environ, kube_source="apiserver", node_name="edge-1", kube_token_file=token_file,
+                        kube_ca_file=tls[0])
+        kube.refresh()
+        assert kube.view().containers == EXPECTED
+        (path, authorization), = apiserver.requests
+        assert urlsplit(path).path == "/api/v1/pods" and authorization == f"Bearer {TOKEN}"
+        assert parse_qs(urlsplit(path).query) == {"fieldSelector": ["spec.nodeName=edge-1"]}
+
+
+def test_api_server_outside_a_pod_says_so() -> None:
+    kube = metadata(kube_source="apiserver")
+    kube.refresh()
+    assert "KUBERNETES_SERVICE_HOST is not set" in kube.errors["pods"]
+
+
+def test_metaserver_over_plain_http_gets_no_token(token_file: Path) -> None:
+    with FakeKube(PODS) as metaserver:
+        kube = metadata(kube_source="metaserver", metaserver_url=metaserver.url, kube_token_file=token_file)
+        kube.refresh()
+        assert kube.view().containers == EXPECTED
+        assert metaserver.requests == [("/api/v1/pods", "")]
+
+
+def test_last_good_list_kept_while_the_endpoint_is_down() -> None:
+    metaserver = FakeKube(PODS)
+    kube = metadata(kube_source="metaserver", metaserver_url=metaserver.url)
+    kube.refresh()
+    metaserver.close()  # the edge node lost its MetaServer (edgecore restarting)
+    kube.refresh()
+    assert kube.view().containers == EXPECTED
+    assert "keeping the last pod list" in kube.errors["pods"]
+
+
+def test_auto_prefers_the_metaserver_then_the_kubelet(tls: tuple[Path, Path], token_file: Path) -> None:
+    with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet, FakeKube(pod_list()) as metaserver:
+        settings = dict(kube_source="auto", metaserver_url=metaserver.url, kubelet_url=kubelet.url,
+                        kube_token_file=token_file, kube_ca_file=tls[0])
+        kube = metadata(**settings)
+        assert [endpoint.name for endpoint in kube.endpoints] == ["metaserver", "kubelet"]
+        kube.refresh()
+        assert kube.view().containers == {} and kubelet.requests == []
+        metaserver.close()
+        kube.refresh()
+        kube.refresh()
+        assert kube.view().containers == EXPECTED and len(kubelet.requests) == 2
+    # Without a service-account token (not in a pod) auto only asks the MetaServer.
+    no_token = metadata(kube_source="auto", kube_token_file=token_file.parent / "missing")
+    assert [endpoint.name for endpoint in no_token.endpoints] == ["metaserver"]
+
+
+def test_refreshes_in_the_background_and_soon_after_an_unknown_container() -> None:
+    with FakeKube(pod_list(pod("ml", "train-0", ("main", f"docker://{D}")))) as metaserver:
+        kube = KubeMetadata(kube_config(kube_source="metaserver", metaserver_url=metaserver.url,
+                                        pod_resources_socket=""), environ={}, period=60.0, min_period=0.05)
+        kube.start()
+        try:
+            deadline = time.monotonic() + 5
+            while kube.view().containers != {D: PodRef("ml", "train-0", "main")} and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert kube.view().containers == {D: PodRef("ml", "train-0", "main")}
+            metaserver.pods = PODS  # a new pod starts; its container shows up in a process's cgroup
+            kube.notice([A])
+            deadline = time.monotonic() + 5
+            while A not in kube.view().containers and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert kube.view().containers == EXPECTED  # long before the 60 s period
+            asked = len(metaserver.requests)
+            kube.notice([A, "f" * 64])  # A is known; an unknown id asks once, not at every sample
+            kube.notice(["f" * 64])
+            time.sleep(0.3)
+            assert len(metaserver.requests) == asked + 1
+        finally:
+            started = time.monotonic()
+            kube.stop()
+            assert time.monotonic() - started < 1.0
+
+
+def test_device_keys() -> None:
+    assert device_key("GPU-8a2b3c4d-0000-1111-2222-333344445555::3") == "gpu-8a2b3c4d-0000-1111-2222-333344445555"
+    assert device_key("MIG-GPU-8a2b3c4d-0000-1111-2222-333344445555/1/0") == "gpu-8a2b3c4d-0000-1111-2222-333344445555"
+    assert device_key("MIG-4f9e0000-aaaa-bbbb-cccc-ddddeeeeffff") == "mig-4f9e0000-aaaa-bbbb-cccc-ddddeeeeffff"
+    assert device_key("0000:03:00.0") == device_key("00000000:03:00.0") == "0000:03:00.0"
+
+
+def test_gpu_process_labels() -> None:
+    uuid = "GPU-8a2b3c4d-0000-1111-2222-333344445555"
+    owner = PodRef("ml", "train-0", "main")
+    view = KubeView(containers={A: PodRef("shop", "web-1", "nginx")},
+                    devices=device_owners([Assignment(f"{uuid}::0", "nvidia.com/gpu", owner)]))
+    reading = GpuReading(index=0, uuid=uuid, vendor="nvidia", model="A100", processes=(
+        GpuProcess(1, "nginx", container_id=A),  # its own container decides
+        GpuProcess(2, "Xorg"),  # a host process belongs to no pod
+        GpuProcess(3, ""),  # not visible in /proc (no hostPID): the GPU's owner
+        GpuProcess(4, "python", container_id=B)))  # a container the pod list does not name: the GPU's owner
+    labelled = {proc.pid: (proc.namespace, proc.pod, proc.container) for proc in view.label(reading).processes}
+    assert labelled == {1: ("shop", "web-1", "nginx"), 2: ("", "", ""), 3: ("ml", "train-0", "main"),
+                        4: ("ml", "train-0", "main")}
+    shared = KubeView(devices=device_owners([Assignment(f"{uuid}::0", "nvidia.com/gpu", owner),
+                                             Assignment(f"{uuid}::1", "nvidia.com/gpu", PodRef("ml", "b", "x"))]))
+    assert len(shared.gpu_owners(reading)) == 2
+    assert {proc.pod for proc in shared.label(reading).processes} == {""}  # two owners: nobody guesses
+    mig = GpuReading(index=0, uuid="GPU-x", vendor="nvidia", model="A100", mig_uuids=("MIG-1", "MIG-2"))
+    by_mig = KubeView(devices=device_owners([Assignment("MIG-2", "nvidia.com/mig-1g.10gb", owner)]))
+    assert by_mig.gpu_owners(mig) == (owner,)
+
+
+def unified_cgroup() -> Path | None:
+    return next((root for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+                 if (root / "cgroup.controllers").exists()), None)
+
+
+def test_agent_labels_energy_with_pods_from_the_kubelet(tls: tuple[Path, Path], token_file: Path,
+                                                        tmp_path: Path) -> None:
+    root = unified_cgroup()
+    if root is None:
+        pytest.skip("needs a cgroup v2 hierarchy to put a process in a container's cgroup")
+    cgroup = root / "kepler-bridge-kube-test" / f"crio-{B}.scope"
+    try:
+        cgroup.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        pytest.skip(f"cannot create a cgroup: {err}")
+    tree = PowercapTree(tmp_path / "sys")
+    tree.zone("intel-rapl:0", "package-0")
+    try:
+        with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet, tree.drawing("intel-rapl:0", watts=50.0), \
+                Burner(preexec_fn=lambda: (cgroup / "cgroup.procs").write_text("0")) as burner, \
+                Agent("--sources", "procfs,rapl", "--sysfs", str(tree.sysfs), "--interval", "200ms",
+                      "--kube-source", "kubelet", "--kubelet-url", kubelet.url, "--kube-token-file", str(token_file),
+                      "--kube-ca-file", str(tls[0]), "--process-metrics", "all") as agent:
+            burner.burn(0.3)
+
+            def labelled() -> dict[str, list[tuple[dict[str, str], float]]]:
+                found: dict[str, list[tuple[dict[str, str], float]]] = {}
+                for family in text_string_to_metric_families(agent.metrics()):
+                    for sample in family.samples:
+                        found.setdefault(sample.name, []).append((sample.labels, sample.value))
+                pods = {(labels["namespace"], labels["pod"]): value
+                        for labels, value in found.get("kepler_bridge_pod_cpu_joules_total", [])}
+                return found if pods.get(("shop", "web-1"), 0) > 0 else {}
+
+            found = agent.wait_for(labelled, what="CPU energy of pod shop/web-1")
+    finally:
+        cgroup.rmdir()
+        cgroup.parent.rmdir()
+    process = next(labels for labels, _ in found["kepler_bridge_process_cpu_joules_total"]
+                   if labels["pid"] == str(burner.pid))
+    assert (process["container_id"], process["namespace"], process["pod"], process["container"]) == (
+        B, "shop", "web-1", "sidecar")
+    container = next(labels for labels, _ in found["kepler_bridge_container_cpu_seconds_total"]
+                     if labels["container_id"] == B)
+    assert (container["namespace"], container["pod"], container["container"]) == ("shop", "web-1", "sidecar")
+    # Host processes: empty pod labels, in the same families.
+    assert ("", "") in {(labels["namespace"], labels["pod"])
+                        for labels, _ in found["kepler_bridge_pod_cpu_joules_total"]}

@@ -1,0 +1,252 @@
+"""Deployment manifests: generated files up to date, valid for Kubernetes 1.28+, and the deployment contract."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_validate import utils as kv
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+FILES = sorted(MANIFESTS.rglob("*.yaml"))
+# Every Kubernetes minor from 1.28 to the newest whose schemas kubernetes-validate ships.
+VERSIONS = sorted({v for v in kv.all_versions() if tuple(map(int, v.split(".")[:2])) >= (1, 28)},
+                  key=lambda v: tuple(map(int, v.split("."))))
+CRD_GROUPS = ("monitoring.coreos.com/",)
+FOLDERS = ("kubernetes", "kubeedge", "baetyl/cluster", "baetyl/single-node")
+PORT = 30060
+
+
+def _render_module() -> ModuleType:
+    """manifests/render.py loaded as a module (manifests/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("manifests_render", MANIFESTS / "render.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
+
+
+def _all_docs() -> list[tuple[Path, dict[str, Any]]]:
+    return [(path, doc) for path in FILES for doc in _docs(path)]
+
+
+def _workloads() -> list[tuple[Path, dict[str, Any]]]:
+    return [(path, doc) for path, doc in _all_docs() if doc["kind"] in ("DaemonSet", "Deployment")]
+
+
+def _id(item: tuple[Path, dict[str, Any]]) -> str:
+    path, doc = item
+    return f"{path.relative_to(MANIFESTS)}:{doc['kind']}/{doc['metadata']['name']}"
+
+
+def test_manifest_files_match_the_generator() -> None:
+    for path, text in _render_module().rendered().items():
+        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python manifests/render.py"
+
+
+def test_every_yaml_file_is_generated() -> None:
+    render = _render_module()
+    generated = set(render.rendered())
+    alerts_spec = importlib.util.spec_from_file_location("alerts_render", ROOT / "alerts" / "render.py")
+    assert alerts_spec and alerts_spec.loader
+    alerts = importlib.util.module_from_spec(alerts_spec)
+    alerts_spec.loader.exec_module(alerts)
+    generated |= set(alerts.PROMETHEUS_RULES)
+    assert set(FILES) == generated, f"hand-written or stale files: {set(FILES) ^ generated}"
+
+
+def _is_crd(item: tuple[Path, dict[str, Any]]) -> bool:
+    return item[1]["apiVersion"].startswith(CRD_GROUPS)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("item", [item for item in _all_docs() if not _is_crd(item)], ids=_id)
+def test_manifest_validates_against_kubernetes_schema(item: tuple[Path, dict[str, Any]], version: str) -> None:
+    try:
+        kv.validate(item[1], version, strict=True)
+    except kv.ValidationError as err:
+        path = ".".join(str(part) for part in err.path)
+        pytest.fail(f"invalid for Kubernetes {version} at {path}: {err.message}", pytrace=False)
+
+
+@pytest.mark.parametrize("item", [item for item in _all_docs() if _is_crd(item)], ids=_id)
+def test_crd_manifest_schema(item: tuple[Path, dict[str, Any]]) -> None:
+    with pytest.raises(kv.SchemaNotFoundError):
+        kv.validate(item[1], VERSIONS[-1], strict=True)
+    checked_by = {"ServiceMonitor": "test_servicemonitor_scrapes_the_service",
+                  "PrometheusRule": "promtool in test_alerts.py"}[item[1]["kind"]]
+    pytest.skip(f"{item[1]['kind']} ({item[1]['apiVersion']}) is a prometheus-operator CRD: kubernetes-validate "
+                f"ships no schema for it and none is vendored here; checked by {checked_by} instead")
+
+
+def test_image_tag_is_the_package_version() -> None:
+    version = re.search(r'__version__ = "([^"]+)"', (ROOT / "kepler_bridge" / "__init__.py").read_text())
+    assert version, "kepler_bridge/__init__.py has no __version__"
+    for item in _workloads():
+        (container,) = item[1]["spec"]["template"]["spec"]["containers"]
+        assert container["image"].endswith(f":{version.group(1)}"), _id(item)
+
+
+@pytest.mark.parametrize("item", _workloads(), ids=_id)
+def test_workload_meets_the_deployment_contract(item: tuple[Path, dict[str, Any]]) -> None:
+    _, doc = item
+    pod = doc["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["hostPID"] is True
+    args = container["args"]
+    assert args[0] == "serve"
+    procfs, sysfs = args[args.index("--procfs") + 1], args[args.index("--sysfs") + 1]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    host = {path: volumes[m["name"]].get("hostPath", {}).get("path") for path, m in mounts.items()}
+    assert host[procfs] == "/proc" and host[sysfs] == "/sys"
+    for path in (procfs, sysfs, "/lib/modules", "/usr/src", "/sys/kernel/debug", "/sys/kernel/tracing"):
+        assert mounts[path].get("readOnly") is True, path
+        assert host[path] is not None, path
+    env = {e["name"]: e for e in container["env"]}
+    assert env["KUBE_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert container["ports"] == [{"name": "metrics", "containerPort": PORT, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["resources"] == {"requests": {"cpu": "50m", "memory": "96Mi"},
+                                      "limits": {"cpu": "500m", "memory": "256Mi"}}
+    strategy = doc["spec"].get("updateStrategy") or doc["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+
+
+@pytest.mark.parametrize("item", _workloads(), ids=_id)
+def test_variant_security_settings(item: tuple[Path, dict[str, Any]]) -> None:
+    path, doc = item
+    pod = doc["spec"]["template"]["spec"]
+    security = pod["containers"][0]["securityContext"]
+    if path.parent.name == "hardened":
+        assert doc["spec"]["template"]["metadata"]["labels"]["variant"] == "hardened"
+        assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "PERFMON", "SYS_RESOURCE"]}
+        assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert all("hostPath" not in v or v["hostPath"]["path"] != "/usr/lib/x86_64-linux-gnu"
+                   for v in pod["volumes"]), "hardened relies on the NVIDIA container toolkit"
+    else:
+        assert doc["spec"]["template"]["metadata"]["labels"]["variant"] == "privileged"
+        assert security["privileged"] is True
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        library = env["KEPLER_BRIDGE_NVML_LIBRARY"]
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts[str(Path(library).parent)] == "nvidia-driver"
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_hardened_variant_replaces_the_privileged_one(folder: str) -> None:
+    (privileged_file,) = (MANIFESTS / folder).glob("30-*.yaml")
+    (plain,) = _docs(privileged_file)
+    (hardened,) = _docs(MANIFESTS / folder / "hardened" / privileged_file.name)
+    for key in ("apiVersion", "kind"):
+        assert plain[key] == hardened[key]
+    assert plain["metadata"]["name"] == hardened["metadata"]["name"]
+    assert plain["metadata"]["namespace"] == hardened["metadata"]["namespace"]
+    assert plain["spec"]["selector"] == hardened["spec"]["selector"], "the selector is immutable"
+
+
+@pytest.mark.parametrize("folder", ["kubernetes", "kubeedge"])
+def test_folder_applies_in_order(folder: str) -> None:
+    names = sorted(path.name for path in (MANIFESTS / folder).glob("*.yaml"))
+    assert names[0] == "00-namespace.yaml", "kubectl apply -f takes files in name order: namespace first"
+    assert all(re.fullmatch(r"\d\d-[a-z]+\.yaml", name) for name in names), names
+
+
+def test_kubeedge_shares_namespace_account_and_alerts_with_kubernetes() -> None:
+    for name in ("00-namespace.yaml", "10-serviceaccount.yaml", "70-prometheusrule.yaml"):
+        assert _docs(MANIFESTS / "kubeedge" / name) == _docs(MANIFESTS / "kubernetes" / name), name
+
+
+@pytest.mark.parametrize("item", _workloads(), ids=_id)
+def test_token_is_mounted_only_where_pod_names_come_from_the_api_server(item: tuple[Path, dict[str, Any]]) -> None:
+    path, doc = item
+    pod = doc["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    expected = "metaserver" if "kubeedge" in path.parts else "apiserver"
+    assert env["KEPLER_BRIDGE_KUBE_SOURCE"] == expected
+    assert pod["automountServiceAccountToken"] is (expected == "apiserver")
+    folder = path.parent.parent if path.parent.name == "hardened" else path.parent
+    has_rbac = (folder / "20-rbac.yaml").exists()
+    assert has_rbac is (expected == "apiserver"), "grant pod reads exactly where the token is used"
+
+
+def test_namespace_sets_pod_security_level() -> None:
+    (namespace,) = _docs(MANIFESTS / "kubernetes" / "00-namespace.yaml")
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert {"pod-security.kubernetes.io/audit", "pod-security.kubernetes.io/warn"} <= set(labels)
+
+
+def test_rbac_is_read_only_on_pods() -> None:
+    role, binding = _docs(MANIFESTS / "kubernetes" / "20-rbac.yaml")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kepler-bridge", "namespace": "kepler-bridge"}]
+
+
+def test_network_policy_admits_only_the_metrics_port() -> None:
+    (policy,) = _docs(MANIFESTS / "kubernetes" / "50-networkpolicy.yaml")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": PORT, "protocol": "TCP"}]}]
+    (daemonset,) = _docs(MANIFESTS / "kubernetes" / "30-daemonset.yaml")
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize("folder", ["kubernetes", "kubeedge"])
+def test_servicemonitor_scrapes_the_service(folder: str) -> None:
+    (service,) = _docs(MANIFESTS / folder / "40-service.yaml")
+    (monitor,) = _docs(MANIFESTS / folder / "60-servicemonitor.yaml")
+    (daemonset,) = _docs(MANIFESTS / folder / "30-daemonset.yaml")
+    assert set(monitor["spec"]) == {"selector", "namespaceSelector", "endpoints"}
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
+    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
+    assert service["spec"]["selector"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    # KeplerBridgeDown matches job=~".*kepler-bridge.*"; the job label is the Service's name.
+    assert "kepler-bridge" in service["metadata"]["name"]
+
+
+def test_kubeedge_runs_only_on_edge_gpu_nodes_and_survives_disconnection() -> None:
+    for path in (MANIFESTS / "kubeedge" / "30-daemonset.yaml", MANIFESTS / "kubeedge" / "hardened" / "30-daemonset.yaml"):
+        (daemonset,) = _docs(path)
+        pod = daemonset["spec"]["template"]["spec"]
+        assert pod["nodeSelector"]["feature.node.kubernetes.io/gpu"] == "true"
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"] == [{"matchExpressions": [
+            {"key": "node-role.kubernetes.io/edge", "operator": "Exists"}]}]
+        tolerated = {t.get("key") for t in pod["tolerations"]}
+        assert {"node-role.kubernetes.io/edge", "node.kubernetes.io/unreachable"} <= tolerated
+    (cloud,) = _docs(MANIFESTS / "kubernetes" / "30-daemonset.yaml")
+    terms = cloud["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    assert terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "node-role.kubernetes.io/edge", "operator": "DoesNotExist"}]}]
+
+
+@pytest.mark.parametrize("folder,kind", [("baetyl/single-node", "Deployment"), ("baetyl/cluster", "DaemonSet")])
+def test_baetyl_workload_is_found_by_baetyl_core(folder: str, kind: str) -> None:
+    for path in sorted((MANIFESTS / folder).rglob("30-*.yaml")):
+        (workload,) = _docs(path)
+        assert workload["kind"] == kind
+        assert workload["metadata"]["namespace"] == "baetyl-edge-system"
+        assert workload["spec"]["template"]["metadata"]["labels"]["baetyl-service-name"] == "baetyl-accelerator-metrics"
+        assert workload["spec"]["selector"]["matchLabels"]["baetyl-service-name"] == "baetyl-accelerator-metrics"
+    for path in (MANIFESTS / folder).glob("*.yaml"):
+        for doc in _docs(path):
+            assert doc["kind"] != "Namespace", "baetyl creates baetyl-edge-system itself"
+            if "namespace" in doc["metadata"]:
+                assert doc["metadata"]["namespace"] == "baetyl-edge-system", path

@@ -1,0 +1,107 @@
+"""ProcessTable: pid reuse, the grace period for ended processes, the cap, monotonic counters."""
+
+from __future__ import annotations
+
+from kepler_bridge.model import ProcessCpu
+from kepler_bridge.process_table import ProcessTable
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def by_pid(rows: tuple[ProcessCpu, ...]) -> dict[int, ProcessCpu]:
+    return {row.pid: row for row in rows}
+
+
+def test_live_process_reported_with_its_labels() -> None:
+    table = ProcessTable(max_processes=10, grace=30, clock=Clock())
+    table.begin(42, 100, "nginx", "c" * 64, 1.5)
+    assert table.rows() == (ProcessCpu(42, "nginx", 1.5, "c" * 64),)
+
+
+def test_ended_process_kept_for_grace_then_dropped() -> None:
+    clock = Clock()
+    table = ProcessTable(max_processes=10, grace=30, clock=clock)
+    table.begin(42, 100, "job", "", 2.0)
+    table.begin(43, 100, "daemon", "", 1.0)
+    table.end_missing(alive={43})
+    clock.now += 29
+    assert set(by_pid(table.rows())) == {42, 43}
+    assert by_pid(table.rows())[42].cpu_seconds == 2.0
+    clock.now += 1
+    assert set(by_pid(table.rows())) == {43}
+    assert len(table) == 1
+
+
+def test_zero_grace_drops_at_the_next_sample() -> None:
+    table = ProcessTable(max_processes=10, grace=0, clock=Clock())
+    table.begin(42, 100, "job", "", 2.0)
+    table.end_missing(alive=set())
+    assert table.rows() == ()
+
+
+def test_pid_reuse_is_a_new_process() -> None:
+    clock = Clock()
+    table = ProcessTable(max_processes=10, grace=30, clock=clock)
+    old = table.begin(42, 100, "sh", "", 5.0)
+    new = table.begin(42, 900, "sh", "", 0.25)
+    assert old.ended_at == clock.now and new.ended_at is None
+    assert table.current(42) is new
+    # Same labels: only the newer process is reported (Prometheus sees a counter reset).
+    assert table.rows() == (ProcessCpu(42, "sh", 0.25, ""),)
+
+
+def test_pid_reuse_with_other_labels_keeps_both_during_grace() -> None:
+    table = ProcessTable(max_processes=10, grace=30, clock=Clock())
+    table.begin(42, 100, "sh", "", 5.0)
+    table.begin(42, 900, "python", "", 0.25)
+    assert sorted((row.comm, row.cpu_seconds) for row in table.rows()) == [("python", 0.25), ("sh", 5.0)]
+
+
+def test_unseen_processes_get_distinct_keys() -> None:
+    table = ProcessTable(max_processes=10, grace=30, clock=Clock())
+    first = table.begin(7, None, "a", "", 0.1)
+    table.end(first)
+    second = table.begin(7, None, "b", "", 0.2)
+    assert first.start != second.start and first.start < 0 and second.start < 0
+    assert sorted(row.comm for row in table.rows()) == ["a", "b"]
+
+
+def test_cap_keeps_the_biggest_consumers() -> None:
+    table = ProcessTable(max_processes=3, grace=30, clock=Clock())
+    for pid, seconds in ((1, 0.1), (2, 9.0), (3, 0.2), (4, 5.0), (5, 7.0)):
+        table.begin(pid, pid, f"p{pid}", "", seconds)
+    assert set(by_pid(table.rows())) == {2, 4, 5}
+    assert len(table) == 3
+    assert table.current(1) is None
+
+
+def test_cap_zero_means_no_cap() -> None:
+    table = ProcessTable(max_processes=0, grace=30, clock=Clock())
+    for pid in range(1, 101):
+        table.begin(pid, pid, "p", "", pid / 10)
+    assert len(table.rows()) == 100
+
+
+def test_counter_never_decreases_and_in_flight_time_counts() -> None:
+    table = ProcessTable(max_processes=10, grace=30, clock=Clock())
+    entry = table.begin(42, 100, "burn", "", 1.0)
+    assert by_pid(table.rows({42: 0.5}))[42].cpu_seconds == 1.5
+    # The slice ended and was committed slightly short of what was shown in flight.
+    entry.cpu_seconds += 0.4
+    assert by_pid(table.rows())[42].cpu_seconds == 1.5
+    entry.cpu_seconds += 0.3
+    assert by_pid(table.rows())[42].cpu_seconds == 1.7
+
+
+def test_in_flight_time_ignored_for_ended_processes() -> None:
+    table = ProcessTable(max_processes=10, grace=30, clock=Clock())
+    table.begin(42, 100, "job", "", 1.0)
+    table.end_missing(alive=set())
+    assert by_pid(table.rows({42: 3.0}))[42].cpu_seconds == 1.0
+

@@ -1,0 +1,91 @@
+"""The procfs source: /proc/<pid>/stat parsing, accuracy, grace period, cap, a host /proc elsewhere."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from cpu_helpers import Burner
+from kepler_bridge import config
+from kepler_bridge.sources.base import SourceAbsent
+from kepler_bridge.sources.procfs import CLOCK_TICKS, ProcfsSource, parse_stat
+
+ID = "d" * 64
+
+
+def make_config(**flags: object) -> config.Config:
+    return config.load(flags, {})
+
+
+def stat_line(pid: int, comm: str, utime: int, stime: int, start: int) -> str:
+    fields = ["S", "1", str(pid), str(pid), "0", "-1", "4194560", "100", "0", "0", "0", str(utime), str(stime),
+              "0", "0", "20", "0", "1", "0", str(start), "1000000", "100"]
+    return f"{pid} ({comm}) {' '.join(fields)}\n"
+
+
+def test_parse_stat_with_spaces_and_parentheses_in_comm() -> None:
+    stat = parse_stat(1234, stat_line(1234, "a (weird) name", 150, 50, 777))
+    assert (stat.pid, stat.comm, stat.start) == (1234, "a (weird) name", 777)
+    assert stat.cpu_seconds == pytest.approx(200 / CLOCK_TICKS)
+
+
+def test_parse_real_stat() -> None:
+    stat = parse_stat(1, Path("/proc/1/stat").read_text())
+    assert stat.comm == Path("/proc/1/comm").read_text().strip()
+    assert stat.start >= 0 and stat.cpu_seconds >= 0
+
+
+def test_burn_agrees_with_proc_within_5_percent() -> None:
+    source = ProcfsSource(make_config())
+    source.start()
+    with Burner() as burner:
+        assert burner.pid in {row.pid for row in source.read().processes}
+        burner.burn(1.0)
+        row = next(row for row in source.read().processes if row.pid == burner.pid)
+        assert row.cpu_seconds == pytest.approx(burner.cpu_seconds(), rel=0.05)
+        assert row.cpu_seconds >= 0.95
+        assert row.comm == Path(f"/proc/{burner.pid}/comm").read_text().strip()
+
+
+def test_ended_process_kept_for_the_grace_period() -> None:
+    source = ProcfsSource(make_config(process_grace="0.5s"))
+    source.start()
+    with Burner() as burner:
+        burner.burn(0.1)
+        pid = burner.pid
+        last = next(row for row in source.read().processes if row.pid == pid).cpu_seconds
+    row = next(row for row in source.read().processes if row.pid == pid)
+    assert row.cpu_seconds == last
+    time.sleep(0.5)
+    assert pid not in {row.pid for row in source.read().processes}
+
+
+def test_cap_bounds_the_rows() -> None:
+    source = ProcfsSource(make_config(max_processes="3"))
+    source.start()
+    assert len(source.read().processes) == 3
+    assert len(source.table) == 3
+
+
+def test_reads_a_host_proc_mounted_elsewhere(tmp_path: Path) -> None:
+    """With --procfs /host/proc the pids, comms and cgroups are the host's, not this container's."""
+    proc = tmp_path / "host" / "proc"
+    for pid, comm, cgroup in ((1, "systemd", "0::/init.scope\n"),
+                              (4321, "nginx", f"0::/kubepods.slice/cri-containerd-{ID}.scope\n")):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(stat_line(pid, comm, 300, 100, 5000))
+        (proc / str(pid) / "cgroup").write_text(cgroup)
+    (proc / "self").symlink_to("4321")
+    source = ProcfsSource(make_config(procfs=str(proc)))
+    source.start()
+    rows = {row.pid: row for row in source.read().processes}
+    assert rows[4321].comm == "nginx" and rows[4321].container_id == ID
+    assert rows[4321].cpu_seconds == pytest.approx(400 / CLOCK_TICKS)
+    assert rows[1].container_id == ""
+
+
+def test_missing_procfs_is_absent(tmp_path: Path) -> None:
+    with pytest.raises(SourceAbsent, match="--procfs"):
+        ProcfsSource(make_config(procfs=str(tmp_path))).start()
