@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,23 +61,3 @@ def rendered(group: dict[str, Any] | None = None) -> dict[Path, str]:
     outputs = {PLAIN: plain_rules(group)}
     outputs.update({path: prometheus_rule(group) for path in PROMETHEUS_RULES})
     return outputs
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write the generated files, or with --check report which are out of date."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is out of date")
-    args = parser.parse_args(argv)
-    stale = [path for path, text in rendered().items()
-             if not path.exists() or path.read_text(encoding="utf-8") != text]
-    if args.check:
-        for path in stale:
-            sys.stderr.write(f"{path.relative_to(ROOT)} is out of date: run python alerts/render.py\n")
-        return 1 if stale else 0
-    for path, text in rendered().items():
-        path.write_text(text, encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -281,23 +279,3 @@ def rendered() -> dict[Path, str]:
     """Every dashboard file and the text it must hold."""
     return {HERE / name: json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
             for name, build in DASHBOARDS.items()}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write the dashboards, or with --check report which are out of date."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a dashboard file is out of date")
-    args = parser.parse_args(argv)
-    outputs = rendered()
-    stale = [path for path, text in outputs.items() if not path.exists() or path.read_text() != text]
-    if args.check:
-        for path in stale:
-            sys.stderr.write(f"grafana/{path.name} is out of date: run python grafana/dashboards.py\n")
-        return 1 if stale else 0
-    for path, text in outputs.items():
-        path.write_text(text, encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

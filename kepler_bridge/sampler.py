@@ -26,20 +26,11 @@ class SnapshotStore:
 
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
-        self._published = threading.Condition()
 
     def publish(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
-        with self._published:
-            self._published.notify_all()
 
     def latest(self) -> Snapshot | None:
-        return self._snapshot
-
-    def wait(self, timeout: float) -> Snapshot | None:
-        """Wait until a snapshot exists (or timeout) and return the newest one."""
-        with self._published:
-            self._published.wait_for(lambda: self._snapshot is not None, timeout)
         return self._snapshot
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -280,24 +278,3 @@ def rendered() -> dict[Path, str]:
         outputs[baetyl / folder / "10-serviceaccount.yaml"] = documents(service_account(BAETYL_NAMESPACE))
         outputs[baetyl / folder / "20-rbac.yaml"] = documents(rbac(BAETYL_NAMESPACE, "kepler-bridge-baetyl"))
     return outputs
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write the manifests, or with --check report which are out of date."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a manifest is out of date")
-    args = parser.parse_args(argv)
-    outputs = rendered()
-    stale = [path for path, text in outputs.items() if not path.exists() or path.read_text() != text]
-    if args.check:
-        for path in stale:
-            sys.stderr.write(f"{path.relative_to(ROOT)} is out of date: run python manifests/render.py\n")
-        return 1 if stale else 0
-    for path, text in outputs.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

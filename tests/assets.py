@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Iterator
 
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import render_assets  # noqa: E402
+
+
+def generator(relative: str) -> ModuleType:
+    """A generator script (alerts/render.py, grafana/dashboards.py, manifests/render.py) as a module."""
+    return render_assets.load(ROOT / relative)
+
 DASHBOARDS = sorted((ROOT / "grafana").glob("*.json"))
 # What Grafana puts in place of its variables when the tests run a panel's query.
 SUBSTITUTIONS = {"$__rate_interval": "10s", "$__interval": "5s", "$__range": "1m",

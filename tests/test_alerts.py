@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import yaml
 
+from assets import generator
 from promserver import ROOT, binary
 
 ALERTS = ROOT / "alerts"
@@ -23,15 +22,6 @@ ANNOTATIONS = {"summary", "description", "summary_zh", "description_zh"}
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
-def _render_module() -> ModuleType:
-    """alerts/render.py loaded as a module (alerts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("alerts_render", ALERTS / "render.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _load(path: Path) -> Any:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
@@ -41,12 +31,12 @@ def _promtool(*args: str, cwd: Path = ALERTS) -> subprocess.CompletedProcess[str
 
 
 def test_rendered_files_match_the_source() -> None:
-    for path, text in _render_module().rendered().items():
-        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python alerts/render.py"
+    for path, text in generator("alerts/render.py").rendered().items():
+        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python scripts/render_assets.py"
 
 
 def test_plain_file_and_prometheusrules_hold_the_same_rules() -> None:
-    render = _render_module()
+    render = generator("alerts/render.py")
     plain = _load(render.PLAIN)["groups"]
     for path in render.PROMETHEUS_RULES:
         manifest = _load(path)

@@ -2,32 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
-from types import ModuleType
 
 import pytest
 
-from assets import CONTRACT_METRICS, DASHBOARDS, ROOT, alert_rules, load_dashboard, metric_names, panel_queries
+from assets import (CONTRACT_METRICS, DASHBOARDS, ROOT, alert_rules, generator, load_dashboard, metric_names,
+                    panel_queries)
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 UIDS = {"accelerators.json": "kepler-bridge-accelerators", "workload-energy.json": "kepler-bridge-workload-energy",
         "agent.json": "kepler-bridge-agent"}
 
 
-def _generator() -> ModuleType:
-    """grafana/dashboards.py loaded as a module (grafana/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("grafana_dashboards", ROOT / "grafana" / "dashboards.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_dashboard_files_match_the_generator() -> None:
-    outputs = _generator().rendered()
+    outputs = generator("grafana/dashboards.py").rendered()
     assert sorted(path.name for path in outputs) == sorted(path.name for path in DASHBOARDS)
     for path, text in outputs.items():
-        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python grafana/dashboards.py"
+        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python scripts/render_assets.py"
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda path: path.name)

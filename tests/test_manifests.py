@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes_validate import utils as kv
 
-ROOT = Path(__file__).resolve().parent.parent
+from assets import ROOT, generator
+
 MANIFESTS = ROOT / "manifests"
 FILES = sorted(MANIFESTS.rglob("*.yaml"))
 # Every Kubernetes minor from 1.28 to the newest whose schemas kubernetes-validate ships.
@@ -21,15 +20,6 @@ VERSIONS = sorted({v for v in kv.all_versions() if tuple(map(int, v.split(".")[:
 CRD_GROUPS = ("monitoring.coreos.com/",)
 FOLDERS = ("kubernetes", "kubeedge", "baetyl/cluster", "baetyl/single-node")
 PORT = 30060
-
-
-def _render_module() -> ModuleType:
-    """manifests/render.py loaded as a module (manifests/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("manifests_render", MANIFESTS / "render.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -50,18 +40,14 @@ def _id(item: tuple[Path, dict[str, Any]]) -> str:
 
 
 def test_manifest_files_match_the_generator() -> None:
-    for path, text in _render_module().rendered().items():
-        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python manifests/render.py"
+    for path, text in generator("manifests/render.py").rendered().items():
+        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python scripts/render_assets.py"
 
 
 def test_every_yaml_file_is_generated() -> None:
-    render = _render_module()
+    render = generator("manifests/render.py")
     generated = set(render.rendered())
-    alerts_spec = importlib.util.spec_from_file_location("alerts_render", ROOT / "alerts" / "render.py")
-    assert alerts_spec and alerts_spec.loader
-    alerts = importlib.util.module_from_spec(alerts_spec)
-    alerts_spec.loader.exec_module(alerts)
-    generated |= set(alerts.PROMETHEUS_RULES)
+    generated |= set(generator("alerts/render.py").PROMETHEUS_RULES)
     assert set(FILES) == generated, f"hand-written or stale files: {set(FILES) ^ generated}"
 
 
