@@ -2,7 +2,7 @@
 # The same file builds amd64 and arm64:
 #   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/kepler-bridge:0.1.0 .
 
-# Stage 1: install the package and its PyPI dependencies (pure-Python wheels) into a venv.
+# Stage 1: install the package and its PyPI dependencies (wheels for the build platform) into a venv.
 FROM debian:bookworm-slim AS build
 # Debian's own versions (security updates keep replacing them), so apt packages are not pinned.
 # hadolint ignore=DL3008
