@@ -90,6 +90,16 @@ def _count(value: object) -> int:
     return number
 
 
+def _bounded_count(low: int, high: int) -> Callable[[object], int]:
+    """A parser of whole numbers from low to high."""
+    def parse(value: object) -> int:
+        number = _count(value)
+        if not low <= number <= high:
+            raise ValueError
+        return number
+    return parse
+
+
 def _text(value: object) -> str:
     if isinstance(value, (dict, list, bool)):
         raise ValueError
@@ -232,7 +242,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("auth_token_file", ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",), _optional_path, "",
             "expected a readable file holding the bearer token", "require this bearer token on /metrics"),
     Setting("ebpf_map_entries", ("KEPLER_BRIDGE_EBPF_MAP_ENTRIES",),
-            lambda value: _count(value) if 64 <= _count(value) <= 1 << 22 else int("out of range"), 16384,
+            _bounded_count(64, 1 << 22), 16384,
             "expected a whole number from 64 to 4194304",
             "size of the eBPF per-process maps: thread groups that may run within one interval"),
     Setting("command", ("KEPLER_BRIDGE_COMMAND",), _argv, (),
@@ -299,21 +309,21 @@ class Config:
     tls_cert: str
     tls_key: str
     auth_token_file: str
-    ebpf_map_entries: int = 16384
-    command: tuple[str, ...] = ()
-    command_timeout: float = 5.0
-    npu_smi: str = "npu-smi"
-    cpu_tdp_watts: float = 0.0
-    gpu_idle_watts: float | None = None
-    process_metrics: int | None = 50
-    kube_source: str = "auto"
-    kubelet_url: str = ""
-    metaserver_url: str = "http://127.0.0.1:10550"
-    kube_token_file: str = f"{SERVICE_ACCOUNT}/token"
-    kube_ca_file: str = f"{SERVICE_ACCOUNT}/ca.crt"
-    kube_insecure_skip_tls_verify: bool = False
-    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-    config_file: str = ""
+    ebpf_map_entries: int
+    command: tuple[str, ...]
+    command_timeout: float
+    npu_smi: str
+    cpu_tdp_watts: float
+    gpu_idle_watts: float | None
+    process_metrics: int | None
+    kube_source: str
+    kubelet_url: str
+    metaserver_url: str
+    kube_token_file: str
+    kube_ca_file: str
+    kube_insecure_skip_tls_verify: bool
+    pod_resources_socket: str
+    config_file: str
 
     @property
     def listen_text(self) -> str:
