@@ -11,7 +11,8 @@ from kepler_bridge import config
 from kepler_bridge.attribution import Attribution, Inputs
 from kepler_bridge.sampler import check_source
 from kepler_bridge.sources.base import SourceAbsent, SourceUnavailable
-from kepler_bridge.sources.rapl import CLOCK_TICKS, RaplSource, read_cpu_times
+from kepler_bridge.sources.procfs import CLOCK_TICKS, read_cpu_times
+from kepler_bridge.sources.rapl import RaplSource
 from powercap import PowercapTree
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kepler_bridge.cgroup import read_container_id
 from kepler_bridge.config import Config
-from kepler_bridge.model import SourceReading
+from kepler_bridge.model import CpuTimes, SourceReading
 from kepler_bridge.process_table import ProcessTable
 from kepler_bridge.sources.base import Source, SourceAbsent
 
@@ -45,6 +45,17 @@ def read_stat(procfs: str, pid: int) -> ProcStat | None:
             return parse_stat(pid, file.read())
     except (FileNotFoundError, ProcessLookupError):
         return None
+
+
+def read_cpu_times(procfs: str) -> CpuTimes:
+    """Busy and total CPU seconds of all CPUs from <procfs>/stat; steal time belongs to neither."""
+    with open(f"{procfs}/stat", encoding="ascii") as file:
+        fields = file.readline().split()
+    if not fields or fields[0] != "cpu":
+        raise ValueError(f"{procfs}/stat does not start with the cpu line")
+    user, nice, system, idle, iowait, irq, softirq = (int(value) for value in (fields[1:8] + ["0"] * 7)[:7])
+    busy = user + nice + system + irq + softirq
+    return CpuTimes(busy / CLOCK_TICKS, (busy + idle + iowait) / CLOCK_TICKS)
 
 
 def list_pids(procfs: str) -> set[int]:

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kepler_bridge.config import Config
-from kepler_bridge.model import CpuTimes, RaplZone, SourceReading
+from kepler_bridge.model import RaplZone, SourceReading
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
+from kepler_bridge.sources.procfs import read_cpu_times
 
 INTERFACES = ("intel-rapl", "amd-rapl", "intel-rapl-mmio")
 _ZONE_DIR = re.compile(r"^(intel-rapl-mmio|intel-rapl|amd-rapl):(\d+)(?::(\d+))?$")
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -77,17 +77,6 @@ def discover(sysfs: str) -> list[ZoneFile]:
         taken.add((parent, name))
         zones.append(ZoneFile(directory, zone_kind(name), str(path / "energy_uj"), max_range))
     return zones
-
-
-def read_cpu_times(procfs: str) -> CpuTimes:
-    """Busy and total CPU seconds of all CPUs from <procfs>/stat; steal time belongs to neither."""
-    with open(f"{procfs}/stat", encoding="ascii") as file:
-        fields = file.readline().split()
-    if not fields or fields[0] != "cpu":
-        raise ValueError(f"{procfs}/stat does not start with the cpu line")
-    user, nice, system, idle, iowait, irq, softirq = (int(value) for value in (fields[1:8] + ["0"] * 7)[:7])
-    busy = user + nice + system + irq + softirq
-    return CpuTimes(busy / CLOCK_TICKS, (busy + idle + iowait) / CLOCK_TICKS)
 
 
 class RaplSource(Source):
