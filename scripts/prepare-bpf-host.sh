@@ -22,8 +22,8 @@ if [ ! -f "$modules/build/include/generated/autoconf.h" ] && ! ls -d /usr/src/li
 fi
 if [ -n "$missing" ]; then
     echo "prepare-bpf-host: installing$missing"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
+    # shellcheck disable=SC2086 # one word per package
+    bash "$(dirname "$0")/apt-install.sh" $missing
 fi
 
 # Debian splits headers into an arch dir (generated config) and a -common dir
