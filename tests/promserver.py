@@ -130,20 +130,13 @@ class Prometheus(Daemon):
 
 
 class HttpStub:
-    """An HTTP server on loopback: answers GET with fixed JSON, keeps the JSON body of every POST."""
+    """An HTTP receiver on loopback (Alertmanager's webhook): keeps the JSON body of every POST."""
 
-    def __init__(self, answer: Any = None) -> None:
+    def __init__(self) -> None:
         self.received: list[dict[str, Any]] = []
-        received, body = self.received, json.dumps(answer).encode()
+        received = self.received
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("Content-Length", "0"))
                 received.append(json.loads(self.rfile.read(length)))
@@ -167,13 +160,6 @@ class HttpStub:
         """Shut the server down."""
         self.server.shutdown()
         self.server.server_close()
-
-
-def pod_list(container_id: str, namespace: str, pod: str, container: str) -> dict[str, Any]:
-    """A v1 PodList with one running pod, as KubeEdge's MetaServer answers /api/v1/pods."""
-    status = {"containerStatuses": [{"name": container, "containerID": f"cri-o://{container_id}"}]}
-    return {"kind": "PodList", "apiVersion": "v1",
-            "items": [{"metadata": {"namespace": namespace, "name": pod}, "status": status}]}
 
 
 class Alertmanager(Daemon):

@@ -25,7 +25,8 @@ from agent import Agent
 from assets import alert_rules, panel_queries, variable_queries
 from cpu_helpers import Burner
 from fakenvml import FakeNvml, default_process
-from promserver import Alertmanager, HttpStub, Prometheus, binary, free_port, http_get, pod_list, wait_until
+from kubefakes import FakeKube, pod, pod_list
+from promserver import Alertmanager, HttpStub, Prometheus, binary, free_port, http_get, wait_until
 
 LOST_GPU = 1
 HUNG_DRIVER_MS = 120_000
@@ -91,8 +92,8 @@ def stack(fakenvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         workload = stop.enter_context(container_workload())
         workload.burn(0.2)
         _inject_gpu_faults(healthy_nvml, workload.pid)
-        metaserver = HttpStub(pod_list(CONTAINER_ID, **POD))
-        stop.callback(metaserver.stop)
+        metaserver = stop.enter_context(FakeKube(pod_list(
+            pod(POD["namespace"], POD["pod"], (POD["container"], f"cri-o://{CONTAINER_ID}")))))
         healthy = stop.enter_context(Agent(
             "--simulate", "2", "--interval", "1s", "--nvml-library", str(fakenvml_lib), "--cpu-tdp-watts", "65",
             "--kube-source", "metaserver", "--metaserver-url", metaserver.url, env=healthy_nvml.env()))
