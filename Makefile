@@ -34,7 +34,9 @@ test: deps-test
 	$(BIN)/python -m pytest -q -rs
 
 bench: deps-test
+	bash scripts/apt-install.sh wrk
 	$(BIN)/python benchmarks/agent_http.py
+	$(BIN)/python benchmarks/bpf_overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
