@@ -51,11 +51,14 @@ def parse_duration(value: object) -> float:
     return total
 
 
-def _interval(value: object) -> float:
-    seconds = parse_duration(value)
-    if not 0.1 <= seconds <= 3600:
-        raise ValueError
-    return seconds
+def _bounded(parse: Callable[[object], float], low: float, high: float) -> Callable[[object], float]:
+    """A parser that accepts what `parse` accepts, from low to high."""
+    def bounded(value: object) -> float:
+        number = parse(value)
+        if not low <= number <= high:
+            raise ValueError
+        return number
+    return bounded
 
 
 def _listen(value: object) -> tuple[str, int]:
@@ -90,16 +93,6 @@ def _count(value: object) -> int:
     return number
 
 
-def _bounded_count(low: int, high: int) -> Callable[[object], int]:
-    """A parser of whole numbers from low to high."""
-    def parse(value: object) -> int:
-        number = _count(value)
-        if not low <= number <= high:
-            raise ValueError
-        return number
-    return parse
-
-
 def _text(value: object) -> str:
     if isinstance(value, (dict, list, bool)):
         raise ValueError
@@ -121,13 +114,6 @@ def _argv(value: object) -> tuple[str, ...]:
     if argv and shutil.which(argv[0]) is None:
         raise ValueError
     return argv
-
-
-def _command_timeout(value: object) -> float:
-    seconds = parse_duration(value)
-    if not 0.1 <= seconds <= 600:
-        raise ValueError
-    return seconds
 
 
 def _memory_unit(value: object) -> str:
@@ -206,7 +192,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("listen", ("KEPLER_BRIDGE_LISTEN",), _listen, "0.0.0.0:30060",
             "expected HOST:PORT such as 0.0.0.0:30060, 127.0.0.1:9400 or [::]:30060",
             "address of /metrics and /v1/collect"),
-    Setting("interval", ("KEPLER_BRIDGE_INTERVAL", "KEPLER_SAMPLING_INTERVAL"), _interval, "1s",
+    Setting("interval", ("KEPLER_BRIDGE_INTERVAL", "KEPLER_SAMPLING_INTERVAL"),
+            _bounded(parse_duration, 0.1, 3600), "1s",
             "expected a duration from 100ms to 1h, such as 500ms, 5s, 1m, or a number of seconds",
             "sampling period"),
     Setting("node_name", ("KUBE_NODE_NAME",), _text, "",
@@ -242,14 +229,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("auth_token_file", ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",), _optional_path, "",
             "expected a readable file holding the bearer token", "require this bearer token on /metrics"),
     Setting("ebpf_map_entries", ("KEPLER_BRIDGE_EBPF_MAP_ENTRIES",),
-            _bounded_count(64, 1 << 22), 16384,
+            _bounded(_count, 64, 1 << 22), 16384,
             "expected a whole number from 64 to 4194304",
             "size of the eBPF per-process maps: thread groups that may run within one interval"),
     Setting("command", ("KEPLER_BRIDGE_COMMAND",), _argv, (),
             "expected an executable that exists, with its arguments: a list in the config file, a string split "
             "like a shell would on the flag or env (no shell runs it)",
             "run this executable each interval; it prints accelerator readings as JSON (docs/command-source.md)"),
-    Setting("command_timeout", ("KEPLER_BRIDGE_COMMAND_TIMEOUT",), _command_timeout, "5s",
+    Setting("command_timeout", ("KEPLER_BRIDGE_COMMAND_TIMEOUT",), _bounded(parse_duration, 0.1, 600), "5s",
             "expected a duration from 100ms to 10m, such as 2s or 30s",
             "time limit of one run of --command and of npu-smi; past it the process group is killed"),
     Setting("npu_smi", ("KEPLER_BRIDGE_NPU_SMI",), _optional_path, "npu-smi",
