@@ -228,6 +228,12 @@ SETTINGS: tuple[Setting, ...] = (
             "expected a PEM key path", "private key of --tls-cert"),
     Setting("auth_token_file", ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",), _optional_path, "",
             "expected a readable file holding the bearer token", "require this bearer token on /metrics"),
+    Setting("http_header_timeout", ("KEPLER_BRIDGE_HTTP_HEADER_TIMEOUT",), _bounded(parse_duration, 0.5, 300), "5s",
+            "expected a duration from 500ms to 5m, such as 5s",
+            "time a client has to send a whole request head; a slower or silent connection is closed"),
+    Setting("http_write_timeout", ("KEPLER_BRIDGE_HTTP_WRITE_TIMEOUT",), _bounded(parse_duration, 0.5, 600), "30s",
+            "expected a duration from 500ms to 10m, such as 30s",
+            "time a client may leave a response unread before its connection is closed"),
     Setting("ebpf_map_entries", ("KEPLER_BRIDGE_EBPF_MAP_ENTRIES",),
             _bounded(_count, 64, 1 << 22), 16384,
             "expected a whole number from 64 to 4194304",
@@ -296,6 +302,8 @@ class Config:
     tls_cert: str
     tls_key: str
     auth_token_file: str
+    http_header_timeout: float
+    http_write_timeout: float
     ebpf_map_entries: int
     command: tuple[str, ...]
     command_timeout: float
