@@ -47,11 +47,12 @@ def container_id(cgroup_file_text: str) -> str:
 
 
 def read_container_id(procfs: str, pid: int) -> str | None:
-    """Container id of a live process, '' for host processes, None when the process is gone."""
+    """Container id of a live process, '' for host processes, None when the process is gone or hidden
+    (hidepid, an LSM)."""
     try:
         with open(f"{procfs}/{pid}/cgroup", encoding="utf-8", errors="replace") as file:
             return container_id(file.read())
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:
         return None
 
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from cpu_helpers import Burner
 from kepler_bridge import config
@@ -89,3 +94,51 @@ def test_reads_a_host_proc_mounted_elsewhere(tmp_path: Path) -> None:
 def test_missing_procfs_is_absent(tmp_path: Path) -> None:
     with pytest.raises(SourceAbsent, match="--procfs"):
         ProcfsSource(make_config(procfs=str(tmp_path))).start()
+
+
+# Reads the procfs tree argv[1] with a ProcfsSource and prints the pids it reports.
+READ_PIDS = """
+import sys
+from kepler_bridge import config
+from kepler_bridge.sources.procfs import ProcfsSource
+source = ProcfsSource(config.load({"procfs": sys.argv[1]}, {}))
+source.start()
+print(sorted(row.pid for row in source.read().processes))
+"""
+
+
+def host_proc(root: Path, stats: dict[int, str]) -> Path:
+    for pid, text in stats.items():
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "stat").write_text(text)
+        (root / str(pid) / "cgroup").write_text("0::/init.scope\n")
+    (root / "self").symlink_to(str(min(stats)))
+    return root
+
+
+def test_an_unreadable_stat_skips_that_process_only(tmp_path: Path) -> None:
+    proc = host_proc(tmp_path / "proc", {1: stat_line(1, "init", 1, 1, 1), 2: stat_line(2, "hidden", 5, 5, 9),
+                                         3: stat_line(3, "also-hidden", 5, 5, 9)})
+    (proc / "2" / "stat").chmod(0)  # what hidepid=1 or an LSM answers: EACCES
+    (proc / "3" / "cgroup").chmod(0)
+    # Root reads any file: the reading process runs without CAP_DAC_OVERRIDE, like an unprivileged agent.
+    drop = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+    result = subprocess.run([*drop, sys.executable, "-c", READ_PIDS, str(proc)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[1]"
+
+
+@given(cut=st.integers(min_value=0, max_value=len(stat_line(2, "a (b) c", 150, 50, 777)) - 1))
+@settings(max_examples=60, deadline=None)
+def test_a_truncated_stat_skips_that_process_only(cut: int) -> None:
+    whole = stat_line(2, "a (b) c", 150, 50, 777)
+    with tempfile.TemporaryDirectory() as root:
+        proc = host_proc(Path(root), {1: stat_line(1, "init", 3, 1, 1), 2: whole[:cut]})
+        source = ProcfsSource(make_config(procfs=str(proc)))
+        source.start()
+        rows = {row.pid: row for row in source.read().processes}
+    assert rows[1].cpu_seconds == pytest.approx(4 / CLOCK_TICKS)
+    assert set(rows) <= {1, 2}
+    if 2 in rows:  # cut after the fields the agent reads
+        assert (rows[2].comm, rows[2].cpu_seconds) == ("a (b) c", pytest.approx(200 / CLOCK_TICKS))

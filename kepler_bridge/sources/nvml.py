@@ -16,6 +16,7 @@ from kepler_bridge.cgroup import read_container_id
 from kepler_bridge.model import GpuProcess, GpuReading, SourceReading
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
+from kepler_bridge.sources.procfs import read_stat
 
 log = logging.getLogger(__name__)
 
@@ -318,12 +319,11 @@ class NvmlSource(Source):
         return {pid: util for pid, (_, util) in latest.items()}
 
     def _identity(self, pid: int) -> tuple[str, str]:
-        """comm and container id of a process; '' where the agent cannot see it (another pid namespace)."""
-        try:
-            comm = Path(self.config.procfs, str(pid), "comm").read_text().strip()
-        except OSError:
+        """comm (as the CPU sources name it) and container id of a process; '' where the agent cannot see it."""
+        stat = read_stat(self.config.procfs, pid)
+        if stat is None:
             return "", ""
-        return comm, read_container_id(self.config.procfs, pid) or ""
+        return stat.comm, read_container_id(self.config.procfs, pid) or ""
 
     def _mig_uuids(self, device: _Device) -> tuple[str, ...]:
         """UUIDs of the MIG instances of a GPU in MIG mode: the ids the kubelet assigns to pods."""

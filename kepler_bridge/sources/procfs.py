@@ -39,11 +39,11 @@ def parse_stat(pid: int, text: str) -> ProcStat:
 
 
 def read_stat(procfs: str, pid: int) -> ProcStat | None:
-    """The stat of a live process (or thread id), None when it is gone."""
+    """The stat of a live process (or thread id); None when it is gone, hidden (hidepid, an LSM) or truncated."""
     try:
-        with open(f"{procfs}/{pid}/stat", encoding="utf-8", errors="replace") as file:
+        with open(f"{procfs}/{pid}/stat", encoding="utf-8", errors="replace", newline="") as file:
             return parse_stat(pid, file.read())
-    except (FileNotFoundError, ProcessLookupError):
+    except (OSError, ValueError, IndexError):
         return None
 
 
