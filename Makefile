@@ -36,6 +36,7 @@ test: deps-test
 bench: deps-test
 	bash scripts/apt-install.sh wrk
 	$(BIN)/python benchmarks/agent_http.py
+	$(BIN)/python benchmarks/slow_clients.py
 	$(BIN)/python benchmarks/bpf_overhead.py
 
 clean:

@@ -1,4 +1,4 @@
-"""Runs the agent under gunicorn: one worker (drivers must not be forked), gthread, sampler after fork."""
+"""Runs the agent under gunicorn: one worker (drivers must not be forked), event-loop HTTP, sampler after fork."""
 
 from __future__ import annotations
 
@@ -50,11 +50,10 @@ class AgentApplication(BaseApplication):
         settings = {
             "bind": [f"fd://{self.sock.fileno()}"],
             "workers": 1,
-            "worker_class": "gthread",
+            "worker_class": "kepler_bridge.http_worker.EventLoopWorker",
             "threads": THREADS,
             "timeout": 60,
             "graceful_timeout": GRACEFUL_SECONDS,
-            "keepalive": 5,
             "proc_name": "kepler-bridge",
             "accesslog": None,
             "errorlog": "-",
@@ -63,8 +62,6 @@ class AgentApplication(BaseApplication):
         }
         if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 24: no shared control socket in $HOME
             settings["control_socket_disable"] = True
-        if self.config.tls_cert:
-            settings.update(certfile=self.config.tls_cert, keyfile=self.config.tls_key)
         for key, value in settings.items():
             self.cfg.set(key, value)
 

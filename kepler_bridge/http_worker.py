@@ -1,0 +1,404 @@
+"""gunicorn worker that reads requests and writes responses in one event loop; threads only run Flask.
+
+A slow or silent client costs a socket and a few bytes, never a thread: a request reaches the thread
+pool only once its whole head is buffered, and its response is written back by the loop, without
+blocking. A head not complete within `http_header_timeout`, or a response left unread for
+`http_write_timeout`, closes the connection.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import selectors
+import socket
+import ssl
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
+
+from gunicorn import util
+from gunicorn.http import RequestParser, wsgi
+from gunicorn.http.errors import NoMoreData
+from gunicorn.workers.base import Worker
+
+# A head larger than this is refused with 431 (gunicorn's own line and field limits apply below it).
+MAX_HEAD_BYTES = 64 * 1024
+RECV_BYTES = 64 * 1024
+# How often deadlines are checked; a timeout may run this much late.
+TICK_SECONDS = 0.25
+# After "Connection: close", unread client bytes are drained this long so the close sends no RST.
+LINGER_SECONDS = 2.0
+ACCEPTS_PER_EVENT = 64
+
+
+class _Collector:
+    """Stands in for the client socket while Flask runs: gunicorn writes the response into it."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.chunks.append(bytes(data))
+
+    def send(self, data: bytes) -> int:
+        self.chunks.append(bytes(data))
+        return len(data)
+
+    def gettimeout(self) -> float:
+        return 0.0  # "non-blocking": gunicorn's error writer then calls sendall directly
+
+
+@dataclass(eq=False)
+class _Conn:
+    """One client connection and the loop's view of it."""
+
+    sock: socket.socket
+    client: tuple
+    server: tuple
+    handshaking: bool = False
+    inbuf: bytearray = field(default_factory=bytearray)
+    scanned: int = 0
+    out: list[memoryview] = field(default_factory=list)
+    close_after_write: bool = False
+    deadline: float = 0.0
+    events: int = 0
+
+
+class EventLoopWorker(Worker):
+    """One selector loop for accept, TLS handshake, request heads and responses; a small pool runs the app."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        config = self.app.config
+        self.header_timeout: float = config.http_header_timeout
+        self.write_timeout: float = config.http_write_timeout
+        self.tls: ssl.SSLContext | None = None
+        self.selector: selectors.BaseSelector | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        # Connections in each waiting state, oldest deadline first (each state has one fixed timeout).
+        self.reading: OrderedDict[_Conn, None] = OrderedDict()
+        self.writing: OrderedDict[_Conn, None] = OrderedDict()
+        self.lingering: OrderedDict[_Conn, None] = OrderedDict()
+        self.busy = 0
+        self.accepting = False
+        self.stop_by = float("inf")
+
+    def init_process(self) -> None:
+        config = self.app.config
+        if config.tls_cert:
+            from kepler_bridge.tls import server_context
+
+            self.tls = server_context(config.tls_cert, config.tls_key)
+        self.selector = selectors.DefaultSelector()
+        self.pool = ThreadPoolExecutor(max_workers=self.cfg.threads, thread_name_prefix="http")
+        super().init_process()
+
+    def handle_exit(self, sig, frame) -> None:
+        self.alive = False
+
+    def run(self) -> None:
+        # The base class routes signals to PIPE[1] too, so a signal or a finished request wakes select().
+        self.selector.register(self.PIPE[0], selectors.EVENT_READ, partial(self._wake))
+        self._set_accepting(True)
+        next_tick = 0.0
+        while self.alive or ((self.busy or self.writing) and time.monotonic() < self.stop_by):
+            now = time.monotonic()
+            if now >= next_tick:
+                self.notify()
+                self._expire(now)
+                next_tick = now + TICK_SECONDS
+                if self.ppid != os.getppid():
+                    self.log.info("parent changed, shutting down: %s", self)
+                    self.alive = False
+                if not self.alive and self.stop_by == float("inf"):
+                    self._stop_reading(now)
+            for key, _mask in self.selector.select(TICK_SECONDS):
+                self._call(key.data)
+        self.pool.shutdown(wait=False)
+        for waiting in (self.reading, self.writing, self.lingering):
+            for conn in list(waiting):
+                self._close(conn)
+
+    def _call(self, callback: partial) -> None:
+        """Run one event's handler; a failure closes that connection only, never the worker."""
+        try:
+            callback()
+        except Exception:
+            self.log.exception("HTTP event handler %s failed", callback.func.__name__)
+            conn = callback.args[0] if callback.args else None
+            if isinstance(conn, _Conn):
+                self._close(conn)
+
+    def _set_accepting(self, enabled: bool) -> None:
+        if enabled == self.accepting:
+            return
+        for listener in self.sockets:
+            if enabled:
+                listener.setblocking(False)
+                self.selector.register(listener, selectors.EVENT_READ, partial(self._accept, listener))
+            else:
+                self.selector.unregister(listener)
+        self.accepting = enabled
+
+    def _open_connections(self) -> int:
+        return len(self.reading) + len(self.writing) + len(self.lingering) + self.busy
+
+    def _accept(self, listener: socket.socket) -> None:
+        for _ in range(ACCEPTS_PER_EVENT):
+            if self._open_connections() >= self.cfg.worker_connections:
+                if not self.reading:
+                    self._set_accepting(False)
+                    return
+                # Full: the connection that has waited longest for a request head makes room.
+                self._close(next(iter(self.reading)))
+            try:
+                sock, client = listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as err:
+                if err.errno in (errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.log.warning("accept failed: %s", err)
+                    return
+                raise
+            sock.setblocking(False)
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(sock, client, listener.getsockname())
+            if self.tls is not None:
+                conn.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                conn.handshaking = True
+            self._start_reading(conn)
+
+    # Reading a request head --------------------------------------------------------------------
+
+    def _start_reading(self, conn: _Conn) -> None:
+        conn.deadline = time.monotonic() + self.header_timeout
+        self.reading[conn] = None
+        if not self._dispatch_if_complete(conn):
+            self._watch(conn, selectors.EVENT_READ, self._on_readable)
+
+    def _on_readable(self, conn: _Conn) -> None:
+        if conn.handshaking:
+            self._handshake(conn)
+            return
+        while True:
+            try:
+                data = conn.sock.recv(RECV_BYTES)
+            except ssl.SSLWantReadError:
+                return
+            except ssl.SSLWantWriteError:
+                self._watch(conn, selectors.EVENT_WRITE, self._on_readable)
+                return
+            except (BlockingIOError, InterruptedError):
+                return
+            except (OSError, ssl.SSLError):
+                self._close(conn)
+                return
+            if not data:
+                self._close(conn)
+                return
+            conn.inbuf += data
+            if not isinstance(conn.sock, ssl.SSLSocket) or not conn.sock.pending():
+                break
+        self._dispatch_if_complete(conn)
+
+    def _handshake(self, conn: _Conn) -> None:
+        try:
+            conn.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._watch(conn, selectors.EVENT_READ, self._on_readable)
+            return
+        except ssl.SSLWantWriteError:
+            self._watch(conn, selectors.EVENT_WRITE, self._on_readable)
+            return
+        except (OSError, ssl.SSLError) as err:
+            self.log.debug("TLS handshake with %s failed: %s", conn.client, err)
+            self._close(conn)
+            return
+        conn.handshaking = False
+        self._watch(conn, selectors.EVENT_READ, self._on_readable)
+
+    def _dispatch_if_complete(self, conn: _Conn) -> bool:
+        """Hand a buffered, complete request head to the pool; True when the connection left `reading`."""
+        end = conn.inbuf.find(b"\r\n\r\n", max(0, conn.scanned - 3))
+        if end < 0:
+            conn.scanned = len(conn.inbuf)
+            if len(conn.inbuf) > MAX_HEAD_BYTES:
+                self._respond(conn, [_error_response(431, "Request Header Fields Too Large",
+                                                     f"request head over {MAX_HEAD_BYTES} bytes")], close=True)
+                return True
+            return False
+        end += 4
+        head, conn.inbuf, conn.scanned = bytes(conn.inbuf[:end]), conn.inbuf[end:], 0
+        del self.reading[conn]
+        self._unwatch(conn)
+        self.busy += 1
+        self.pool.submit(self._serve, conn, head)
+        return True
+
+    # Running the app (pool threads) ---------------------------------------------------------------
+
+    def _serve(self, conn: _Conn, head: bytes) -> None:
+        collector = _Collector()
+        keepalive = False
+        req = None
+        try:
+            req = next(RequestParser(self.cfg, [head], conn.client))
+            resp, environ = wsgi.create(req, collector, conn.client, conn.server, self.cfg)
+            environ["wsgi.multithread"] = True
+            if isinstance(conn.sock, ssl.SSLSocket):
+                environ["wsgi.url_scheme"] = "https"
+            if _has_body(req) or not self.alive:
+                # Bodies are never read (every endpoint is GET or HEAD); the connection cannot be reused.
+                resp.force_close()
+            respiter = self.wsgi(environ, resp.start_response)
+            try:
+                for item in respiter:
+                    resp.write(item)
+                resp.close()
+            finally:
+                if hasattr(respiter, "close"):
+                    respiter.close()
+            keepalive = not resp.should_close()
+        except (StopIteration, NoMoreData):
+            collector.chunks.clear()  # a head with no request line in it: nothing to answer
+        except Exception as err:  # a bad request line or header, or an app error: gunicorn writes the status
+            collector.chunks.clear()
+            self.handle_error(req, collector, conn.client, err)
+        self.done.put((conn, collector.chunks, keepalive))
+        try:
+            os.write(self.PIPE[1], b".")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already; the loop drains `done` on the next one
+
+    def _wake(self) -> None:
+        try:
+            os.read(self.PIPE[0], 4096)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                conn, chunks, keepalive = self.done.get_nowait()
+            except queue.Empty:
+                return
+            self.busy -= 1
+            self._respond(conn, chunks, close=not (keepalive and self.alive))
+
+    # Writing the response ---------------------------------------------------------------------------
+
+    def _respond(self, conn: _Conn, chunks: list[bytes], close: bool) -> None:
+        self.reading.pop(conn, None)
+        if isinstance(conn.sock, ssl.SSLSocket):
+            chunks = [b"".join(chunks)]  # one TLS write: no small record left behind for Nagle
+        conn.out = [memoryview(chunk) for chunk in chunks if chunk]
+        conn.close_after_write = close
+        conn.deadline = time.monotonic() + self.write_timeout
+        self.writing[conn] = None
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        progressed = False
+        try:
+            while conn.out:
+                if isinstance(conn.sock, ssl.SSLSocket):
+                    sent = conn.sock.send(conn.out[0])
+                else:
+                    sent = conn.sock.sendmsg(conn.out)
+                progressed = progressed or sent > 0
+                while sent and conn.out:
+                    first = conn.out[0]
+                    if sent >= len(first):
+                        sent -= len(first)
+                        conn.out.pop(0)
+                    else:
+                        conn.out[0] = first[sent:]
+                        sent = 0
+        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            if progressed:
+                conn.deadline = time.monotonic() + self.write_timeout
+                self.writing.move_to_end(conn)
+            self._watch(conn, selectors.EVENT_WRITE, self._flush)
+            return
+        except (OSError, ssl.SSLError):
+            self._close(conn)
+            return
+        del self.writing[conn]
+        if conn.close_after_write:
+            self._linger(conn)
+        else:
+            self._start_reading(conn)
+
+    def _linger(self, conn: _Conn) -> None:
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(conn)
+            return
+        conn.deadline = time.monotonic() + LINGER_SECONDS
+        self.lingering[conn] = None
+        self._watch(conn, selectors.EVENT_READ, self._on_lingering)
+
+    def _on_lingering(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+            return
+        except (OSError, ssl.SSLError):
+            data = b""
+        if not data:
+            self._close(conn)
+
+    # Bookkeeping -----------------------------------------------------------------------------------
+
+    def _watch(self, conn: _Conn, events: int, handler: Callable[[_Conn], None]) -> None:
+        data = partial(handler, conn)
+        if conn.events:
+            self.selector.modify(conn.sock, events, data)
+        else:
+            self.selector.register(conn.sock, events, data)
+        conn.events = events
+
+    def _unwatch(self, conn: _Conn) -> None:
+        if conn.events:
+            self.selector.unregister(conn.sock)
+            conn.events = 0
+
+    def _close(self, conn: _Conn) -> None:
+        self._unwatch(conn)
+        for waiting in (self.reading, self.writing, self.lingering):
+            waiting.pop(conn, None)
+        util.close(conn.sock)
+        if self.alive and not self.accepting:
+            self._set_accepting(True)
+
+    def _expire(self, now: float) -> None:
+        for waiting in (self.reading, self.writing, self.lingering):
+            while waiting:
+                conn = next(iter(waiting))
+                if conn.deadline > now:
+                    break
+                self._close(conn)
+
+    def _stop_reading(self, now: float) -> None:
+        """On shutdown: no new connections; idle ones close, answers in progress get the graceful timeout."""
+        self.stop_by = now + self.cfg.graceful_timeout
+        self._set_accepting(False)
+        for conn in list(self.reading):
+            self._close(conn)
+
+
+def _has_body(req) -> bool:
+    return any(name == "TRANSFER-ENCODING" or (name == "CONTENT-LENGTH" and value.strip() != "0")
+               for name, value in req.headers)
+
+
+def _error_response(status: int, reason: str, message: str) -> bytes:
+    collector = _Collector()
+    util.write_error(collector, status, reason, message)
+    return b"".join(collector.chunks)
