@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import Agent
 from cpu_helpers import Burner
 from kepler_bridge import config
 from kepler_bridge.kube.metadata import KubeMetadata
-from kepler_bridge.kube.pods import containers_of
+from kepler_bridge.kube.pods import STATUS_LISTS, containers_of
 from kepler_bridge.kube.view import Assignment, KubeView, device_key, device_owners
 from kepler_bridge.model import GpuProcess, GpuReading, PodRef
 from kubefakes import FakeKube, pod, pod_list, self_signed
@@ -253,3 +256,71 @@ def test_agent_labels_energy_with_pods_from_the_kubelet(tls: tuple[Path, Path], 
     # Host processes: empty pod labels, in the same families.
     assert ("", "") in {(labels["namespace"], labels["pod"])
                         for labels, _ in found["kepler_bridge_pod_cpu_joules_total"]}
+
+
+def started(pod_status: dict) -> dict:
+    """A one-pod list whose pod has this status."""
+    return {"items": [{"metadata": {"namespace": "x", "name": "y"}, "status": pod_status}]}
+
+
+BROKEN_LISTS = [{"items": None}, {"items": [None]}, started(None), started({"containerStatuses": None}),
+                started({"containerStatuses": [None]}), started({"containerStatuses": [{"containerID": 7}]}),
+                {"items": [{"metadata": "shop"}]}]
+
+
+@pytest.mark.parametrize("broken", BROKEN_LISTS)
+def test_a_malformed_pod_list_is_that_endpoints_error_and_the_next_answers(
+        broken: dict, tls: tuple[Path, Path], token_file: Path) -> None:
+    with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet, FakeKube(broken) as metaserver:
+        kube = metadata(kube_source="auto", metaserver_url=metaserver.url, kubelet_url=kubelet.url,
+                        kube_token_file=token_file, kube_ca_file=tls[0])
+        kube.refresh()
+        assert kube.view().containers == EXPECTED
+        assert metaserver.requests and kubelet.requests
+
+
+def test_an_endpoint_that_does_not_speak_http_is_its_error(tls: tuple[Path, Path], token_file: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server, FakeKube(PODS, token=TOKEN, tls=tls) as kubelet:
+        def answer_garbage() -> None:
+            connection, _ = server.accept()
+            with connection:
+                connection.recv(4096)
+                connection.sendall(b"SSH-2.0-OpenSSH_9.2\r\n\r\n")
+
+        thread = threading.Thread(target=answer_garbage, daemon=True)
+        thread.start()
+        kube = metadata(kube_source="auto", metaserver_url=f"http://127.0.0.1:{server.getsockname()[1]}",
+                        kubelet_url=kubelet.url, kube_token_file=token_file, kube_ca_file=tls[0])
+        kube.refresh()
+        thread.join(5)
+        assert kube.view().containers == EXPECTED
+        assert kube.errors == {"pods": ""}
+
+
+KEYS = st.sampled_from(["items", "metadata", "status", "namespace", "name", "containerID", *STATUS_LISTS])
+LEAVES = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+          | st.text(max_size=4) | st.sampled_from([f"containerd://{A}", "docker://", "://", "cri-o://x"]))
+JSON = st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(KEYS | st.text(max_size=3), inner, max_size=5), max_leaves=25)
+# Mostly PodList-shaped, with anything anywhere.
+STATUSES = st.lists(JSON | st.fixed_dictionaries({"containerID": JSON, "name": JSON}), max_size=3)
+PODS_ISH = st.fixed_dictionaries({"metadata": JSON, "status": st.dictionaries(st.sampled_from(STATUS_LISTS), STATUSES)})
+HOSTILE = JSON | st.fixed_dictionaries({"items": st.lists(JSON | PODS_ISH, max_size=3)})
+
+
+def test_hostile_pod_lists_never_escape_the_fallback_chain(tls: tuple[Path, Path], token_file: Path) -> None:
+    with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet, FakeKube(pod_list()) as metaserver:
+        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(body=HOSTILE)
+        def check(body: object) -> None:
+            metaserver.pods = body
+            kube = metadata(kube_source="auto", metaserver_url=metaserver.url, kubelet_url=kubelet.url,
+                            kube_token_file=token_file, kube_ca_file=tls[0])
+            kube.refresh()
+            try:
+                expected = containers_of(body)
+            except ValueError:
+                expected = EXPECTED  # that endpoint's error: the kubelet answered
+            assert kube.view().containers == expected
+
+        check()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import ssl
@@ -94,7 +95,7 @@ def fetch_pods(endpoint: Endpoint, config: Config, timeout: float) -> dict[str, 
                             "kube_insecure_skip_tls_verify=true (kubelets often serve a self-signed "
                             "certificate)") from None
         raise KubeError(f"{endpoint.name} {endpoint.url}: {reason}; {_advice(endpoint, 0, config)}") from None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError, http.client.HTTPException) as err:  # a broken or hostile answer
         raise KubeError(f"{endpoint.name} {endpoint.url}: {err}") from None
 
 
