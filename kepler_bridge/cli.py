@@ -8,7 +8,7 @@ import sys
 from typing import NoReturn, Sequence
 
 from kepler_bridge import __version__
-from kepler_bridge.config import Config, ConfigError, add_arguments, load
+from kepler_bridge.config import Config, ConfigError, add_arguments, load, one_line
 from kepler_bridge.sources import available, selected_groups
 
 EXIT_BAD_SETTING = 2
@@ -18,7 +18,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line and exits 2, like every other bad setting."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_SETTING, f"kepler-bridge: bad setting: {message}; see kepler-bridge {self.prog.split()[-1]} --help\n")
+        self.exit(EXIT_BAD_SETTING, f"kepler-bridge: bad setting: {one_line(message)}; "
+                                    f"see kepler-bridge {self.prog.split()[-1]} --help\n")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import reprlib
 import shlex
 import shutil
 import socket
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import yaml
+
+from kepler_bridge.tls import TLSError, server_context
+
+# A value in an error line: nested lists and long strings are cut, so the line stays short.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 120, 120
+
+
+def one_line(text: str) -> str:
+    """The text with line breaks and other control characters escaped, so that it prints as one line."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode() for char in text)
 
 
 class ConfigError(Exception):
@@ -21,22 +33,35 @@ class ConfigError(Exception):
 
     def __init__(self, setting: str, value: object, accepted: str, origin: str = "") -> None:
         where = f" (from {origin})" if origin else ""
-        super().__init__(f"bad setting {setting}={value!r}{where}: {accepted}")
+        super().__init__(one_line(f"bad setting {setting}={_SHORT.repr(value)}{where}: {accepted}"))
 
 
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+# Linux's highest pid_max: no node has more processes than this.
+MAX_PIDS = 1 << 22
+
+
+def _number(value: object) -> float:
+    """A finite number given as int, float or text; bools, nan and infinities are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError from None
+    if not math.isfinite(number):
+        raise ValueError
+    return number
 
 
 def parse_duration(value: object) -> float:
     """Go-style duration (`500ms`, `1m30s`) or a plain number of seconds, as seconds."""
-    if isinstance(value, bool):
-        raise ValueError
-    if isinstance(value, (int, float)):
-        return float(value)
-    text = str(value).strip()
+    if not isinstance(value, str):
+        return _number(value)
+    text = value.strip()
     try:
-        return float(text)
+        return _number(text)
     except ValueError:
         pass
     pos, total = 0, 0.0
@@ -46,7 +71,7 @@ def parse_duration(value: object) -> float:
             raise ValueError
         total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
         pos = match.end()
-    if not text:
+    if not text or not math.isfinite(total):
         raise ValueError
     return total
 
@@ -62,9 +87,8 @@ def _bounded(parse: Callable[[object], float], low: float, high: float) -> Calla
 
 
 def _listen(value: object) -> tuple[str, int]:
-    text = str(value).strip()
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    host, sep, port_text = _text(value).rpartition(":")
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port_text) or not 0 < int(port_text) < 65536:
         raise ValueError
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     host = host or "0.0.0.0"
@@ -77,36 +101,46 @@ def _listen(value: object) -> tuple[str, int]:
 
 
 def _name_list(value: object) -> tuple[str, ...]:
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-    names = tuple(str(item).strip() for item in items if str(item).strip())
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(item, str) for item in value):
+            raise ValueError
+        items = value
+    else:
+        items = _text(value).split(",")
+    names = tuple(item.strip() for item in items if item.strip())
     if not all(re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:.-]*", name) for name in names):
         raise ValueError
     return names
 
 
 def _count(value: object) -> int:
-    if isinstance(value, bool) or isinstance(value, float):
+    """A whole number >= 0 in decimal digits, given as int or text (no bool, float, sign or underscore)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError
-    number = int(str(value).strip())
-    if number < 0:
+    text = str(value).strip()
+    if not re.fullmatch(r"[0-9]+", text):
         raise ValueError
-    return number
+    return int(text)
 
 
 def _text(value: object) -> str:
-    if isinstance(value, (dict, list, bool)):
+    """Text as written, without surrounding blanks (a whole number reads as its digits); no control characters."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ValueError
-    return str(value)
+    text = str(value).strip()
+    if not text.isprintable():
+        raise ValueError
+    return text
 
 
 def _optional_path(value: object) -> str:
-    return _text(value).strip()
+    return _text(value)
 
 
 def _argv(value: object) -> tuple[str, ...]:
     """An executable and its arguments: a list (config file) or a string split like a shell would (flag, env)."""
     if isinstance(value, (list, tuple)):
-        if not all(isinstance(item, str) for item in value):
+        if not all(isinstance(item, str) and "\0" not in item for item in value):
             raise ValueError
         argv = tuple(value)
     else:
@@ -127,49 +161,45 @@ def _memory_unit(value: object) -> str:
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-def _watts(value: object) -> float:
-    if isinstance(value, bool):
-        raise ValueError
-    watts = float(_text(value).strip())
-    if not 0 <= watts <= 100_000:
-        raise ValueError
-    return watts
+_watts = _bounded(_number, 0, 100_000)
 
 
 def _optional_watts(value: object) -> float | None:
-    return None if _text(value).strip() == "" else _watts(value)
+    return None if isinstance(value, str) and value.strip() == "" else _watts(value)
 
 
 def _process_metrics(value: object) -> int | None:
     """off -> 0 series, all -> None (no limit), top:N -> N."""
-    text = _text(value).strip()
+    text = _text(value)
     if text in ("off", "all"):
         return 0 if text == "off" else None
-    match = re.fullmatch(r"top:(\d+)", text)
-    if not match or int(match.group(1)) < 1:
+    match = re.fullmatch(r"top:([0-9]{1,7})", text)
+    if not match or not 1 <= int(match.group(1)) <= MAX_PIDS:
         raise ValueError
     return int(match.group(1))
 
 
 def _kube_source(value: object) -> str:
-    text = _text(value).strip()
+    text = _text(value)
     if text not in ("auto", "kubelet", "apiserver", "metaserver", "off"):
         raise ValueError
     return text
 
 
 def _url(value: object) -> str:
-    text = _text(value).strip().rstrip("/")
+    text = _text(value).rstrip("/")
     if text and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", text):
         raise ValueError
     return text
 
 
 def _flag(value: object) -> bool:
-    text = str(value).strip().lower()
-    if text not in ("true", "false", "1", "0", "yes", "no"):
+    if isinstance(value, bool):
+        return value
+    text = _text(value).lower()
+    if text not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
         raise ValueError
-    return text in ("true", "1", "yes")
+    return text in ("true", "1", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -212,16 +242,16 @@ SETTINGS: tuple[Setting, ...] = (
             "expected a directory path", "host /sys root (in a pod: /host/sys)"),
     Setting("nvml_library", ("KEPLER_BRIDGE_NVML_LIBRARY",), _optional_path, "",
             "expected the path of libnvidia-ml.so.1", "explicit NVIDIA driver library path"),
-    Setting("simulate", ("KEPLER_BRIDGE_SIMULATE",), _count, 0,
-            "expected a whole number >= 0", "add N simulated accelerators"),
-    Setting("simulate_seed", ("KEPLER_BRIDGE_SIMULATE_SEED",), _count, 0,
-            "expected a whole number >= 0", "seed of the simulated readings"),
+    Setting("simulate", ("KEPLER_BRIDGE_SIMULATE",), _bounded(_count, 0, 1024), 0,
+            "expected a whole number from 0 to 1024", "add N simulated accelerators"),
+    Setting("simulate_seed", ("KEPLER_BRIDGE_SIMULATE_SEED",), _bounded(_count, 0, 2**32 - 1), 0,
+            "expected a whole number from 0 to 4294967295", "seed of the simulated readings"),
     Setting("baetyl_memory_unit", ("KEPLER_BRIDGE_BAETYL_MEMORY_UNIT",), _memory_unit, "bytes",
             "expected one of bytes, KiB, MiB", "unit of memory values in /v1/collect"),
-    Setting("max_processes", ("KEPLER_BRIDGE_MAX_PROCESSES",), _count, 5000,
-            "expected a whole number >= 0", "cap on tracked processes (memory bound)"),
-    Setting("process_grace", ("KEPLER_BRIDGE_PROCESS_GRACE",), parse_duration, "30s",
-            "expected a duration such as 30s or 2m", "how long an ended process keeps its series"),
+    Setting("max_processes", ("KEPLER_BRIDGE_MAX_PROCESSES",), _bounded(_count, 0, MAX_PIDS), 5000,
+            f"expected a whole number from 0 (no cap) to {MAX_PIDS}", "cap on tracked processes (memory bound)"),
+    Setting("process_grace", ("KEPLER_BRIDGE_PROCESS_GRACE",), _bounded(parse_duration, 0, 86400), "30s",
+            "expected a duration from 0 to 24h, such as 30s or 2m", "how long an ended process keeps its series"),
     Setting("tls_cert", ("KEPLER_BRIDGE_TLS_CERT",), _optional_path, "",
             "expected a PEM certificate path", "serve HTTPS with this certificate"),
     Setting("tls_key", ("KEPLER_BRIDGE_TLS_KEY",), _optional_path, "",
@@ -249,13 +279,13 @@ SETTINGS: tuple[Setting, ...] = (
             "expected the npu-smi executable: a path, or a name looked up in PATH and /usr/local/sbin",
             "Huawei Ascend npu-smi that the ascend source runs"),
     Setting("cpu_tdp_watts", ("KEPLER_BRIDGE_CPU_TDP_WATTS",), _watts, 0,
-            "expected a number of watts >= 0, such as 65 (0 = no estimate)",
+            "expected a number of watts from 0 to 100000, such as 65 (0 = no estimate)",
             "where RAPL is absent, estimate CPU power as this times CPU usage (0 = no CPU energy there)"),
     Setting("gpu_idle_watts", ("KEPLER_BRIDGE_GPU_IDLE_WATTS",), _optional_watts, "",
-            "expected a number of watts >= 0, or empty for the lowest power seen",
+            "expected a number of watts from 0 to 100000, or empty for the lowest power seen",
             "idle power of each GPU: energy above it is shared by the GPU's processes (default: lowest seen)"),
     Setting("process_metrics", ("KEPLER_BRIDGE_PROCESS_METRICS",), _process_metrics, "top:50",
-            "expected off, all, or top:N with N >= 1, such as top:50",
+            f"expected off, all, or top:N with N from 1 to {MAX_PIDS}, such as top:50",
             "per-process energy series: none, all, or the N using most energy plus one pid=\"other\""),
     Setting("kube_source", ("KEPLER_BRIDGE_KUBE_SOURCE",), _kube_source, "auto",
             "expected one of auto, kubelet, apiserver, metaserver, off",
@@ -279,6 +309,10 @@ SETTINGS: tuple[Setting, ...] = (
 _BY_KEY = {setting.key: setting for setting in SETTINGS}
 # The seed's allow-list file: {"metrics": ["gpu_utilization", ...]}.
 _FILE_ALIASES = {"metrics": "metrics_allow"}
+# In the file a null value means "not set", except here: there it would silently serve without protection.
+_NULL_REFUSED = ("auth_token_file", "tls_cert", "tls_key")
+MAX_CONFIG_BYTES = 1 << 20
+MAX_TOKEN_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -302,6 +336,7 @@ class Config:
     tls_cert: str
     tls_key: str
     auth_token_file: str
+    auth_token: bytes = field(repr=False)
     http_header_timeout: float
     http_write_timeout: float
     ebpf_map_entries: int
@@ -346,21 +381,48 @@ def _show(default: object) -> str:
     return str(default) if default != "" else "none"
 
 
+_NULL, _INT = "tag:yaml.org,2002:null", "tag:yaml.org,2002:int"
+_DECIMAL = re.compile(r"^(?:0|[1-9][0-9]{0,17})$")
+
+
+class _ScalarsAsWritten(yaml.SafeLoader):
+    """YAML that keeps a scalar's text: only null and plain decimal whole numbers get a type.
+
+    So `interval: 1:30` stays "1:30" (not 90 seconds), `node_name: 0123` stays "0123" (not 83), `yes` stays "yes".
+    """
+
+    yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag == _NULL]
+                               for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    yaml_constructors = {tag: yaml.SafeLoader.yaml_constructors[tag] for tag in (
+        None, _NULL, "tag:yaml.org,2002:str", "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map")}
+
+    def construct_decimal(self, node: yaml.ScalarNode) -> int:
+        text = self.construct_scalar(node)
+        if not _DECIMAL.match(text):
+            raise yaml.constructor.ConstructorError(None, None, f"{text!r} is not a whole number in decimal digits",
+                                                    node.start_mark)
+        return int(text)
+
+
+_ScalarsAsWritten.add_implicit_resolver(_INT, _DECIMAL, list("0123456789"))
+_ScalarsAsWritten.add_constructor(_INT, _ScalarsAsWritten.construct_decimal)
+
+
 def read_file(path: str) -> dict[str, object]:
-    """Read a YAML or JSON config file into a mapping of known keys."""
+    """Read a YAML or JSON config file into a mapping of known keys; a null value counts as not set."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
+    except (OSError, ValueError) as err:
         raise ConfigError("config", path, f"cannot read the file: {err}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError("config", path, "larger than 1 MiB; a config file holds a few settings")
     try:
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError("config", path, f"JSON syntax error at line {err.lineno}: {err.msg}") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError("config", path, f"YAML syntax error{line}: {problem}") from None
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError("config", path, f"not UTF-8 text ({err.reason} at byte {err.start}); "
+                                          "save it as UTF-8") from None
+    data = _parse(path, text)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -368,11 +430,53 @@ def read_file(path: str) -> dict[str, object]:
     known = sorted(set(_BY_KEY) | set(_FILE_ALIASES))
     result: dict[str, object] = {}
     for key, value in data.items():
-        name = _FILE_ALIASES.get(str(key), str(key))
+        name = _FILE_ALIASES.get(key, key)
         if name not in _BY_KEY:
             raise ConfigError(f"{key} (in {path})", value, f"unknown key; accepted keys: {', '.join(known)}")
-        result[name] = value
+        if value is None and name in _NULL_REFUSED:
+            raise ConfigError(name, value, "an empty value would turn it off; give the file's path, or delete "
+                                           "the key to serve without it", path)
+        if value is not None:
+            result[name] = value
     return result
+
+
+def _parse(path: str, text: str) -> object:
+    """The document in a config file: JSON where the name ends in .json, else YAML."""
+    try:
+        return json.loads(text) if path.endswith(".json") else yaml.load(text, Loader=_ScalarsAsWritten)
+    except json.JSONDecodeError as err:
+        raise ConfigError("config", path, f"JSON syntax error at line {err.lineno}: {err.msg}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError("config", path, f"YAML syntax error{line}: {problem}") from None
+    except RecursionError:
+        raise ConfigError("config", path, "nested too deeply; a setting is a value or a flat list") from None
+    except ValueError as err:  # JSON integers longer than Python converts (4300 digits)
+        raise ConfigError("config", path, f"cannot read a number: {str(err).split(':')[0]}") from None
+
+
+def _read_token(path: str, origin: str = "") -> bytes:
+    """The bearer token in the file: one line of visible ASCII characters, surrounding blanks removed."""
+    fix = "write one line of visible ASCII characters into it, such as the output of openssl rand -hex 32"
+    try:
+        with open(path, "rb") as file:
+            token = file.read(MAX_TOKEN_BYTES + 1).strip()
+    except OSError as err:
+        raise ConfigError("auth_token_file", path, f"cannot read the file: {err.strerror or err}; give the path "
+                                                   "of the file holding the bearer token", origin) from None
+    if not token:
+        raise ConfigError("auth_token_file", path, f"the file is empty, so no token would be required; {fix}, "
+                                                   "or leave the setting unset to serve /metrics without one",
+                          origin)
+    if len(token) > MAX_TOKEN_BYTES:
+        raise ConfigError("auth_token_file", path, f"larger than 64 KiB, not a bearer token; {fix}", origin)
+    if not re.fullmatch(rb"[\x21-\x7e]+", token):
+        raise ConfigError("auth_token_file", path, "the token has blanks, line breaks or non-ASCII characters "
+                                                   f"inside (a bearer token is visible ASCII, RFC 6750); {fix}", origin)
+    return token
 
 
 def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) -> Config:
@@ -381,22 +485,27 @@ def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) 
     config_file = flags.get("config") or environ.get("KEPLER_BRIDGE_CONFIG") or ""
     from_file = read_file(str(config_file)) if config_file else {}
     values: dict[str, object] = {}
+    origins: dict[str, str] = {}
     for setting in SETTINGS:
-        raw, origin = _pick(setting, flags, environ, from_file, str(config_file))
+        raw, origins[setting.key] = _pick(setting, flags, environ, from_file, str(config_file))
         try:
             values[setting.key] = setting.parse(raw)
-        except (ValueError, TypeError):
-            raise ConfigError(setting.key, raw, setting.accepted, origin) from None
+        except (ValueError, TypeError, OverflowError):
+            raise ConfigError(setting.key, raw, setting.accepted, origins[setting.key]) from None
     if not values["node_name"]:
         values["node_name"] = socket.gethostname()
     if bool(values["tls_cert"]) != bool(values["tls_key"]):
         raise ConfigError("tls_key" if values["tls_cert"] else "tls_cert", "",
                           "--tls-cert and --tls-key must be given together")
-    for key in ("tls_cert", "tls_key", "auth_token_file"):
-        path = str(values[key])
-        if path and not os.access(path, os.R_OK):
-            raise ConfigError(key, path, "expected a readable file")
-    return Config(config_file=str(config_file), **values)
+    if values["tls_cert"]:
+        try:
+            server_context(str(values["tls_cert"]), str(values["tls_key"]))
+        except TLSError as err:
+            key = f"tls_{err.part}"
+            raise ConfigError(key, values[key], str(err), origins[key]) from None
+    token_file = str(values["auth_token_file"])
+    token = _read_token(token_file, origins["auth_token_file"]) if token_file else b""
+    return Config(config_file=str(config_file), auth_token=token, **values)
 
 
 def _pick(setting: Setting, flags: Mapping[str, object], environ: Mapping[str, str],

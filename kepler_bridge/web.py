@@ -6,7 +6,6 @@ import hmac
 import html
 import json
 import time
-from pathlib import Path
 from typing import Callable
 
 from flask import Flask, Request, Response, request
@@ -52,7 +51,7 @@ def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] =
     """Build the app serving /metrics, /v1/collect, /healthz, /readyz and /."""
     app = Flask("kepler_bridge")
     cache = RenderCache(store, config)
-    token = Path(config.auth_token_file).read_text().strip().encode() if config.auth_token_file else b""
+    token = config.auth_token
 
     def route(path: str) -> Callable:
         return app.route(path, methods=["GET", "HEAD"], provide_automatic_options=False)
