@@ -23,14 +23,27 @@ def _instructions() -> list[tuple[str, str]]:
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
 
 
-def _stages() -> list[list[tuple[str, str]]]:
-    stages: list[list[tuple[str, str]]] = []
+def _stages() -> dict[str, list[tuple[str, str]]]:
+    """Each stage's instructions, FROM first, keyed by its name (`AS name`) or else its position."""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
     for instruction in _instructions():
         if instruction[0] == "FROM":
-            stages.append([])
-        if stages:
-            stages[-1].append(instruction)
+            words = instruction[1].split()
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else str(len(stages))
+            current = stages[name] = []
+        if current is not None:
+            current.append(instruction)
     return stages
+
+
+def _image(stage: str) -> list[tuple[str, str]]:
+    """What the image of a target is made of: its base image's FROM, then the instructions of every stage
+    it builds on (a stage that starts FROM another stage inherits that one's), then its own."""
+    stages = _stages()
+    base = stages[stage][0][1].split()[0]
+    inherited = _image(base) if base in stages else [("FROM", base)]
+    return inherited + stages[stage][1:]
 
 
 def _ignored(path: str, patterns: list[str]) -> bool:
@@ -88,20 +101,26 @@ def test_dockerignore_keeps_local_state_out() -> None:
 
 
 def test_image_shape() -> None:
-    build, final = _stages()
-    assert build[0] == ("FROM", "debian:bookworm-slim AS build")
+    stages = _stages()
+    assert list(stages)[0] == "build" and stages["build"][0] == ("FROM", "debian:bookworm-slim AS build")
+    assert "slim" in stages, "no `slim` target: the image without bcc for small edge boards"
+    final, slim = _image(list(stages)[-1]), _image("slim")
     assert final[0] == ("FROM", "debian:bookworm-slim")
+    assert slim[0] == ("FROM", "debian:bookworm-slim")
     final_text = " ".join(args for _, args in final)
     assert "python3-bpfcc" in final_text and "--no-install-recommends" in final_text
-    installed = " ".join(args for instruction, args in final if instruction == "RUN")
-    for tool in BUILD_TOOLS:
-        assert not re.search(rf"(?<![\w-]){re.escape(tool)}(?![\w-])", installed), f"{tool} in the final stage"
-    assert ("EXPOSE", "30060") in final
-    assert any(instruction == "HEALTHCHECK" and "/healthz" in args for instruction, args in final)
-    labels = " ".join(args for instruction, args in final if instruction == "LABEL")
-    for key in ("title", "description", "version", "licenses"):
-        assert f"org.opencontainers.image.{key}=" in labels, key
-    assert ("ENTRYPOINT", '["kepler-bridge"]') in final
+    assert "python3-bpfcc" not in " ".join(args for _, args in slim), "slim is the image without bcc"
+    for image in (final, slim):
+        installed = " ".join(args for instruction, args in image if instruction == "RUN")
+        assert "--no-install-recommends" in installed
+        for tool in BUILD_TOOLS:
+            assert not re.search(rf"(?<![\w-]){re.escape(tool)}(?![\w-])", installed), f"{tool} in a runtime stage"
+        assert ("EXPOSE", "30060") in image
+        assert any(instruction == "HEALTHCHECK" and "/healthz" in args for instruction, args in image)
+        labels = " ".join(args for instruction, args in image if instruction == "LABEL")
+        for key in ("title", "description", "version", "licenses"):
+            assert f"org.opencontainers.image.{key}=" in labels, key
+        assert ("ENTRYPOINT", '["kepler-bridge"]') in image
     assert "kepler-bridge = kepler_bridge.cli:main" in (ROOT / "setup.cfg").read_text()
 
 
