@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 MAX_DEVICE_BACKOFF_SECONDS = 30.0
 EVENT_WAIT_MS = 250
 MIB = 1024 * 1024
+# Where driver packages put libnvidia-ml.so.1 under a /usr tree, searched when --nvml-library is a directory:
+# Debian/Ubuntu amd64 and arm64 (Grace), Jetson (JetPack's tegra/), RHEL/SUSE, NVIDIA's container images.
+LIBRARY = "libnvidia-ml.so.1"
+LIBRARY_DIRS = ("lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "lib/aarch64-linux-gnu/tegra", "lib64",
+                "local/nvidia/lib64", "lib")
 
 # NVML answers meaning "this device cannot report this field": remembered, never asked again.
 _UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
@@ -81,6 +86,21 @@ class _XidCounter:
             return tuple(sorted(self.counts.get(index, {}).items())), self.last.get(index)
 
 
+def _search_library(directory: Path) -> ctypes.CDLL:
+    """The first libnvidia-ml.so.1 in `directory` or its LIBRARY_DIRS that loads here (skips other architectures)."""
+    candidates = [directory / sub / LIBRARY for sub in ("", *LIBRARY_DIRS) if (directory / sub / LIBRARY).exists()]
+    if not candidates:
+        raise SourceAbsent(f"no {LIBRARY} in {directory} or its {', '.join(LIBRARY_DIRS)}: install the NVIDIA "
+                           "driver, or pass --nvml-library the library's path")
+    failures = []
+    for candidate in candidates:
+        try:
+            return ctypes.CDLL(str(candidate))
+        except OSError as err:
+            failures.append(str(err))
+    raise SourceUnavailable(f"no {LIBRARY} under {directory} can be loaded: {'; '.join(failures)}")
+
+
 class NvmlSource(Source):
     """Reads every NVIDIA GPU; a failing GPU is reported down alone and retried with backoff."""
 
@@ -122,6 +142,9 @@ class NvmlSource(Source):
     def _load_library(self) -> None:
         path = self.config.nvml_library
         if not path or pynvml.nvmlLib is not None:
+            return
+        if Path(path).is_dir():
+            pynvml.nvmlLib = _search_library(Path(path))
             return
         if not Path(path).exists():
             raise SourceUnavailable(f"--nvml-library {path} does not exist: give the path of libnvidia-ml.so.1")
