@@ -66,6 +66,7 @@ def build_slots(config: Config) -> list[_Slot]:
                     slots.append(slot)
                 break
             # An alternative that lost to the next one stays visible as down, with its reason.
+            log.warning("source %s is unavailable, %s takes its place: %s", name, group[position + 1], slot.error)
             slots.append(_Slot(name, None, error=slot.error, errors_total=slot.errors_total))
     return slots
 
