@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,12 @@ VERSIONS = sorted({v for v in kv.all_versions() if tuple(map(int, v.split(".")[:
 CRD_GROUPS = ("monitoring.coreos.com/",)
 FOLDERS = ("kubernetes", "kubeedge", "baetyl/cluster", "baetyl/single-node")
 PORT = 30060
+SECCOMP_PROFILE = MANIFESTS / "seccomp" / "kepler-bridge.json"
+SECCOMP_BASE = MANIFESTS / "seccomp" / "containers-common-0.50.1.json"
+# Keys of the OCI runtime spec's LinuxSeccomp, the only format containerd reads for Localhost profiles.
+OCI_SECCOMP_KEYS = {"defaultAction", "defaultErrnoRet", "architectures", "flags", "listenerPath", "listenerMetadata",
+                    "syscalls"}
+OCI_SYSCALL_KEYS = {"names", "action", "errnoRet", "args"}
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -46,9 +54,15 @@ def test_manifest_files_match_the_generator() -> None:
 
 def test_every_yaml_file_is_generated() -> None:
     render = generator("manifests/render.py")
-    generated = set(render.rendered())
+    generated = {path for path in render.rendered() if path.suffix == ".yaml"}
     generated |= set(generator("alerts/render.py").PROMETHEUS_RULES)
     assert set(FILES) == generated, f"hand-written or stale files: {set(FILES) ^ generated}"
+
+
+def test_seccomp_folder_holds_the_generated_profile_and_its_base() -> None:
+    generated = {path for path in generator("manifests/render.py").rendered() if path.parent == SECCOMP_PROFILE.parent}
+    assert generated == {SECCOMP_PROFILE}
+    assert set(SECCOMP_PROFILE.parent.iterdir()) == {SECCOMP_PROFILE, SECCOMP_BASE}, "hand-written or stale files"
 
 
 def _is_crd(item: tuple[Path, dict[str, Any]]) -> bool:
@@ -120,16 +134,22 @@ def test_variant_security_settings(item: tuple[Path, dict[str, Any]]) -> None:
         assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
         assert security["readOnlyRootFilesystem"] is True
         assert security["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "PERFMON", "SYS_RESOURCE"]}
-        assert security["seccompProfile"] == {"type": "RuntimeDefault"}
-        assert all("hostPath" not in v or v["hostPath"]["path"] != "/usr/lib/x86_64-linux-gnu"
-                   for v in pod["volumes"]), "hardened relies on the NVIDIA container toolkit"
+        # The kubelet reads Localhost profiles relative to /var/lib/kubelet/seccomp; manifests/seccomp/ is that folder.
+        assert security["seccompProfile"] == {"type": "Localhost", "localhostProfile": SECCOMP_PROFILE.name}
+        assert SECCOMP_PROFILE.is_file()
+        host_paths = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
+        assert not [path for path in host_paths if path == "/usr" or path.startswith("/usr/lib")], \
+            "hardened relies on the NVIDIA container toolkit"
     else:
         assert doc["spec"]["template"]["metadata"]["labels"]["variant"] == "privileged"
         assert security["privileged"] is True
         env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        # A directory: the host's /usr, whose driver layouts (amd64, arm64, Jetson, RHEL) the agent searches.
         library = env["KEPLER_BRIDGE_NVML_LIBRARY"]
-        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
-        assert mounts[str(Path(library).parent)] == "nvidia-driver"
+        mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts[library]["name"] == "nvidia-driver" and mounts[library]["readOnly"] is True
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["nvidia-driver"]["hostPath"] == {"path": "/usr", "type": "Directory"}
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
@@ -236,3 +256,32 @@ def test_baetyl_workload_is_found_by_baetyl_core(folder: str, kind: str) -> None
             assert doc["kind"] != "Namespace", "baetyl creates baetyl-edge-system itself"
             if "namespace" in doc["metadata"]:
                 assert doc["metadata"]["namespace"] == "baetyl-edge-system", path
+
+
+def test_seccomp_profile_is_flat_oci_and_adds_only_the_ebpf_calls() -> None:
+    profile = json.loads(SECCOMP_PROFILE.read_text(encoding="utf-8"))
+    base = json.loads(SECCOMP_BASE.read_text(encoding="utf-8"))
+    assert set(profile) <= OCI_SECCOMP_KEYS, "containerd ignores other keys (includes/excludes, archMap)"
+    assert all(set(rule) <= OCI_SYSCALL_KEYS for rule in profile["syscalls"])
+    assert (profile["defaultAction"], profile["defaultErrnoRet"]) == (base["defaultAction"], base["defaultErrnoRet"])
+    assert {"SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"} <= set(profile["architectures"]), "the image's architectures"
+    for name in ("bpf", "perf_event_open"):
+        rules = [rule for rule in profile["syscalls"] if name in rule["names"]]
+        assert rules == [{"names": ["bpf", "perf_event_open"], "action": "SCMP_ACT_ALLOW"}], name
+    # What the base allows only with CAP_SYS_ADMIN, which the hardened pods lack, stays refused: nothing else is added.
+    (admin,) = [rule for rule in base["syscalls"] if rule.get("includes", {}).get("caps") == ["CAP_SYS_ADMIN"]]
+    always = {name for rule in base["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("includes")
+              and not rule.get("excludes") for name in rule["names"]}
+    for name in set(admin["names"]) - always - {"bpf", "perf_event_open"}:
+        actions = {rule["action"] for rule in profile["syscalls"] if name in rule["names"]}
+        assert actions == {"SCMP_ACT_ERRNO"}, name
+
+
+def test_seccomp_base_is_the_debian_package_default() -> None:
+    installed = Path("/usr/share/containers/seccomp.json")
+    version = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "golang-github-containers-common"],
+                             capture_output=True, text=True).stdout
+    if version != "0.50.1+ds1-4":
+        pytest.skip(f"golang-github-containers-common 0.50.1+ds1-4 is not installed (found {version or 'none'}): "
+                    "bash scripts/apt-install.sh podman, or compare with that package's file by hand")
+    assert SECCOMP_BASE.read_bytes() == installed.read_bytes(), f"{SECCOMP_BASE} differs from {installed}"
