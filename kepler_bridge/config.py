@@ -133,10 +133,6 @@ def _text(value: object) -> str:
     return text
 
 
-def _optional_path(value: object) -> str:
-    return _text(value)
-
-
 def _argv(value: object) -> tuple[str, ...]:
     """An executable and its arguments: a list (config file) or a string split like a shell would (flag, env)."""
     if isinstance(value, (list, tuple)):
@@ -236,11 +232,11 @@ SETTINGS: tuple[Setting, ...] = (
             "export only metrics whose name starts with one of these prefixes"),
     Setting("metrics_deny", ("KEPLER_BRIDGE_METRICS_DENY",), _name_list, (),
             "expected a comma list of metric-name prefixes", "never export metrics with these prefixes"),
-    Setting("procfs", ("KEPLER_BRIDGE_PROCFS",), _optional_path, "/proc",
+    Setting("procfs", ("KEPLER_BRIDGE_PROCFS",), _text, "/proc",
             "expected a directory path", "host /proc root (in a pod: /host/proc)"),
-    Setting("sysfs", ("KEPLER_BRIDGE_SYSFS",), _optional_path, "/sys",
+    Setting("sysfs", ("KEPLER_BRIDGE_SYSFS",), _text, "/sys",
             "expected a directory path", "host /sys root (in a pod: /host/sys)"),
-    Setting("nvml_library", ("KEPLER_BRIDGE_NVML_LIBRARY",), _optional_path, "",
+    Setting("nvml_library", ("KEPLER_BRIDGE_NVML_LIBRARY",), _text, "",
             "expected the path of libnvidia-ml.so.1", "explicit NVIDIA driver library path"),
     Setting("simulate", ("KEPLER_BRIDGE_SIMULATE",), _bounded(_count, 0, 1024), 0,
             "expected a whole number from 0 to 1024", "add N simulated accelerators"),
@@ -252,11 +248,11 @@ SETTINGS: tuple[Setting, ...] = (
             f"expected a whole number from 0 (no cap) to {MAX_PIDS}", "cap on tracked processes (memory bound)"),
     Setting("process_grace", ("KEPLER_BRIDGE_PROCESS_GRACE",), _bounded(parse_duration, 0, 86400), "30s",
             "expected a duration from 0 to 24h, such as 30s or 2m", "how long an ended process keeps its series"),
-    Setting("tls_cert", ("KEPLER_BRIDGE_TLS_CERT",), _optional_path, "",
+    Setting("tls_cert", ("KEPLER_BRIDGE_TLS_CERT",), _text, "",
             "expected a PEM certificate path", "serve HTTPS with this certificate"),
-    Setting("tls_key", ("KEPLER_BRIDGE_TLS_KEY",), _optional_path, "",
+    Setting("tls_key", ("KEPLER_BRIDGE_TLS_KEY",), _text, "",
             "expected a PEM key path", "private key of --tls-cert"),
-    Setting("auth_token_file", ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",), _optional_path, "",
+    Setting("auth_token_file", ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",), _text, "",
             "expected a readable file holding the bearer token", "require this bearer token on /metrics"),
     Setting("http_header_timeout", ("KEPLER_BRIDGE_HTTP_HEADER_TIMEOUT",), _bounded(parse_duration, 0.5, 300), "5s",
             "expected a duration from 500ms to 5m, such as 5s",
@@ -275,7 +271,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("command_timeout", ("KEPLER_BRIDGE_COMMAND_TIMEOUT",), _bounded(parse_duration, 0.1, 600), "5s",
             "expected a duration from 100ms to 10m, such as 2s or 30s",
             "time limit of one run of --command and of npu-smi; past it the process group is killed"),
-    Setting("npu_smi", ("KEPLER_BRIDGE_NPU_SMI",), _optional_path, "npu-smi",
+    Setting("npu_smi", ("KEPLER_BRIDGE_NPU_SMI",), _text, "npu-smi",
             "expected the npu-smi executable: a path, or a name looked up in PATH and /usr/local/sbin",
             "Huawei Ascend npu-smi that the ascend source runs"),
     Setting("cpu_tdp_watts", ("KEPLER_BRIDGE_CPU_TDP_WATTS",), _watts, 0,
@@ -295,13 +291,13 @@ SETTINGS: tuple[Setting, ...] = (
             "the kubelet (default https://$NODE_IP:10250)"),
     Setting("metaserver_url", ("KEPLER_BRIDGE_METASERVER_URL",), _url, "http://127.0.0.1:10550",
             "expected an http(s) URL such as http://127.0.0.1:10550", "KubeEdge's edge MetaServer"),
-    Setting("kube_token_file", ("KEPLER_BRIDGE_KUBE_TOKEN_FILE",), _optional_path, f"{SERVICE_ACCOUNT}/token",
+    Setting("kube_token_file", ("KEPLER_BRIDGE_KUBE_TOKEN_FILE",), _text, f"{SERVICE_ACCOUNT}/token",
             "expected a file path", "bearer token for the kubelet and the API server (re-read at each refresh)"),
-    Setting("kube_ca_file", ("KEPLER_BRIDGE_KUBE_CA_FILE",), _optional_path, f"{SERVICE_ACCOUNT}/ca.crt",
+    Setting("kube_ca_file", ("KEPLER_BRIDGE_KUBE_CA_FILE",), _text, f"{SERVICE_ACCOUNT}/ca.crt",
             "expected a PEM file path", "CA that signed the kubelet's and the API server's certificates"),
     Setting("kube_insecure_skip_tls_verify", ("KEPLER_BRIDGE_KUBE_INSECURE_SKIP_TLS_VERIFY",), _flag, False,
             "expected true or false", "do not verify the kubelet's and API server's certificates"),
-    Setting("pod_resources_socket", ("KEPLER_BRIDGE_POD_RESOURCES_SOCKET",), _optional_path,
+    Setting("pod_resources_socket", ("KEPLER_BRIDGE_POD_RESOURCES_SOCKET",), _text,
             "/var/lib/kubelet/pod-resources/kubelet.sock", "expected a unix socket path, or empty for none",
             "the kubelet's pod-resources socket: which pod each GPU is assigned to"),
 )
@@ -386,10 +382,8 @@ _DECIMAL = re.compile(r"^(?:0|[1-9][0-9]{0,17})$")
 
 
 class _ScalarsAsWritten(yaml.SafeLoader):
-    """YAML that keeps a scalar's text: only null and plain decimal whole numbers get a type.
-
-    So `interval: 1:30` stays "1:30" (not 90 seconds), `node_name: 0123` stays "0123" (not 83), `yes` stays "yes".
-    """
+    """YAML that keeps a scalar's text: only null and decimal whole numbers get a type, so `interval: 1:30`
+    stays "1:30" (not 90 seconds), `node_name: 0123` stays "0123" (not 83) and `yes` stays "yes"."""
 
     yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag == _NULL]
                                for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -397,6 +391,7 @@ class _ScalarsAsWritten(yaml.SafeLoader):
         None, _NULL, "tag:yaml.org,2002:str", "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map")}
 
     def construct_decimal(self, node: yaml.ScalarNode) -> int:
+        """An int from decimal digits; an explicit `!!int` with anything else (0x10, 1:30) is refused."""
         text = self.construct_scalar(node)
         if not _DECIMAL.match(text):
             raise yaml.constructor.ConstructorError(None, None, f"{text!r} is not a whole number in decimal digits",
