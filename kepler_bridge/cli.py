@@ -74,7 +74,7 @@ def _collect(config: Config, form: str) -> int:
     finally:
         sampler.stop()
     if form == "json":
-        sys.stdout.buffer.write(baetyl.render(snapshot, config.metric_allowed, config.baetyl_memory_unit) + b"\n")
+        sys.stdout.buffer.write(baetyl.render(snapshot, config.baetyl_memory_unit) + b"\n")
     else:
         sys.stdout.buffer.write(prometheus.render(snapshot, config.metric_allowed))
     return 0

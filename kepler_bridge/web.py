@@ -80,7 +80,7 @@ def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] =
         if found is None:
             empty = Snapshot(node=config.node_name, timestamp=0.0, duration_seconds=0.0,
                              interval_seconds=config.interval)
-            return _json(baetyl.render(empty, config.metric_allowed, config.baetyl_memory_unit))
+            return _json(baetyl.render(empty, config.baetyl_memory_unit))
         response = _json(found[1])
         if gzipped:
             response.headers["Content-Encoding"] = "gzip"

@@ -56,11 +56,21 @@ def test_labelled_families() -> None:
     assert found["gpu_process_utilization_ratio"][0].value == 0.25
 
 
+HEALTH = {"gpu_up", "kepler_bridge_source_up", "kepler_bridge_build_info",
+          "kepler_bridge_last_sample_timestamp_seconds"}
+
+
 def test_filter_applies_to_exposed_names_including_seed_short_names() -> None:
     allowed = ("gpu_utilization", "gpu_memory_used", "gpu_temperature")
     found = families(snapshot(gpu(0, utilization=0.5, memory_used_bytes=5, memory_total_bytes=10,
                                   temperature_celsius=40.0)), lambda name: name.startswith(allowed))
-    assert set(found) == {"gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_temperature_celsius"}
+    assert set(found) == {"gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_temperature_celsius"} | HEALTH
+
+
+def test_health_series_are_exported_whatever_the_lists_say() -> None:
+    found = families(snapshot(gpu(0, utilization=0.5)), lambda name: False)
+    assert set(found) == HEALTH
+    assert [(s.labels["gpu"], s.value) for s in found["gpu_up"]] == [("0", 1.0)]
 
 
 def test_every_emitted_family_is_declared() -> None:
@@ -78,7 +88,7 @@ def test_baetyl_contract_lost_device_keeps_place_and_no_nan() -> None:
     snap = snapshot(gpu(0, memory_used_bytes=100, memory_total_bytes=1000),
                     gpu(1, up=False, memory_used_bytes=5, memory_total_bytes=10),
                     gpu(2, memory_total_bytes=0))
-    body = json.loads(baetyl.render(snap, lambda name: True))
+    body = json.loads(baetyl.render(snap))
     assert body == {"n1": {"deviceNum": 3, "devices": [
         {"usedMemory": 100, "totalMemory": 1000, "percent": 0.1},
         {"usedMemory": 0, "totalMemory": 0, "percent": 0},
@@ -89,14 +99,12 @@ def test_baetyl_contract_lost_device_keeps_place_and_no_nan() -> None:
 def test_baetyl_matches_design_example_and_units() -> None:
     snap = snapshot(gpu(0, memory_used_bytes=100, memory_total_bytes=1000),
                     gpu(1, memory_used_bytes=101, memory_total_bytes=1001))
-    node = json.loads(baetyl.render(snap, lambda name: True))["n1"]
+    node = json.loads(baetyl.render(snap))["n1"]
     assert node["devices"][1]["percent"] == 0.1008991008991009
     assert node["percent"] == 0.10044977511244378
     big = snapshot(gpu(0, memory_used_bytes=3 * GIB, memory_total_bytes=80 * GIB))
-    assert json.loads(baetyl.render(big, lambda name: True, "MiB"))["n1"]["devices"][0] == {
+    assert json.loads(baetyl.render(big, "MiB"))["n1"]["devices"][0] == {
         "usedMemory": 3072, "totalMemory": 81920, "percent": 0.0375}
-    denied = json.loads(baetyl.render(big, lambda name: not name.startswith("gpu_memory")))["n1"]
-    assert denied["usedMemory"] == 0 and denied["deviceNum"] == 1
 
 
 def test_counters_never_decrease_across_resets() -> None:

@@ -15,7 +15,7 @@ from kepler_bridge.sampler import SnapshotStore
 _RENDERERS: dict[str, Callable[[Snapshot, Config], bytes]] = {
     "text": lambda snap, cfg: prometheus.render(snap, cfg.metric_allowed),
     "openmetrics": lambda snap, cfg: prometheus.render(snap, cfg.metric_allowed, openmetrics=True),
-    "baetyl": lambda snap, cfg: baetyl.render(snap, cfg.metric_allowed, cfg.baetyl_memory_unit),
+    "baetyl": lambda snap, cfg: baetyl.render(snap, cfg.baetyl_memory_unit),
 }
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Callable
 
 from kepler_bridge.model import Snapshot
 
@@ -14,16 +13,17 @@ def _ratio(used: int, total: int) -> float:
     return min(1.0, used / total) if total > 0 else 0
 
 
-def render(snapshot: Snapshot, allowed: Callable[[str], bool], unit: str = "bytes") -> bytes:
-    """One JSON object keyed by node name; every accelerator in index order, unreadable values 0."""
+def render(snapshot: Snapshot, unit: str = "bytes") -> bytes:
+    """One JSON object keyed by node name; every accelerator in index order, unreadable values 0.
+
+    The metric allow/deny lists never apply here: baetyl-core always gets the whole contract.
+    """
     divisor = _UNIT_BYTES[unit]
-    show_used = allowed("gpu_memory_used_bytes")
-    show_total = allowed("gpu_memory_total_bytes")
     devices = []
     used_sum = total_sum = 0
     for gpu in snapshot.gpus:
-        used = (gpu.memory_used_bytes or 0) if gpu.up and show_used else 0
-        total = (gpu.memory_total_bytes or 0) if gpu.up and show_total else 0
+        used = (gpu.memory_used_bytes or 0) if gpu.up else 0
+        total = (gpu.memory_total_bytes or 0) if gpu.up else 0
         used_sum, total_sum = used_sum + used, total_sum + total
         devices.append({"usedMemory": used // divisor, "totalMemory": total // divisor,
                         "percent": _ratio(used, total)})

@@ -75,6 +75,10 @@ METRICS: dict[str, str] = {
     "kepler_bridge_ebpf_programs_attached": "eBPF programs attached by the agent.",
 }
 
+# Exported whatever the allow/deny lists say: alerts and dashboards need them to tell "down" from "filtered".
+HEALTH = frozenset({"gpu_up", "kepler_bridge_source_up", "kepler_bridge_build_info",
+                    "kepler_bridge_last_sample_timestamp_seconds"})
+
 
 def _gauge(name: str, labels: Iterable[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, METRICS[name], labels=list(labels))
@@ -227,14 +231,15 @@ class _NodeLabelled(Collector):
 
 
 class _Filtered(Collector):
-    """Keeps only non-empty families whose exposed name passes the allow/deny prefixes."""
+    """Keeps only non-empty families that are health series or whose exposed name passes the allow/deny prefixes."""
 
     def __init__(self, inner: Collector, allowed: Callable[[str], bool]) -> None:
         self.inner = inner
         self.allowed = allowed
 
     def collect(self) -> Iterator[Metric]:
-        return (family for family in self.inner.collect() if family.samples and self.allowed(exposed_name(family)))
+        return (family for family in self.inner.collect()
+                if family.samples and (exposed_name(family) in HEALTH or self.allowed(exposed_name(family))))
 
 
 def render(snapshot: Snapshot, allowed: Callable[[str], bool], openmetrics: bool = False) -> bytes:
