@@ -23,7 +23,7 @@ ifeq ($(IS_ROOT),yes)
 endif
 
 deps-test: deps-run
-	bash scripts/apt-install.sh gcc prometheus prometheus-alertmanager chromium
+	bash scripts/apt-install.sh gcc prometheus prometheus-alertmanager chromium podman runc debootstrap
 
 deps: deps-test
 
