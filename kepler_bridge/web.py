@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import html
 import json
 import time
 from typing import Callable
@@ -11,7 +10,7 @@ from typing import Callable
 from flask import Flask, Request, Response, request
 from werkzeug.exceptions import HTTPException
 
-from kepler_bridge import __version__
+from kepler_bridge import live
 from kepler_bridge.config import Config
 from kepler_bridge.exposition import RenderCache, baetyl
 from kepler_bridge.model import Snapshot
@@ -48,19 +47,25 @@ def readiness(snapshot: Snapshot | None, now: float) -> tuple[bool, str]:
 
 
 def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] = lambda: True) -> Flask:
-    """Build the app serving /metrics, /v1/collect, /healthz, /readyz and /."""
+    """Build the app serving /metrics, /v1/collect, /healthz, /readyz, / and /api/v1/history."""
     app = Flask("kepler_bridge")
-    cache = RenderCache(store, config)
+    cache = RenderCache(store, config, {"history": lambda snap, _: live.history_json(store.history, snap)})
     token = config.auth_token
+
+    def refused() -> Response | None:
+        """The 401 answer where a token is set and the request lacks it, else None."""
+        if token and not hmac.compare_digest(request.headers.get("Authorization", "").encode(),
+                                             b"Bearer " + token):
+            return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'")
+        return None
 
     def route(path: str) -> Callable:
         return app.route(path, methods=["GET", "HEAD"], provide_automatic_options=False)
 
     @route("/metrics")
     def metrics() -> Response:
-        if token and not hmac.compare_digest(request.headers.get("Authorization", "").encode(),
-                                             b"Bearer " + token):
-            return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'")
+        if denied := refused():
+            return denied
         openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
         variant = "openmetrics" if openmetrics else "text"
         gzipped = _wants_gzip(request)
@@ -100,7 +105,27 @@ def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] =
 
     @route("/")
     def index() -> Response:
-        return Response(_index_page(config, store.latest()), mimetype="text/html")
+        if denied := refused():
+            return denied
+        response = Response(live.page(config, store.latest()), mimetype="text/html")
+        response.headers["Content-Security-Policy"] = live.CONTENT_SECURITY_POLICY
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    @route("/api/v1/history")
+    def history() -> Response:
+        if denied := refused():
+            return denied
+        gzipped = _wants_gzip(request)
+        found = cache.get("history+gzip" if gzipped else "history")
+        if found is None:
+            return _error(503, "no sample has completed yet; retry in one interval")
+        response = _json(found[1])
+        if gzipped:
+            response.headers["Content-Encoding"] = "gzip"
+        response.headers["Vary"] = "Accept-Encoding"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
 
     @app.errorhandler(HTTPException)
     def http_error(err: HTTPException) -> Response:
@@ -110,19 +135,3 @@ def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] =
         return response
 
     return app
-
-
-def _index_page(config: Config, snapshot: Snapshot | None) -> str:
-    rows = "".join(
-        f"<tr><td>{html.escape(s.name)}</td><td>{'up' if s.up else 'down'}</td>"
-        f"<td>{html.escape(s.error)}</td></tr>" for s in (snapshot.sources if snapshot else ()))
-    gpus = len(snapshot.gpus) if snapshot else 0
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>kepler-bridge</title></head><body>"
-        f"<h1>kepler-bridge {html.escape(__version__)}</h1>"
-        f"<p>node <b>{html.escape(config.node_name)}</b>, {gpus} accelerator(s), "
-        f"sampling every {config.interval:g}s</p>"
-        f"<table><tr><th>source</th><th>status</th><th>error</th></tr>{rows}</table>"
-        "<p><a href='/metrics'>/metrics</a> · <a href='/v1/collect'>/v1/collect</a> · "
-        "<a href='/healthz'>/healthz</a> · <a href='/readyz'>/readyz</a></p></body></html>"
-    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gzip
 import threading
-from typing import Callable
+from typing import Callable, Mapping
 
 from kepler_bridge.config import Config
 from kepler_bridge.exposition import baetyl, prometheus
@@ -20,11 +20,13 @@ _RENDERERS: dict[str, Callable[[Snapshot, Config], bytes]] = {
 
 
 class RenderCache:
-    """Bytes of the newest snapshot per variant, made lazily on first request and reused."""
+    """Bytes of the newest snapshot per variant, made lazily on first request and reused; `extra` adds variants."""
 
-    def __init__(self, store: SnapshotStore, config: Config) -> None:
+    def __init__(self, store: SnapshotStore, config: Config,
+                 extra: Mapping[str, Callable[[Snapshot, Config], bytes]] | None = None) -> None:
         self.store = store
         self.config = config
+        self._renderers = {**_RENDERERS, **(extra or {})}
         self._lock = threading.Lock()
         # One reference, swapped whole, so a reader never pairs a snapshot with another one's bytes.
         self._entry: tuple[Snapshot | None, dict[str, bytes]] = (None, {})
@@ -48,6 +50,6 @@ class RenderCache:
     def _render(self, snapshot: Snapshot, variant: str, rendered: dict[str, bytes]) -> None:
         base, _, encoding = variant.partition("+")
         if base not in rendered:
-            rendered[base] = _RENDERERS[base](snapshot, self.config)
+            rendered[base] = self._renderers[base](snapshot, self.config)
         if encoding == "gzip":
             rendered[variant] = gzip.compress(rendered[base], compresslevel=6)
