@@ -17,6 +17,8 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from kepler_bridge.tls import TLSError, server_context
+from kepler_bridge.webconfig import WebConfigError
+from kepler_bridge.webconfig import read as read_web_config
 
 # A value in an error line: nested lists and long strings are cut, so the line stays short.
 _SHORT = reprlib.Repr()
@@ -208,6 +210,7 @@ class Setting:
     default: Any
     accepted: str
     help: str
+    aliases: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -254,6 +257,10 @@ SETTINGS: tuple[Setting, ...] = (
             "expected a PEM key path", "private key of --tls-cert"),
     Setting("auth_token_file", ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",), _text, "",
             "expected a readable file holding the bearer token", "require this bearer token on /metrics"),
+    Setting("web_config_file", ("KEPLER_BRIDGE_WEB_CONFIG_FILE",), _text, "",
+            "expected the path of a web config file in the Prometheus exporter-toolkit format",
+            "TLS, client certificates and basic-auth users (exporter-toolkit format), re-read when it changes",
+            aliases=("--web.config.file",)),
     Setting("http_header_timeout", ("KEPLER_BRIDGE_HTTP_HEADER_TIMEOUT",), _bounded(parse_duration, 0.5, 300), "5s",
             "expected a duration from 500ms to 5m, such as 5s",
             "time a client has to send a whole request head; a slower or silent connection is closed"),
@@ -333,6 +340,7 @@ class Config:
     tls_key: str
     auth_token_file: str
     auth_token: bytes = field(repr=False)
+    web_config_file: str
     http_header_timeout: float
     http_write_timeout: float
     ebpf_map_entries: int
@@ -367,7 +375,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per setting, plus --config; defaults stay None so precedence works."""
     parser.add_argument("--config", metavar="FILE", help="YAML or JSON config file (env KEPLER_BRIDGE_CONFIG)")
     for setting in SETTINGS:
-        parser.add_argument(setting.flag, dest=setting.key, metavar=setting.key.split("_")[-1].upper(),
+        parser.add_argument(setting.flag, *setting.aliases, dest=setting.key,
+                            metavar=setting.key.split("_")[-1].upper(),
                             help=f"{setting.help} (env {setting.envs[0]}, default {_show(setting.default)})")
 
 
@@ -498,9 +507,21 @@ def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) 
         except TLSError as err:
             key = f"tls_{err.part}"
             raise ConfigError(key, values[key], str(err), origins[key]) from None
+    if values["web_config_file"]:
+        _check_web_config(str(values["web_config_file"]), bool(values["tls_cert"]), origins["web_config_file"])
     token_file = str(values["auth_token_file"])
     token = _read_token(token_file, origins["auth_token_file"]) if token_file else b""
     return Config(config_file=str(config_file), auth_token=token, **values)
+
+
+def _check_web_config(path: str, tls_flags: bool, origin: str) -> None:
+    try:
+        web = read_web_config(path)
+    except WebConfigError as err:
+        raise ConfigError("web_config_file", path, str(err), origin) from None
+    if web.tls is not None and tls_flags:
+        raise ConfigError("web_config_file", path, "it sets tls_server_config and --tls-cert/--tls-key are given "
+                                                   "too; keep one of the two", origin)
 
 
 def _pick(setting: Setting, flags: Mapping[str, object], environ: Mapping[str, str],

@@ -26,6 +26,9 @@ from gunicorn.http import RequestParser, wsgi
 from gunicorn.http.errors import NoMoreData
 from gunicorn.workers.base import Worker
 
+from kepler_bridge.tls import server_context
+from kepler_bridge.webconfig import WebConfigFile, peer_allowed
+
 # A head larger than this is refused with 431 (gunicorn's own line and field limits apply below it).
 MAX_HEAD_BYTES = 64 * 1024
 RECV_BYTES = 64 * 1024
@@ -61,6 +64,7 @@ class _Conn:
     client: tuple
     server: tuple
     handshaking: bool = False
+    allowed_sans: tuple[str, ...] = ()
     inbuf: bytearray = field(default_factory=bytearray)
     scanned: int = 0
     out: list[memoryview] = field(default_factory=list)
@@ -78,6 +82,7 @@ class EventLoopWorker(Worker):
         self.header_timeout: float = config.http_header_timeout
         self.write_timeout: float = config.http_write_timeout
         self.tls: ssl.SSLContext | None = None
+        self.web: WebConfigFile | None = self.app.web
         self.selector: selectors.BaseSelector | None = None
         self.pool: ThreadPoolExecutor | None = None
         self.done: queue.SimpleQueue = queue.SimpleQueue()
@@ -92,8 +97,6 @@ class EventLoopWorker(Worker):
     def init_process(self) -> None:
         config = self.app.config
         if config.tls_cert:
-            from kepler_bridge.tls import server_context
-
             self.tls = server_context(config.tls_cert, config.tls_key)
         self.selector = selectors.DefaultSelector()
         self.pool = ThreadPoolExecutor(max_workers=self.cfg.threads, thread_name_prefix="http")
@@ -170,8 +173,12 @@ class EventLoopWorker(Worker):
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(sock, client, listener.getsockname())
-            if self.tls is not None:
-                conn.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            tls = self.tls
+            if self.web is not None:
+                web = self.web.current()
+                tls, conn.allowed_sans = web.tls, web.allowed_sans
+            if tls is not None:
+                conn.sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 conn.handshaking = True
             self._start_reading(conn)
 
@@ -219,6 +226,10 @@ class EventLoopWorker(Worker):
             return
         except (OSError, ssl.SSLError) as err:
             self.log.debug("TLS handshake with %s failed: %s", conn.client, err)
+            self._close(conn)
+            return
+        if not peer_allowed(conn.sock, conn.allowed_sans):
+            self.log.warning("client certificate of %s names none of client_allowed_sans", conn.client)
             self._close(conn)
             return
         conn.handshaking = False

@@ -9,6 +9,7 @@ import sys
 from gunicorn.app.base import BaseApplication
 
 from kepler_bridge.config import Config
+from kepler_bridge.webconfig import WebConfigFile
 
 THREADS = 4
 GRACEFUL_SECONDS = 1
@@ -44,6 +45,7 @@ class AgentApplication(BaseApplication):
         self.config = config
         self.sock = sock
         self.sampler = None
+        self.web = WebConfigFile(config.web_config_file) if config.web_config_file else None
         super().__init__()
 
     def load_config(self) -> None:
@@ -72,7 +74,7 @@ class AgentApplication(BaseApplication):
         store = SnapshotStore()
         self.sampler = Sampler(self.config, store)
         self.sampler.start()
-        return create_app(store, self.config, alive=self.sampler.alive)
+        return create_app(store, self.config, alive=self.sampler.alive, web=self.web)
 
     def _worker_exit(self, server, worker) -> None:
         if self.sampler is not None:

@@ -12,6 +12,7 @@ from werkzeug.exceptions import HTTPException
 
 from kepler_bridge import live
 from kepler_bridge.config import Config
+from kepler_bridge.webconfig import PasswordCheck, WebConfigFile
 from kepler_bridge.exposition import RenderCache, baetyl
 from kepler_bridge.model import Snapshot
 from kepler_bridge.sampler import SnapshotStore
@@ -46,18 +47,34 @@ def readiness(snapshot: Snapshot | None, now: float) -> tuple[bool, str]:
     return True, "ok"
 
 
-def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] = lambda: True) -> Flask:
+def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] = lambda: True,
+               web: WebConfigFile | None = None) -> Flask:
     """Build the app serving /metrics, /v1/collect, /healthz, /readyz, / and /api/v1/history."""
     app = Flask("kepler_bridge")
     cache = RenderCache(store, config, {"history": lambda snap, _: live.history_json(store.history, snap)})
     token = config.auth_token
+    passwords = PasswordCheck()
 
     def refused() -> Response | None:
-        """The 401 answer where a token is set and the request lacks it, else None."""
-        if token and not hmac.compare_digest(request.headers.get("Authorization", "").encode(),
-                                             b"Bearer " + token):
+        """None where the request may read guarded data (the bearer token or a basic-auth user), else the answer."""
+        users = web.current().users if web is not None else {}
+        if not token and not users:
+            return None
+        if token and hmac.compare_digest(request.headers.get("Authorization", "").encode(), b"Bearer " + token):
+            return None
+        if not users:
             return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'")
-        return None
+        credentials = request.authorization
+        if credentials is not None and credentials.type == "basic":
+            valid = passwords.check(users, credentials.username or "", (credentials.password or "").encode())
+            if valid is None:
+                return _error(503, "too many password checks at once; retry in a second")
+            if valid:
+                return None
+        response = _error(401, "missing or wrong user name or password; send HTTP basic auth" +
+                          (" or 'Authorization: Bearer <token>'" if token else ""))
+        response.headers["WWW-Authenticate"] = 'Basic realm="kepler-bridge", charset="UTF-8"'
+        return response
 
     def route(path: str) -> Callable:
         return app.route(path, methods=["GET", "HEAD"], provide_automatic_options=False)

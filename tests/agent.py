@@ -28,11 +28,12 @@ class Agent:
     """A running `kepler-bridge serve`; use as a context manager."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, ready: bool = True,
-                 timeout: float = 20.0, ca: str = "") -> None:
-        """`ca`: the agent serves HTTPS (--tls-cert/--tls-key in args) with a certificate this CA file verifies."""
+                 timeout: float = 20.0, ca: str = "", client_cert: tuple[str, str] | None = None) -> None:
+        """`ca`: the agent serves HTTPS with a certificate this CA file verifies; `client_cert`: (cert, key) to present."""
         self.port = free_port()
         self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
         self.verify: str | bool = ca or True
+        self.client_cert = client_cert
         self.args = ["serve", "--listen", f"127.0.0.1:{self.port}", "--node-name", "test-node", *args]
         self.env = {**os.environ, **(env or {})}
         self.ready = ready
@@ -50,7 +51,8 @@ class Agent:
             if self.process.poll() is not None:
                 raise RuntimeError(f"agent exited {self.process.returncode}: {self.output()}")
             try:
-                if requests.get(self.url + path, timeout=1, verify=self.verify).status_code == 200:
+                if requests.get(self.url + path, timeout=1, verify=self.verify,
+                                cert=self.client_cert).status_code == 200:
                     return self
             except requests.ConnectionError:
                 pass
@@ -62,7 +64,7 @@ class Agent:
         self.stop()
 
     def get(self, path: str, **kwargs) -> requests.Response:
-        return requests.get(self.url + path, timeout=5, verify=self.verify, **kwargs)
+        return requests.get(self.url + path, timeout=5, verify=self.verify, cert=self.client_cert, **kwargs)
 
     def metrics(self) -> str:
         response = self.get("/metrics")

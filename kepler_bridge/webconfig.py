@@ -1,0 +1,223 @@
+"""`--web.config.file` in the Prometheus exporter-toolkit format: TLS, client certificates, basic-auth users.
+
+The file, and every file it names, is checked on each new connection and each authenticated request;
+a change is picked up then, so certificates and users rotate without a restart. A changed file that
+does not load is refused with one log line, and the last good configuration stays in force.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import ssl
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from kepler_bridge.tls import TLSError, server_context
+
+log = logging.getLogger(__name__)
+
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+# Python's TLS verifies every client certificate it asks for: "ask but do not verify" has no equivalent.
+UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
+                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "client_allowed_sans",
+            "min_version", "max_version")
+TOP_KEYS = ("tls_server_config", "basic_auth_users", "http_server_config")
+_BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
+# Passwords checked at once; past it a request is answered 503 at once instead of holding a thread.
+BCRYPT_SLOTS = 2
+CACHE_ENTRIES = 1024
+
+
+class WebConfigError(Exception):
+    """The web config file cannot be used; the message names the key and what to change."""
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """One loaded web config: the TLS context (None: plain HTTP) and the basic-auth users."""
+
+    tls: ssl.SSLContext | None = None
+    allowed_sans: tuple[str, ...] = ()
+    users: dict[str, bytes] = field(default_factory=dict)
+    files: tuple[str, ...] = ()
+
+
+def read(path: str) -> WebConfig:
+    """Load and validate a web config file, building its TLS context."""
+    try:
+        with open(path, "rb") as file:
+            data = yaml.safe_load(file.read(1 << 20))
+    except (OSError, yaml.YAMLError, RecursionError) as err:
+        raise WebConfigError(f"cannot read {path}: {_first_line(err)}; give a readable YAML file") from None
+    data = {} if data is None else data
+    _mapping(data, "top level", TOP_KEYS)
+    _mapping(data.get("http_server_config") or {}, "http_server_config", ())
+    users = _users(data.get("basic_auth_users") or {})
+    tls_data = data.get("tls_server_config")
+    if not tls_data:
+        return WebConfig(users=users, files=(path,))
+    _mapping(tls_data, "tls_server_config", TLS_KEYS)
+    context, sans, files = _tls(tls_data)
+    return WebConfig(tls=context, allowed_sans=sans, users=users, files=(path, *files))
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).splitlines() or [type(err).__name__])[0]
+
+
+def _mapping(data: Any, where: str, keys: tuple[str, ...]) -> None:
+    if not isinstance(data, dict):
+        raise WebConfigError(f"{where}: expected a mapping")
+    unknown = [str(key) for key in data if key not in keys]
+    if unknown:
+        accepted = ", ".join(keys) or "nothing (HTTP/2 and extra headers are not supported)"
+        raise WebConfigError(f"{where}: unsupported key {unknown[0]!r}; remove it (accepted: {accepted})")
+
+
+def _text(data: dict, key: str) -> str:
+    value = data.get(key) or ""
+    if not isinstance(value, str):
+        raise WebConfigError(f"tls_server_config.{key}: expected a string")
+    return value
+
+
+def _users(data: Any) -> dict[str, bytes]:
+    if not isinstance(data, dict):
+        raise WebConfigError("basic_auth_users: expected a mapping of user name to bcrypt hash")
+    users = {}
+    for user, hashed in data.items():
+        if not isinstance(user, str) or not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
+            raise WebConfigError(f"basic_auth_users.{user}: expected a bcrypt hash such as $2y$10$... "
+                                 "(make one with: htpasswd -nBC 10 '' | tr -d ':\\n')")
+        users[user] = hashed.encode()
+    return users
+
+
+def _tls(data: dict) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[str, ...]]:
+    cert, key, ca = _text(data, "cert_file"), _text(data, "key_file"), _text(data, "client_ca_file")
+    if not cert or not key:
+        raise WebConfigError("tls_server_config: cert_file and key_file are both required")
+    auth = _text(data, "client_auth_type") or ("RequireAndVerifyClientCert" if ca else "NoClientCert")
+    if auth in UNVERIFIED_CLIENT_AUTH:
+        raise WebConfigError(f"tls_server_config.client_auth_type: {auth} is not supported (client certificates "
+                             "are always verified here); use VerifyClientCertIfGiven or RequireAndVerifyClientCert")
+    if auth not in CLIENT_AUTH:
+        raise WebConfigError(f"tls_server_config.client_auth_type: {auth!r} is not one of {', '.join(CLIENT_AUTH)}")
+    if CLIENT_AUTH[auth] != ssl.CERT_NONE and not ca:
+        raise WebConfigError(f"tls_server_config.client_ca_file: {auth} needs the CA that signs client certificates")
+    try:
+        context = server_context(cert, key)
+    except TLSError as err:
+        raise WebConfigError(f"tls_server_config.{err.part}_file: {err}") from None
+    for bound in ("min_version", "max_version"):
+        name = _text(data, bound)
+        if name and name not in TLS_VERSIONS:
+            raise WebConfigError(f"tls_server_config.{bound}: {name!r} is not one of {', '.join(TLS_VERSIONS)}")
+        if name:
+            setattr(context, "minimum_version" if bound == "min_version" else "maximum_version", TLS_VERSIONS[name])
+    context.verify_mode = CLIENT_AUTH[auth]
+    if ca:
+        try:
+            context.load_verify_locations(cafile=ca)
+        except (OSError, ssl.SSLError) as err:
+            raise WebConfigError(f"tls_server_config.client_ca_file: cannot load {ca}: {_first_line(err)}; "
+                                 "give a PEM file of CA certificates") from None
+    sans = data.get("client_allowed_sans") or []
+    if not isinstance(sans, list) or not all(isinstance(san, str) for san in sans):
+        raise WebConfigError("tls_server_config.client_allowed_sans: expected a list of names")
+    return context, tuple(sans), tuple(path for path in (cert, key, ca) if path)
+
+
+def peer_allowed(sock: ssl.SSLSocket, allowed_sans: tuple[str, ...]) -> bool:
+    """Whether the client certificate names one of `allowed_sans` (always true when none are listed)."""
+    if not allowed_sans:
+        return True
+    names = {value for _kind, value in (sock.getpeercert() or {}).get("subjectAltName", ())}
+    return not names.isdisjoint(allowed_sans)
+
+
+class WebConfigFile:
+    """The web config as of its last good read; `current()` re-reads it when it or a file it names changed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._config = read(path)
+        self._stamp = _stamp(self._config.files)
+        self._refused: tuple = ()
+
+    def current(self) -> WebConfig:
+        stamp = _stamp(self._config.files)
+        if stamp == self._stamp or stamp == self._refused:
+            return self._config
+        with self._lock:
+            if stamp != self._stamp and stamp != self._refused:
+                try:
+                    config = read(self.path)
+                except WebConfigError as err:
+                    self._refused = stamp
+                    log.error("web config %s not reloaded, the previous one stays in force: %s", self.path, err)
+                else:
+                    self._config, self._stamp = config, _stamp(config.files)
+                    log.info("web config %s reloaded", self.path)
+        return self._config
+
+
+def _stamp(files: tuple[str, ...]) -> tuple:
+    stamps = []
+    for path in files:
+        try:
+            info = os.stat(path)
+        except OSError:
+            stamps.append((path, None))
+        else:
+            stamps.append((path, info.st_ino, info.st_mtime_ns, info.st_size))
+    return tuple(stamps)
+
+
+class PasswordCheck:
+    """bcrypt verification, cached by a digest of (user, hash, password) so a known pair costs one lookup."""
+
+    def __init__(self) -> None:
+        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._slots = threading.BoundedSemaphore(BCRYPT_SLOTS)
+        self._lock = threading.Lock()
+        self.verifications = 0
+
+    def check(self, users: dict[str, bytes], user: str, password: bytes) -> bool | None:
+        """True or False; None when every bcrypt slot is busy (answer 503, do not wait)."""
+        import bcrypt
+
+        hashed = users.get(user)
+        if hashed is None:
+            return False
+        key = hashlib.sha256(b"\0".join((user.encode(), hashed, password))).digest()
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        if not self._slots.acquire(blocking=False):
+            return None
+        try:
+            self.verifications += 1
+            valid = bcrypt.checkpw(password, hashed)
+        finally:
+            self._slots.release()
+        with self._lock:
+            self._cache[key] = valid
+            while len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        return valid
