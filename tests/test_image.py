@@ -51,8 +51,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="builds and runs the i
 
 
 class Podman:
-    """podman with its own configuration and storage under `cache`; the host's podman setup is neither used nor
-    changed (only containers/image's blob-digest cache, /var/lib/containers/cache, has no setting to move it)."""
+    """podman with its own configuration, storage and runc state under `cache`; the host's podman setup is neither
+    used nor changed (only containers/image's blob-digest cache, /var/lib/containers/cache, cannot be moved)."""
 
     def __init__(self, cache: Path) -> None:
         (cache / "tmp").mkdir(parents=True, exist_ok=True)
@@ -68,9 +68,13 @@ class Podman:
                            f'runroot = "{cache / "run"}"\n')
         self.env = {**os.environ, "CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage),
                     "TMPDIR": str(cache / "tmp")}
+        # runc's state, else in /run/runc; `build` takes the flag for itself. Docker format keeps HEALTHCHECK.
+        self.command = ["podman", "--runtime-flag", f"root={cache / 'runc'}"]
+        self.build_options = ["--runtime-flag", f"root={cache / 'runc'}", "--format", "docker", "--network", "host",
+                              "--pull=never"]
 
     def __call__(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run([*self.command, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
             pytest.fail(f"podman {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
                         f"{result.stderr[-4000:]}", pytrace=False)
@@ -112,8 +116,8 @@ def _remove_leftovers(tool: Podman) -> None:
 @pytest.fixture(scope="module")
 def images(podman: Podman) -> dict[str, str]:
     for target in ("slim", "full"):
-        podman("build", "--format", "docker", "--network", "host", "--pull=never", "--target", target,
-               "--tag", IMAGES[target], str(CONTEXT), timeout=1800)
+        podman("build", *podman.build_options, "--target", target, "--tag", IMAGES[target], str(CONTEXT),
+               timeout=1800)
     return IMAGES
 
 
