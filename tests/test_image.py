@@ -56,25 +56,27 @@ class Podman:
 
     def __init__(self, cache: Path) -> None:
         (cache / "tmp").mkdir(parents=True, exist_ok=True)
-        conf, storage = cache / "containers.conf", cache / "storage.conf"
+        conf, storage, runc = cache / "containers.conf", cache / "storage.conf", cache / "runc-wrapper"
+        # runc keeps its state under the cache too (else in /run/runc), for podman, its builds and conmon's cleanup.
+        runc.write_text(f'#!/bin/sh\nexec {shutil.which("runc") or "runc"} --root "{cache / "runc-state"}" "$@"\n')
+        runc.chmod(0o755)
         conf.write_text(
             "[containers]\n"
             "# Inherit this process's limits: podman's own (1048576 files) need CAP_SYS_RESOURCE (root may lack it).\n"
             "default_ulimits = []\n"
             "[engine]\n"
             "# runc, not crun: bookworm's crun 1.8 refuses hybrid (v1 + v2) cgroup layouts. No systemd, no journald.\n"
-            f'runtime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\ntmp_dir = "{cache / "tmp"}"\n')
+            f'runtime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\ntmp_dir = "{cache / "tmp"}"\n'
+            f'[engine.runtimes]\nrunc = ["{runc}"]\n')
         storage.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{cache / "storage"}"\n'
                            f'runroot = "{cache / "run"}"\n')
         self.env = {**os.environ, "CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage),
                     "TMPDIR": str(cache / "tmp")}
-        # runc's state, else in /run/runc; `build` takes the flag for itself. Docker format keeps HEALTHCHECK.
-        self.command = ["podman", "--runtime-flag", f"root={cache / 'runc'}"]
-        self.build_options = ["--runtime-flag", f"root={cache / 'runc'}", "--format", "docker", "--network", "host",
-                              "--pull=never"]
+        # Docker format keeps HEALTHCHECK; RUN steps use the host's network (podman has no other set up here).
+        self.build_options = ["--format", "docker", "--network", "host", "--pull=never"]
 
     def __call__(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([*self.command, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
             pytest.fail(f"podman {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
                         f"{result.stderr[-4000:]}", pytrace=False)
