@@ -95,6 +95,6 @@ printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$rootfs/etc/pip
 rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
 
 rm -f "$cache"/debian-"$suite"-slim-*.tar
-tar --numeric-owner -C "$rootfs" -cf "$tarball.tmp" .
-mv "$tarball.tmp" "$tarball"
+tar --numeric-owner -C "$rootfs" -cf "$tarball.$$.tmp" .
+mv "$tarball.$$.tmp" "$tarball"
 echo "$tarball"
