@@ -44,6 +44,7 @@ class CounterGuard:
 
     def __init__(self) -> None:
         self._gpu: dict[tuple[str, str], Monotonic] = {}
+        self._xid: dict[str, dict[int | str, Monotonic]] = {}
         self._process_seen: dict[ProcessKey, float] = {}
         self._container_total: dict[str, float] = {}
 
@@ -64,9 +65,15 @@ class CounterGuard:
                 value = self._value(reading.uuid, name, raw)
                 changes[name] = type(raw)(value)
         if reading.xid_errors:
-            changes["xid_errors"] = tuple(
-                (xid, int(self._value(reading.uuid, f"xid{xid}", count))) for xid, count in reading.xid_errors)
+            changes["xid_errors"] = self._xids(reading.uuid, reading.xid_errors)
         return dataclasses.replace(reading, **changes) if changes else reading
+
+    def _xids(self, uuid: str, counts: tuple[tuple[int | str, int], ...]) -> tuple[tuple[int | str, int], ...]:
+        """XID counts made monotonic per code. A code the source stopped listing (its count moved to "other") is
+        forgotten, so if it comes back its series starts again instead of counting its old errors twice."""
+        known = self._xid.get(uuid, {})
+        states = self._xid[uuid] = {code: known.get(code) or Monotonic() for code, _ in counts}
+        return tuple((code, int(states[code].update(count))) for code, count in counts)
 
     def cpu_increases(self, processes: Iterable[ProcessCpu]) -> dict[ProcessKey, float]:
         """CPU seconds each process used since the last call; one seen for the first time counts whole,

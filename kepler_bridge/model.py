@@ -57,7 +57,7 @@ class GpuReading:
     throttled: tuple[tuple[str, bool], ...] = ()
     ecc_corrected_total: int | None = None
     ecc_uncorrected_total: int | None = None
-    xid_errors: tuple[tuple[int, int], ...] = ()
+    xid_errors: tuple[tuple[int | str, int], ...] = ()  # (code, count); code "other" sums the rarer codes
     last_xid_timestamp: float | None = None
     processes: tuple[GpuProcess, ...] = ()
     # UUIDs of the MIG instances carved out of this GPU (the kubelet hands those to pods).

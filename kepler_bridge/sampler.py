@@ -8,6 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from kepler_bridge import sanitize
 from kepler_bridge.attribution import Attribution, Inputs
 from kepler_bridge.config import Config
 from kepler_bridge.counters import CounterGuard
@@ -193,7 +194,7 @@ class Sampler:
                 slot.fail(str(err) or type(err).__name__, self.config.interval, now)
                 return slot.last
         try:
-            reading = slot.source.read()
+            reading = _read_clean(slot.source)
         except Exception as err:
             log.debug("source %s failed", slot.name, exc_info=True)
             slot.error = str(err) or type(err).__name__
@@ -203,6 +204,11 @@ class Sampler:
         slot.error = ""
         slot.last = reading
         return reading
+
+
+def _read_clean(source: Source) -> SourceReading:
+    """One read, sanitised: the only way readings enter a snapshot or `doctor`."""
+    return sanitize.reading(source.read())
 
 
 def check_source(name: str, config: Config) -> tuple[bool, str]:
@@ -215,7 +221,7 @@ def check_source(name: str, config: Config) -> tuple[bool, str]:
     except Exception as err:
         return False, f"{type(err).__name__}: {err}"
     try:
-        return True, source.describe(source.read())
+        return True, source.describe(_read_clean(source))
     except Exception as err:
         return False, f"started, but reading failed: {err}"
     finally:

@@ -16,6 +16,7 @@ import pytest
 
 from agent import KEPLER_BRIDGE, Agent
 from kepler_bridge.config import ConfigError, load
+from kepler_bridge.sanitize import MAX_DEVICES
 from kepler_bridge.sources.command import OutputError, parse
 from kepler_bridge.sources.runner import CommandFailed, run
 
@@ -43,6 +44,8 @@ elif mode == "malformed":
     print('{"devices": [{"usedMemory": 1')
 elif mode == "huge":
     sys.stdout.write("x" * (3 << 20))
+elif mode == "many":
+    print(json.dumps({"devices": [{}] * 300000}, separators=(",", ":")))  # 900 kB: under the output cap
 elif mode == "failing":
     sys.stderr.write("warming up\\nxpu-smi: device 1 is busy\\n")
     sys.exit(3)
@@ -90,6 +93,17 @@ def test_out_of_range_values_are_dropped_not_fatal() -> None:
     assert all(value is None for value in (gpu.utilization, gpu.temperature_celsius, gpu.power_watts,
                                            gpu.memory_used_bytes, gpu.memory_total_bytes, gpu.fan_speed_ratio,
                                            gpu.energy_joules, gpu.sm_clock_hertz))
+
+
+def test_a_go_collectors_null_devices_are_no_devices() -> None:
+    assert parse('{"devices": null}') == ()
+    assert parse('{"edge-1": {"deviceNum": 0, "devices": null, "usedMemory": 0}}') == ()
+
+
+def test_more_devices_than_a_source_may_report_are_refused() -> None:
+    assert len(parse(json.dumps({"devices": [{}] * MAX_DEVICES}))) == MAX_DEVICES
+    with pytest.raises(OutputError, match=f'"devices": {MAX_DEVICES + 1} devices, more than the {MAX_DEVICES}'):
+        parse(json.dumps({"devices": [{}] * (MAX_DEVICES + 1)}))
 
 
 def test_a_device_the_command_reports_down() -> None:
@@ -179,6 +193,7 @@ def test_every_failure_is_a_clear_source_error_and_the_agent_keeps_serving(tmp_p
 
         for name, expected in (("malformed", "command output is not JSON: line 2 column 1"),
                                ("huge", "printed more than 1048576 bytes and was stopped"),
+                               ("many", '"devices": 300000 devices, more than the 256 a source may report'),
                                ("failing", "exited with status 3: xpu-smi: device 1 is busy"),
                                ("slow", "did not finish within 0.5s (--command-timeout) and was killed")):
             mode.write_text(name)

@@ -179,14 +179,34 @@ def test_xid_events_are_counted(fake_nvml: FakeNvml) -> None:
         assert "0" in agent.samples("gpu_last_xid_timestamp_seconds")
 
 
-def _xid(text: str, gpu: str, xid: str) -> float:
+def test_xid_codes_beyond_the_64_most_recent_are_summed_as_other(fake_nvml: FakeNvml) -> None:
+    def counts(total: int) -> dict[str, float]:
+        found = _xids(agent.metrics(), "0")
+        return found if sum(found.values()) == total else {}
+
+    with nvml_agent(fake_nvml) as agent:
+        fake_nvml.add_xid(0, 1)
+        fake_nvml.add_xid(0, 1)
+        assert agent.wait_for(lambda: counts(2), what="2 XIDs on GPU 0") == {"1": 2.0}
+        for code in range(2, 71):
+            fake_nvml.add_xid(0, code)
+        before = agent.wait_for(lambda: counts(71), what="71 XIDs on GPU 0")
+        assert before == {**{str(code): 1.0 for code in range(7, 71)}, "other": 7.0}
+        fake_nvml.add_xid(0, 1)  # recent again: a series of its own anew, while "other" never decreases
+        after = agent.wait_for(lambda: counts(72), what="72 XIDs on GPU 0")
+        assert after == {**{str(code): 1.0 for code in range(8, 71)}, "1": 1.0, "other": 8.0}
+        assert _xids(agent.metrics(), "1") == {}
+
+
+def _xids(text: str, gpu: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "gpu_xid_errors_total" and sample.labels["gpu"] == gpu and sample.labels["xid"] == xid:
-                return sample.value
-    return 0.0
+    return {sample.labels["xid"]: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == "gpu_xid_errors_total" and sample.labels["gpu"] == gpu}
+
+
+def _xid(text: str, gpu: str, xid: str) -> float:
+    return _xids(text, gpu).get(xid, 0.0)
 
 
 def test_nvml_is_initialised_in_the_worker_not_the_master(fake_nvml: FakeNvml) -> None:

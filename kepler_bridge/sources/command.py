@@ -13,6 +13,7 @@ import shutil
 from typing import Any, Callable
 
 from kepler_bridge.model import GpuReading, SourceReading
+from kepler_bridge.sanitize import MAX_DEVICES
 from kepler_bridge.sources import ranges, runner
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
 
@@ -93,8 +94,13 @@ def _devices(data: Any) -> list[Any]:
     if "devices" not in data and len(data) == 1 and isinstance(next(iter(data.values())), dict):
         data = next(iter(data.values()))  # the BIE form: one node name -> its GpuInfo
     devices = data.get("devices")
+    if devices is None and "devices" in data:
+        return []  # how Go encodes an empty (nil) slice
     if not isinstance(devices, list):
         raise OutputError('"devices"', 'expected a list of device objects: {"devices": [{...}, ...]}')
+    if len(devices) > MAX_DEVICES:
+        raise OutputError('"devices"', f"{len(devices)} devices, more than the {MAX_DEVICES} a source may report; "
+                          "print only real accelerators")
     return devices
 
 

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 MAX_DEVICE_BACKOFF_SECONDS = 30.0
 EVENT_WAIT_MS = 250
+MAX_XID_CODES = 64  # distinct xid label values per GPU, besides "other"
 MIB = 1024 * 1024
 # Where driver packages put libnvidia-ml.so.1 under a /usr tree, searched when --nvml-library is a directory:
 # Debian/Ubuntu amd64 and arm64 (Grace), Jetson (JetPack's tegra/), RHEL/SUSE, NVIDIA's container images.
@@ -68,22 +69,33 @@ class _Device:
 
 
 class _XidCounter:
-    """XID events counted per device by the event thread, read by the sampler."""
+    """XID events counted per device by the event thread, read by the sampler.
+
+    The MAX_XID_CODES codes seen most recently are counted each; an older one's count moves to "other", which
+    only grows, so a driver reporting ever new codes cannot grow the series without bound.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.counts: dict[int, dict[int, int]] = {}
+        self.counts: dict[int, dict[int, int]] = {}  # in order of last occurrence, most recent last
+        self.other: dict[int, int] = {}
         self.last: dict[int, float] = {}
 
     def add(self, index: int, xid: int) -> None:
         with self.lock:
             per_device = self.counts.setdefault(index, {})
-            per_device[xid] = per_device.get(xid, 0) + 1
+            per_device[xid] = per_device.pop(xid, 0) + 1
+            if len(per_device) > MAX_XID_CODES:
+                oldest = next(iter(per_device))
+                self.other[index] = self.other.get(index, 0) + per_device.pop(oldest)
             self.last[index] = time.time()
 
-    def of(self, index: int) -> tuple[tuple[tuple[int, int], ...], float | None]:
+    def of(self, index: int) -> tuple[tuple[tuple[int | str, int], ...], float | None]:
         with self.lock:
-            return tuple(sorted(self.counts.get(index, {}).items())), self.last.get(index)
+            counts: list[tuple[int | str, int]] = sorted(self.counts.get(index, {}).items())
+            if index in self.other:
+                counts.append(("other", self.other[index]))
+            return tuple(counts), self.last.get(index)
 
 
 def _search_library(directory: Path) -> ctypes.CDLL:
