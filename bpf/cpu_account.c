@@ -1,162 +1,130 @@
-// On-CPU time per thread group (tgid), accounted at each sched_switch.
+// CPU time per thread group (tgid) from the kernel's own accounting: nothing runs per context switch.
 //
-// Compiled by bcc at start-up. It reads no kernel struct through the (possibly
-// mismatched) headers: only BPF helpers, the tracepoint's own record, and, on
-// kernels with BTF, task_struct.tgid at the offset the loader found in the
-// running kernel's BTF. User space drains cpu_ns and task_info every interval.
-//
-// Build-time macros (set by the loader):
-//   MAP_ENTRIES        size of the per-tgid maps (thread groups that run within one interval)
-//   TASK_TGID_OFFSET   byte offset of tgid in struct task_struct (from /sys/kernel/btf/vmlinux):
-//                      attach as raw tracepoints, the cheap path; without it, classic tracepoints
-//   SOFTIRQ            count softirqs per vector
-//   HW_COUNTERS        add per-tgid cycles and instructions (perf hardware counters exist)
-//   POSSIBLE_CPUS      number of possible CPUs (with HW_COUNTERS)
+// Compiled by bcc at start-up. Two programs:
+//   bpf_iter__task        a task iterator: each read of an iterator created from its link writes one
+//                         struct task_rec per thread (user space sums them per tgid, once per sample);
+//   sched_process_free    when a thread group's leader is freed, its group's final runtime goes into
+//                         `exits` (drained each sample), so groups that end between samples are counted.
+// Kernel structs are read only with bpf_probe_read_kernel at byte offsets the loader found in the
+// running kernel's BTF (/sys/kernel/btf/vmlinux), never through the (possibly mismatched) headers:
+//   TASK_PID TASK_TGID TASK_RUNTIME (se.sum_exec_runtime) TASK_START (start_boottime) TASK_COMM
+//   TASK_SIGNAL TASK_CGROUPS; SIGNAL_LIVE SIGNAL_RUNTIME (sum_sched_runtime: released threads)
+//   SIGNAL_SEQ (stats_lock sequence, bumped when a thread's runtime moves into sum_sched_runtime);
+//   CSS_SET_CGROUP (dfl_cgrp) CGROUP_KN KERNFS_ID: the cgroup v2 id, as bpf_get_current_cgroup_id().
+// MAP_ENTRIES sizes `exits` (thread groups that end within one interval).
 
-#define NR_VECTORS 10  // NR_SOFTIRQS
-#define COMM_LEN 16    // TASK_COMM_LEN, the size of the tracepoint's comm fields
+#define COMM_LEN 16  // TASK_COMM_LEN
 
-// Per CPU: since when the current task runs, and who it is (tgid on the raw
-// path, thread id on the classic one); read by user space for in-flight time.
-struct slice_t {
-    u64 start_ns;
-    u32 tid;
-    u32 tgid;
+// The kernel's struct bpf_iter_meta and struct bpf_iter__task (only these offsets are used).
+struct iter_meta {
+    struct seq_file *seq;
+    u64 session_id;
+    u64 seq_num;
 };
 
-struct task_info_t {
+struct iter_task {
+    struct iter_meta *meta;
+    void *task;
+};
+
+struct task_rec {
+    u32 tgid;
+    u32 tid;
+    u64 runtime_ns;  // this thread's; the leader's adds its group's released threads
+    u32 seq;         // stats_lock sequence around the reads; odd when a thread was released meanwhile
+    u32 leader;      // 1 on the group leader's record, which alone carries the fields below
+    u64 start_ns;
     u64 cgroup_id;
     char comm[COMM_LEN];
 };
 
-BPF_PERCPU_ARRAY(slice, struct slice_t, 1);
-// Per CPU, so the hot path needs neither locks nor atomics.
-BPF_PERCPU_HASH(cpu_ns, u32, u64, MAP_ENTRIES);
-BPF_HASH(task_info, u32, struct task_info_t, MAP_ENTRIES);
-
-#ifdef HW_COUNTERS
-struct hw_t {
-    u64 cycles;
-    u64 instructions;
+struct exit_key {
+    u32 tgid;
+    u32 pad;
+    u64 start_ns;
 };
 
-BPF_PERF_ARRAY(cycles_event, POSSIBLE_CPUS);
-BPF_PERF_ARRAY(instructions_event, POSSIBLE_CPUS);
-BPF_PERCPU_ARRAY(hw_last, struct hw_t, 1);
-BPF_PERCPU_HASH(hw_count, u32, struct hw_t, MAP_ENTRIES);
+struct exit_rec {
+    u64 runtime_ns;
+    u64 cgroup_id;
+    char comm[COMM_LEN];
+};
 
-static inline void account_hw(u32 tgid)
-{
-    u32 zero = 0;
-    struct hw_t *last = hw_last.lookup(&zero);
-    struct bpf_perf_event_value cycles = {}, instructions = {};
-    if (!last)
-        return;
-    if (cycles_event.perf_counter_value(CUR_CPU_IDENTIFIER, &cycles, sizeof(cycles)) ||
-        instructions_event.perf_counter_value(CUR_CPU_IDENTIFIER, &instructions, sizeof(instructions)))
-        return;
-    if (tgid && last->cycles) {
-        struct hw_t zeros = {};
-        struct hw_t *count = hw_count.lookup_or_try_init(&tgid, &zeros);
-        if (count) {
-            count->cycles += cycles.counter - last->cycles;
-            count->instructions += instructions.counter - last->instructions;
-        }
-    }
-    last->cycles = cycles.counter;
-    last->instructions = instructions.counter;
-}
-#endif
+BPF_HASH(exits, struct exit_key, struct exit_rec, MAP_ENTRIES);
+BPF_ARRAY(exits_lost, u64, 1);
 
-// Comm and cgroup of the current task's thread group.
-static inline void record_info(u32 tgid)
+static inline u64 read_u64(void *base, u32 offset)
 {
-    struct task_info_t info = {.cgroup_id = bpf_get_current_cgroup_id()};
-    bpf_get_current_comm(&info.comm, sizeof(info.comm));
-    task_info.update(&tgid, &info);
+    u64 value = 0;
+    bpf_probe_read_kernel(&value, sizeof(value), base + offset);
+    return value;
 }
 
-// Called at sched_switch, while current is still the task leaving the CPU.
-static inline void switch_to(u32 next_tid, u32 next_tgid)
+static inline u32 read_u32(void *base, u32 offset)
 {
-    u32 zero = 0;
-    struct slice_t *s = slice.lookup(&zero);
-    if (!s)
-        return;
-    u64 now = bpf_ktime_get_ns();
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (tgid && s->start_ns) {
-        u64 initial = 0;
-        u64 *ns = cpu_ns.lookup_or_try_init(&tgid, &initial);
-        if (ns) {
-            if (*ns == 0)
-                record_info(tgid);  // first slice of this tgid on this CPU since the last drain
-            *ns += now - s->start_ns;
-        }
-    }
-#ifdef HW_COUNTERS
-    account_hw(tgid);
-#endif
-    s->start_ns = now;
-    s->tid = next_tid;
-    s->tgid = next_tgid;
+    u32 value = 0;
+    bpf_probe_read_kernel(&value, sizeof(value), base + offset);
+    return value;
 }
 
-#ifdef TASK_TGID_OFFSET
-// TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, ...)
-RAW_TRACEPOINT_PROBE(sched_switch)
+static inline u64 cgroup_id(void *task)
 {
-    u32 next_tgid = 0;
-    bpf_probe_read_kernel(&next_tgid, sizeof(next_tgid), (void *)ctx->args[2] + TASK_TGID_OFFSET);
-    // A switch between threads of one group changes nothing to account: the slice goes on.
-    if (next_tgid && next_tgid == bpf_get_current_pid_tgid() >> 32)
+    void *cset = (void *)read_u64(task, TASK_CGROUPS);
+    void *cgroup = cset ? (void *)read_u64(cset, CSS_SET_CGROUP) : 0;
+    void *kn = cgroup ? (void *)read_u64(cgroup, CGROUP_KN) : 0;
+    return kn ? read_u64(kn, KERNFS_ID) : 0;
+}
+
+int bpf_iter__task(struct iter_task *ctx)
+{
+    struct seq_file *seq = ctx->meta->seq;
+    void *task = ctx->task;
+    struct task_rec rec = {};
+    if (!task)
         return 0;
-    switch_to(0, next_tgid);
+    void *signal = (void *)read_u64(task, TASK_SIGNAL);
+    if (!signal)
+        return 0;
+    rec.tgid = read_u32(task, TASK_TGID);
+    rec.tid = read_u32(task, TASK_PID);
+    u32 seq_before = read_u32(signal, SIGNAL_SEQ);
+    rec.runtime_ns = read_u64(task, TASK_RUNTIME);
+    if (rec.tid == rec.tgid) {
+        rec.leader = 1;
+        rec.runtime_ns += read_u64(signal, SIGNAL_RUNTIME);
+        rec.start_ns = read_u64(task, TASK_START);
+        rec.cgroup_id = cgroup_id(task);
+        bpf_probe_read_kernel(&rec.comm, sizeof(rec.comm), task + TASK_COMM);
+    }
+    u32 seq_after = read_u32(signal, SIGNAL_SEQ);
+    rec.seq = seq_before == seq_after ? seq_after : 1;
+    bpf_seq_write(seq, &rec, sizeof(rec));
     return 0;
 }
 
-// Current is the exiting thread: keep its final comm (after exec) and cgroup.
-RAW_TRACEPOINT_PROBE(sched_process_exit)
+// TP_PROTO(struct task_struct *p): after the task's last context switch and its release, so its
+// runtime is final. Only the leader of a dead group is recorded: by then every thread's runtime,
+// the leader's included, is in signal->sum_sched_runtime.
+RAW_TRACEPOINT_PROBE(sched_process_free)
 {
-    record_info(bpf_get_current_pid_tgid() >> 32);
+    void *task = (void *)ctx->args[0];
+    struct exit_key key = {};
+    struct exit_rec rec = {};
+    key.tgid = read_u32(task, TASK_TGID);
+    if (!key.tgid || read_u32(task, TASK_PID) != key.tgid)
+        return 0;
+    void *signal = (void *)read_u64(task, TASK_SIGNAL);
+    if (!signal || read_u32(signal, SIGNAL_LIVE))
+        return 0;  // a leader replaced by exec in another thread: its group lives on
+    key.start_ns = read_u64(task, TASK_START);
+    rec.runtime_ns = read_u64(signal, SIGNAL_RUNTIME);
+    rec.cgroup_id = cgroup_id(task);
+    bpf_probe_read_kernel(&rec.comm, sizeof(rec.comm), task + TASK_COMM);
+    if (exits.insert(&key, &rec)) {
+        u32 zero = 0;
+        u64 *lost = exits_lost.lookup(&zero);
+        if (lost)
+            __sync_fetch_and_add(lost, 1);
+    }
     return 0;
 }
-#else
-TRACEPOINT_PROBE(sched, sched_switch)
-{
-    switch_to(args->next_pid, 0);
-    return 0;
-}
-
-TRACEPOINT_PROBE(sched, sched_process_exit)
-{
-    record_info(bpf_get_current_pid_tgid() >> 32);
-    return 0;
-}
-#endif
-
-#ifdef SOFTIRQ
-BPF_PERCPU_ARRAY(softirqs, u64, NR_VECTORS);
-
-static inline void count_softirq(u32 vec)
-{
-    u64 *count = softirqs.lookup(&vec);
-    if (count)
-        (*count)++;
-}
-
-#ifdef TASK_TGID_OFFSET
-// TP_PROTO(unsigned int vec_nr)
-RAW_TRACEPOINT_PROBE(softirq_entry)
-{
-    count_softirq(ctx->args[0]);
-    return 0;
-}
-#else
-TRACEPOINT_PROBE(irq, softirq_entry)
-{
-    count_softirq(args->vec);
-    return 0;
-}
-#endif
-#endif

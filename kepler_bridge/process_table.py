@@ -7,7 +7,7 @@ Shared by the ebpf and procfs sources. Rules:
 - an ended process keeps its last counter for ``grace`` seconds, then goes;
 - at most ``max_processes`` entries are kept (0 = no cap): the ones with the
   most CPU seconds, live or ended. An evicted live process that keeps running
-  comes back with its counter re-read from /proc.
+  comes back with its whole counter, read again from its source.
 - reported counters never decrease for the same process.
 """
 
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Collection, Mapping
+from typing import Callable, Collection
 
 from kepler_bridge.model import ProcessCpu
 
 
 @dataclass
 class TrackedProcess:
-    """One process; ``start`` is its start time in clock ticks after boot, or a negative serial if unseen."""
+    """One process; ``start`` is its start time after boot (clock ticks for procfs, nanoseconds for ebpf)."""
 
     pid: int
     start: int
@@ -32,7 +32,7 @@ class TrackedProcess:
     shown: float = 0.0
     ended_at: float | None = None
     # Kept by the ebpf source to notice exec (comm change) and cgroup moves cheaply.
-    bpf_comm: str = ""
+    raw_comm: bytes = b""
     cgroup_id: int = 0
 
 
@@ -45,7 +45,6 @@ class ProcessTable:
         self.clock = clock
         self._entries: dict[tuple[int, int], TrackedProcess] = {}
         self._current: dict[int, tuple[int, int]] = {}
-        self._serial = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -55,17 +54,20 @@ class ProcessTable:
         key = self._current.get(pid)
         return self._entries.get(key) if key else None
 
-    def begin(self, pid: int, start: int | None, comm: str, container_id: str, cpu_seconds: float) -> TrackedProcess:
-        """Track a process first seen now; start None means it ended before anyone saw it alive."""
-        if start is None:
-            self._serial += 1
-            start = -self._serial
+    def find(self, pid: int, start: int) -> TrackedProcess | None:
+        """The process with this pid and start time, live or ended, if tracked."""
+        return self._entries.get((pid, start))
+
+    def begin(self, pid: int, start: int, comm: str, container_id: str, cpu_seconds: float) -> TrackedProcess:
+        """Track a process first seen now; a newer start than the pid's current process means the old one ended."""
         old = self.current(pid)
-        if old is not None and old.start != start and old.ended_at is None:
-            old.ended_at = self.clock()
         entry = TrackedProcess(pid, start, comm, container_id, cpu_seconds)
         self._entries[(pid, start)] = entry
-        self._current[pid] = (pid, start)
+        # An older process reported late (it ended before a newer one took its pid) leaves the newer current.
+        if old is None or old.start < start:
+            if old is not None and old.ended_at is None:
+                old.ended_at = self.clock()
+            self._current[pid] = (pid, start)
         return entry
 
     def end(self, entry: TrackedProcess) -> None:
@@ -80,17 +82,17 @@ class ProcessTable:
             if entry.ended_at is None and entry.pid not in alive:
                 entry.ended_at = now
 
-    def rows(self, in_flight: Mapping[int, float] | None = None) -> tuple[ProcessCpu, ...]:
-        """Expire and cap, then the rows to report; in_flight adds CPU seconds not yet committed, by pid."""
+    def rows(self) -> tuple[ProcessCpu, ...]:
+        """Expire and cap, then the rows to report."""
         self._expire()
         self._cap()
-        in_flight = in_flight or {}
         by_labels: dict[tuple[int, str, str], TrackedProcess] = {}
         for entry in self._entries.values():
-            extra = in_flight.get(entry.pid, 0.0) if entry.ended_at is None else 0.0
-            entry.shown = max(entry.shown, entry.cpu_seconds + extra)
-            # Entries are in the order first seen: a newer process with the same labels wins.
-            by_labels[(entry.pid, entry.comm, entry.container_id)] = entry
+            entry.shown = max(entry.shown, entry.cpu_seconds)
+            labels = (entry.pid, entry.comm, entry.container_id)
+            shown = by_labels.get(labels)
+            if shown is None or shown.start < entry.start:  # the newer process with the same labels wins
+                by_labels[labels] = entry
         return tuple(ProcessCpu(e.pid, e.comm, e.shown, e.container_id) for e in by_labels.values())
 
     def _expire(self) -> None:

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from kepler_bridge import kernel_headers
-from kepler_bridge.sources.ebpf import tracefs_problem
+from kepler_bridge.sources.ebpf import btf_problem
 from kepler_bridge.sources.ebpf_loader import BCC_DIRS
 from kepler_bridge.sources.procfs import read_stat
 
-# Burns the CPU seconds named on each stdin line (summed over argv[1] threads), then answers "done".
+# Burns the CPU seconds named on each stdin line (summed over argv[1] threads), then answers "done" and the
+# process's own CPU time (CLOCK_PROCESS_CPUTIME_ID: every thread's runtime in ns, ended threads included).
 _BURN_ON_COMMAND = """
 import sys, threading, time
 def burn(end):
@@ -29,7 +33,7 @@ for line in sys.stdin:
         thread.start()
     for thread in threads:
         thread.join()
-    print("done", flush=True)
+    print("done", time.process_time(), flush=True)
 """
 
 _BURN_AND_EXIT = """
@@ -48,6 +52,7 @@ class Burner:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                         preexec_fn=preexec_fn)
         self.pid = self.process.pid
+        self.own_cpu_seconds = 0.0
 
     def __enter__(self) -> "Burner":
         return self
@@ -61,8 +66,10 @@ class Burner:
         self.process.stdin.flush()
 
     def wait(self) -> None:
-        """Wait until the burn started last has finished."""
-        assert self.process.stdout.readline() == "done\n"
+        """Wait until the burn started last has finished; own_cpu_seconds is then the child's CPU time."""
+        answer, own = self.process.stdout.readline().split()
+        assert answer == "done"
+        self.own_cpu_seconds = float(own)
 
     def burn(self, seconds: float) -> None:
         self.start(seconds)
@@ -88,6 +95,57 @@ def short_lived(seconds: float, preexec_fn=None) -> tuple[int, float]:
     return process.pid, usage.ru_utime + usage.ru_stime
 
 
+# UDP datagrams to a socket on 127.0.0.1 that never reads: each one is a NET_RX softirq, then a drop.
+# Stops by itself after argv[1] seconds or argv[2] datagrams.
+_LOOPBACK_FLOOD = """
+import socket, sys, time
+sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sink.bind(("127.0.0.1", 0))
+source = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+deadline, left, address, payload = time.monotonic() + float(sys.argv[1]), int(sys.argv[2]), sink.getsockname(), b"x" * 64
+while left > 0 and time.monotonic() < deadline:
+    for _ in range(1000):
+        source.sendto(payload, address)
+    left -= 1000
+"""
+
+
+def net_rx_softirqs() -> int:
+    """NET_RX softirqs run so far, all CPUs (/proc/softirqs)."""
+    for line in Path("/proc/softirqs").read_text().splitlines():
+        if line.split(":")[0].strip() == "NET_RX":
+            return sum(int(count) for count in line.split()[1:])
+    raise AssertionError("no NET_RX line in /proc/softirqs")
+
+
+@contextlib.contextmanager
+def loopback_flood(seconds: float, datagrams: int = 50_000_000) -> Iterator[None]:
+    """One loopback UDP flood per CPU while the block runs, each stopping by itself after `seconds` at most."""
+    floods = [subprocess.Popen([sys.executable, "-S", "-c", _LOOPBACK_FLOOD, str(seconds), str(datagrams)])
+              for _ in range(os.cpu_count() or 1)]
+    try:
+        yield
+    finally:
+        for flood in floods:
+            flood.terminate()
+            flood.wait(10)
+
+
+@contextlib.contextmanager
+def container_cgroup(tag: str, container_id: str) -> Iterator[Path]:
+    """A cgroup v2 directory named like a CRI-O container, under a parent unique to this run; removed on exit."""
+    unified = next((root for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+                    if (root / "cgroup.controllers").exists()), None)
+    assert unified is not None, "no cgroup v2 hierarchy mounted"
+    cgroup = unified / f"kepler-bridge-{tag}-{uuid.uuid4().hex[:12]}" / f"crio-{container_id}.scope"
+    cgroup.mkdir(parents=True)
+    try:
+        yield cgroup
+    finally:
+        cgroup.rmdir()
+        cgroup.parent.rmdir()
+
+
 def bpf_missing() -> str:
     """What this machine lacks for the eBPF tests, '' when nothing."""
     if os.geteuid() != 0:
@@ -96,7 +154,7 @@ def bpf_missing() -> str:
         return "bcc's Python package (python3-bpfcc) is not installed"
     if shutil.which("bpftool") is None:
         return "bpftool is not installed"
-    problem = tracefs_problem()
+    problem = btf_problem()
     if problem:
         return problem
     try:
@@ -113,4 +171,4 @@ def require_bpf() -> None:
         if os.geteuid() != 0 and not os.environ.get("CI"):
             pytest.skip(f"{missing}: the eBPF tests need root (CI runs them as root)")
         pytest.fail(f"{missing}: run `make deps` as root (scripts/prepare-bpf-host.sh installs bcc, bpftool "
-                    "and kernel headers, links them for this kernel and mounts tracefs)")
+                    "and kernel headers and links them for this kernel)")

@@ -1,15 +1,15 @@
-"""The ebpf source with the real program loaded: accuracy against /proc, short-lived processes,
-descriptors handed over by the loader, memory, and precise errors when eBPF cannot load.
+"""The ebpf source with the real programs loaded: accuracy against /proc (also under interrupt load),
+short-lived processes, descriptors handed over by the loader, memory, and precise errors when eBPF cannot load.
 
-These need root, bcc, bpftool, tracefs and kernel headers (`make deps` provides them).
+These need root, bcc, bpftool, kernel headers and the kernel's BTF (`make deps` provides them).
 CI runs them as root and never skips them.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -18,16 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from cpu_helpers import Burner, require_bpf, short_lived
+from cpu_helpers import Burner, container_cgroup, loopback_flood, net_rx_softirqs, require_bpf, short_lived
 from kepler_bridge import config, kernel_headers
 from kepler_bridge.sampler import Sampler, SnapshotStore, check_source
 from kepler_bridge.sources.base import SourceUnavailable
 from kepler_bridge.sources.bpf_syscall import prog_stats
-from kepler_bridge.sources.ebpf import EbpfSource, load_program, pid_namespace_problem
-from kepler_bridge.sources.ebpf_loader import BTF_PATH, task_tgid_offset
+from kepler_bridge.sources.btf import BTF_PATH, Btf, BtfError
+from kepler_bridge.sources.ebpf import EbpfSource, btf_problem, group_records, load_program, pid_namespace_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 ID = "e" * 64
+_TASK = struct.Struct("<IIQIIQQ16s")
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +40,10 @@ def make_config(**flags: object) -> config.Config:
     return config.load(flags, {})
 
 
-@pytest.fixture(params=["auto", "tracepoint"])
-def ebpf(bpf_host: None, request: pytest.FixtureRequest):
-    """The source loaded both ways: raw tracepoints (this kernel has BTF) and the classic fallback."""
+@pytest.fixture
+def ebpf(bpf_host: None):
     source = EbpfSource(make_config())
-    source.attach = request.param
     source.start()
-    expected = "raw tracepoint" if request.param == "auto" else "tracepoint ("
-    assert source.loaded.features["sched_switch"].startswith(expected), source.loaded.features
     yield source
     source.stop()
 
@@ -55,25 +52,44 @@ def row_of(source: EbpfSource, pid: int):
     return next((row for row in source.read().processes if row.pid == pid), None)
 
 
-def test_burn_agrees_with_proc_within_5_percent(ebpf: EbpfSource) -> None:
+def wait_row(source: EbpfSource, pid: int, check=lambda row: True, timeout: float = 5.0):
+    """Read until pid's row passes check: an ended group's final runtime lands one RCU grace period after its reap."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = row_of(source, pid)
+        if row is not None and check(row):
+            return row
+        assert time.monotonic() < deadline, f"pid {pid}: last row {row}"
+        time.sleep(0.02)
+
+
+def test_burn_agrees_with_proc_within_1_percent(ebpf: EbpfSource) -> None:
     with Burner() as burner:
-        time.sleep(0.1)
-        before = row_of(ebpf, burner.pid)
-        assert before is not None, "an idle child that ran since load is tracked"
-        proc_before = burner.cpu_seconds()
-        burner.burn(1.5)
-        after = row_of(ebpf, burner.pid)
-        proc_after = burner.cpu_seconds()
-    # The growth is measured by the BPF program alone (the first sight was counted from /proc).
-    assert after.cpu_seconds - before.cpu_seconds == pytest.approx(proc_after - proc_before, rel=0.05)
-    assert after.cpu_seconds == pytest.approx(proc_after, rel=0.05)
-    assert after.comm == "python"
+        burner.burn(3.0)
+        row = row_of(ebpf, burner.pid)
+        proc = burner.cpu_seconds()
+    # /proc rounds utime and stime down to clock ticks (up to 20 ms together); 3 s keeps that under 1 %.
+    assert row.cpu_seconds == pytest.approx(proc, rel=0.01)
+    assert row.cpu_seconds == pytest.approx(burner.own_cpu_seconds, abs=0.005)
+    assert row.comm == "python"
+
+
+def test_burn_agrees_with_proc_within_1_percent_under_interrupt_load(ebpf: EbpfSource) -> None:
+    """Softirqs and steal time are not charged to the task the kernel does not charge them to."""
+    softirqs = net_rx_softirqs()
+    with loopback_flood(seconds=30), Burner() as burner:
+        row_of(ebpf, burner.pid)
+        burner.burn(3.0)
+        row = row_of(ebpf, burner.pid)
+        proc = burner.cpu_seconds()
+    assert net_rx_softirqs() - softirqs > 100_000, "the flood raised no softirqs: the test measured nothing"
+    assert row.cpu_seconds == pytest.approx(proc, rel=0.01)
+    assert row.cpu_seconds == pytest.approx(burner.own_cpu_seconds, abs=0.005)
 
 
 def test_running_process_counted_while_it_runs(ebpf: EbpfSource) -> None:
-    """A task still on a CPU at read time is counted up to now (in-flight slices), not up to its last switch."""
+    """A task on a CPU at read time is counted up to its last scheduler tick, not up to its last switch."""
     with Burner() as burner:
-        time.sleep(0.1)
         row_of(ebpf, burner.pid)
         burner.start(3.0)
         time.sleep(1.5)
@@ -84,71 +100,75 @@ def test_running_process_counted_while_it_runs(ebpf: EbpfSource) -> None:
 
 
 def test_threads_add_up_to_their_process(ebpf: EbpfSource) -> None:
-    """Burning threads (not the main one) are counted for their thread group, also while on a CPU."""
+    """Burning threads (not the main one) count for their group while they run, and after they ended."""
     with Burner(threads=2) as burner:
-        time.sleep(0.1)
         before = row_of(ebpf, burner.pid).cpu_seconds
         proc_before = burner.cpu_seconds()
         burner.start(3.0)
         time.sleep(1.0)
         during = row_of(ebpf, burner.pid).cpu_seconds
         proc_during = burner.cpu_seconds()
-        burner.wait()
+        burner.wait()  # the threads are joined: their runtime is now the group's (signal->sum_sched_runtime)
         after = row_of(ebpf, burner.pid).cpu_seconds
         proc_after = burner.cpu_seconds()
     assert during - before == pytest.approx(proc_during - proc_before, rel=0.05)
-    assert after - before == pytest.approx(proc_after - proc_before, rel=0.05)
+    assert after == pytest.approx(proc_after, rel=0.01)
 
 
-def test_maps_drained_without_batch_operations(ebpf: EbpfSource) -> None:
-    """Kernels before 5.6 lack BPF_MAP_LOOKUP_AND_DELETE_BATCH: the per-key fallback counts the same."""
-    for bpf_map in ebpf.loaded.maps.values():
-        bpf_map._batch_supported = False
-    with Burner() as burner:
-        time.sleep(0.1)
-        before = row_of(ebpf, burner.pid).cpu_seconds
-        proc_before = burner.cpu_seconds()
-        burner.burn(0.5)
-        after = row_of(ebpf, burner.pid).cpu_seconds
-        proc_after = burner.cpu_seconds()
-    assert after - before == pytest.approx(proc_after - proc_before, rel=0.05)
-
-
-def test_process_living_50ms_between_two_samples_is_counted(ebpf: EbpfSource) -> None:
+def test_process_living_30ms_between_two_samples_is_counted(ebpf: EbpfSource) -> None:
     ebpf.read()
     started = time.monotonic()
     pid, used = short_lived(0.03)
     lived = time.monotonic() - started
     assert lived < 0.5
-    row = row_of(ebpf, pid)
-    assert row is not None, f"pid {pid} lived {lived * 1000:.0f} ms between two samples and was missed"
-    assert row.cpu_seconds == pytest.approx(used, rel=0.05, abs=0.003)
+    row = wait_row(ebpf, pid)
+    assert row.cpu_seconds == pytest.approx(used, rel=0.01, abs=0.0005)
     assert row.comm == "python"
+
+
+def test_ended_groups_drained_without_batch_operations(ebpf: EbpfSource) -> None:
+    """Kernels before 5.6 lack BPF_MAP_LOOKUP_AND_DELETE_BATCH: the per-key fallback counts the same."""
+    for bpf_map in ebpf.loaded.maps.values():
+        bpf_map._batch_supported = False
+    ebpf.read()
+    pid, used = short_lived(0.03)
+    row = wait_row(ebpf, pid)
+    assert row.cpu_seconds == pytest.approx(used, rel=0.01, abs=0.0005)
+    assert list(ebpf.loaded.maps["exits"].keys()) == []
 
 
 def test_short_lived_process_reported_with_its_comm_after_exec(ebpf: EbpfSource) -> None:
     ebpf.read()
     child = subprocess.Popen(["/bin/sh", "-c", "exec /bin/true"])
     child.wait()
-    row = row_of(ebpf, child.pid)
-    assert row is not None and row.comm == "true"
+    assert wait_row(ebpf, child.pid).comm == "true"
+
+
+def test_exec_from_a_thread_keeps_the_process(bpf_host: None) -> None:
+    """exec in a non-leader thread frees the old leader while the group lives on under the same pid."""
+    source = EbpfSource(make_config(process_grace="0s"))
+    source.start()
+    script = ("import os, threading, time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+              "threading.Thread(target=os.execv, args=('/bin/sleep', ['sleep', '3'])).start()\ntime.sleep(3)\n")
+    child = subprocess.Popen([sys.executable, "-S", "-c", script])
+    try:
+        row = wait_row(source, child.pid, lambda row: row.comm == "sleep")
+        time.sleep(0.2)
+        again = row_of(source, child.pid)
+        assert again is not None, "the process was ended when its old leader was freed"
+        assert again.comm == "sleep" and again.cpu_seconds >= row.cpu_seconds >= 0.29
+    finally:
+        child.kill()
+        child.wait()
+        source.stop()
 
 
 def test_short_lived_process_in_a_container_cgroup_gets_its_id(ebpf: EbpfSource) -> None:
     """A process gone before the sample is mapped to its container through its cgroup v2 id."""
-    unified = next((root for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
-                    if (root / "cgroup.controllers").exists()), None)
-    assert unified is not None, "no cgroup v2 hierarchy mounted"
-    cgroup = unified / "kepler-bridge-ebpf-test" / f"cri-containerd-{ID}.scope"
-    cgroup.mkdir(parents=True, exist_ok=True)
-    try:
+    with container_cgroup("ebpf-test", ID) as cgroup:
         ebpf.read()
         pid, _ = short_lived(0.03, preexec_fn=lambda: (cgroup / "cgroup.procs").write_text("0"))
-        row = row_of(ebpf, pid)
-        assert row is not None and row.container_id == ID
-    finally:
-        cgroup.rmdir()
-        cgroup.parent.rmdir()
+        assert wait_row(ebpf, pid).container_id == ID
 
 
 def test_ended_process_kept_for_grace_then_dropped(bpf_host: None) -> None:
@@ -156,12 +176,10 @@ def test_ended_process_kept_for_grace_then_dropped(bpf_host: None) -> None:
     source.start()
     try:
         with Burner() as burner:
-            time.sleep(0.1)
             source.read()
             burner.burn(0.2)
             pid = burner.pid
-        first = row_of(source, pid)
-        assert first is not None and first.cpu_seconds >= 0.19
+        first = wait_row(source, pid, lambda row: row.cpu_seconds >= 0.19)
         assert row_of(source, pid).cpu_seconds == first.cpu_seconds
         time.sleep(0.5)
         assert row_of(source, pid) is None
@@ -185,26 +203,39 @@ def test_process_count_is_capped(bpf_host: None) -> None:
         source.stop()
 
 
-def test_tracepoints_stay_attached_after_the_loader_exits_and_detach_on_stop(bpf_host: None) -> None:
+def bpftool(*args: str):
+    return json.loads(subprocess.check_output(["bpftool", "-j", *args]))
+
+
+def test_programs_stay_attached_after_the_loader_exits_and_detach_on_stop(bpf_host: None) -> None:
     source = EbpfSource(make_config(ebpf_map_entries="4096"))
     source.start()
     children = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
     assert not children, f"the loader child should have exited, found {children}"
-    assert source.loaded.maps["cpu_ns"].max_entries == 4096
-    assert {"sched_switch", "sched_process_exit"} <= set(source.loaded.attached)
-    program_id = prog_stats(source.loaded.programs[source.loaded.switch_program]).id
-    shown = json.loads(subprocess.check_output(["bpftool", "-j", "prog", "show", "id", str(program_id)]))
-    assert shown["type"] == "raw_tracepoint"
+    assert source.loaded.maps["exits"].max_entries == 4096
+    assert set(source.loaded.attached) == {"task_iterator", "sched_process_free"}
+    ids = {prog_stats(fd).id for fd in source.loaded.programs.values()}
+    shown = {prog["id"]: prog["type"] for prog in bpftool("prog", "show") if prog["id"] in ids}
+    assert sorted(shown.values()) == ["raw_tracepoint", "tracing"]
+    links = [link for link in bpftool("link", "show") if link["prog_id"] in ids]
+    assert {link.get("tp_name") or link.get("target_name") for link in links} == {"sched_process_free", "task"}
     source.read()
-    time.sleep(0.3)
-    reading = source.read()
-    assert reading.ebpf_programs_attached == len(source.loaded.attached)
-    assert reading.processes, "sched_switch kept firing after the loader exited"
+    pid, _ = short_lived(0.01)
+    wait_row(source, pid)  # the exit program kept firing after the loader exited
+    assert source.read().ebpf_programs_attached == 2
     source.stop()
     deadline = time.monotonic() + 5
-    while subprocess.run(["bpftool", "prog", "show", "id", str(program_id)], capture_output=True).returncode == 0:
-        assert time.monotonic() < deadline, "the program stayed loaded after stop()"
+    while ids & {prog["id"] for prog in bpftool("prog", "show")}:
+        assert time.monotonic() < deadline, "the programs stayed loaded after stop()"
         time.sleep(0.1)
+
+
+def test_nothing_runs_per_context_switch(ebpf: EbpfSource) -> None:
+    """No program of ours is attached to sched_switch (or any other scheduler hot path)."""
+    ids = {prog_stats(fd).id for fd in ebpf.loaded.programs.values()}
+    hooks = {link.get("tp_name") or link.get("target_name") for link in bpftool("link", "show")
+             if link["prog_id"] in ids}
+    assert hooks == {"sched_process_free", "task"}
 
 
 def test_agent_process_never_holds_bcc_and_stays_small(bpf_host: None) -> None:
@@ -235,6 +266,7 @@ def test_hidden_headers_say_what_is_missing(bpf_host: None, tmp_path: Path, monk
     message = str(raised.value)
     assert f"BCC_KERNEL_SOURCE={tmp_path / 'nowhere'}" in message and "no such directory" in message
     assert "unset it to use /lib/modules/" in message
+    assert "the procfs source counts CPU time instead" in message
 
 
 def test_broken_header_tree_reports_the_compiler_error(bpf_host: None, tmp_path: Path, monkeypatch) -> None:
@@ -265,11 +297,11 @@ def test_auto_falls_back_to_procfs_and_says_why(bpf_host: None, monkeypatch) -> 
     assert not works and "BCC_KERNEL_SOURCE" in why
 
 
-def test_doctor_line_reports_programs_and_extras(bpf_host: None) -> None:
+def test_doctor_line_says_which_mode_runs(bpf_host: None) -> None:
     works, line = check_source("ebpf", make_config())
     assert works, line
-    assert "sched_switch via raw tracepoint" in line and "kernel headers from" in line
-    assert "softirq" in line and "hardware counters" in line
+    assert "used for CPU time (procfs is the fallback)" in line and "nothing per context switch" in line
+    assert f"offsets from {BTF_PATH}" in line and "kernel headers from" in line
 
 
 def test_headers_from_a_host_mount(bpf_host: None, tmp_path: Path) -> None:
@@ -289,17 +321,7 @@ def test_headers_from_a_host_mount(bpf_host: None, tmp_path: Path) -> None:
     assert headers.environ["BCC_KERNEL_SOURCE"].startswith(str(host))
     loaded = load_program(1024, headers)
     try:
-        assert "sched_switch" in loaded.attached
-    finally:
-        loaded.close()
-
-
-def test_hardware_counter_code_passes_the_verifier(bpf_host: None) -> None:
-    """The per-process cycles/instructions code loads even where no counters exist to open."""
-    loaded = load_program(1024, kernel_headers.find(), hw_counters="compile")
-    try:
-        assert {"hw_count", "cycles_event", "instructions_event"} <= set(loaded.maps)
-        assert list(loaded.maps["hw_count"].drain()) == []
+        assert "sched_process_free" in loaded.attached
     finally:
         loaded.close()
 
@@ -320,12 +342,51 @@ def test_foreign_pid_namespace_is_refused(tmp_path: Path) -> None:
     assert "hostPID: true" in problem and "--procfs /host/proc" in problem
 
 
-def test_task_struct_tgid_offset_matches_bpftool(bpf_host: None) -> None:
+def test_kernel_without_btf_is_refused_with_the_fix(tmp_path: Path) -> None:
+    problem = btf_problem(str(tmp_path / "vmlinux"))
+    assert "CONFIG_DEBUG_INFO_BTF=y" in problem and "5.8 or newer" in problem
+    assert btf_problem(BTF_PATH) == "" or not Path(BTF_PATH).exists()
+
+
+def test_kernel_without_task_iterators_is_refused_by_the_loader(bpf_host: None, tmp_path: Path) -> None:
+    (tmp_path / "vmlinux").write_bytes(_btf_blob())
+    with pytest.raises(SourceUnavailable) as raised:
+        load_program(1024, kernel_headers.find(), btf=str(tmp_path / "vmlinux"))
+    assert "no bpf_iter_task" in str(raised.value) and "5.8 or newer" in str(raised.value)
+
+
+def _bpftool_member(dump: str, struct_name: str, member: str) -> tuple[int, int]:
+    """(bit offset, type id) of a member in bpftool's raw BTF dump."""
+    block = dump[dump.index(f"STRUCT '{struct_name}' size="):].split("\n[", 1)[0]
+    line = next(line for line in block.splitlines() if line.strip().startswith(f"'{member}' "))
+    return int(line.split("bits_offset=")[1].split()[0]), int(line.split("type_id=")[1].split()[0])
+
+
+def test_member_offsets_match_bpftool(bpf_host: None) -> None:
     dump = subprocess.run(["bpftool", "btf", "dump", "file", BTF_PATH, "format", "raw"],
                           capture_output=True, text=True, check=True).stdout
-    task_struct = dump[dump.index("STRUCT 'task_struct'"):]
-    bits = int(task_struct.split("'tgid' ", 1)[1].split("bits_offset=", 1)[1].split()[0])
-    assert task_tgid_offset() == bits // 8
+    btf = Btf.load()
+    assert btf.member("task_struct", "tgid").offset == _bpftool_member(dump, "task_struct", "tgid")[0] // 8
+    se_bits, _ = _bpftool_member(dump, "task_struct", "se")
+    runtime_bits, _ = _bpftool_member(dump, "sched_entity", "sum_exec_runtime")
+    assert btf.member("task_struct", "se.sum_exec_runtime").offset == (se_bits + runtime_bits) // 8
+    assert btf.member("task_struct", "se.sum_exec_runtime").size == 8
+    bits, _ = _bpftool_member(dump, "signal_struct", "sum_sched_runtime")
+    assert btf.member("signal_struct", "sum_sched_runtime").offset == bits // 8
+
+
+def test_group_records_sum_threads_and_distrust_torn_groups() -> None:
+    def record(tgid: int, tid: int, runtime: int, seq: int = 4, start: int = 0, comm: bytes = b"") -> bytes:
+        return _TASK.pack(tgid, tid, runtime, seq, tid == tgid, start, 7, comm)
+
+    data = b"".join([record(10, 10, 100, start=5, comm=b"app"), record(10, 11, 20), record(10, 12, 3),
+                     record(20, 20, 50, seq=6), record(20, 21, 60, seq=8),  # a thread released mid-pass
+                     record(30, 30, 1, seq=1),  # a release during the leader's own reads
+                     record(40, 41, 9)])  # threads seen, leader not (yet): no process
+    totals, leaders, torn = group_records(data)
+    assert totals[10] == 123 and leaders[10] == (5, 7, b"app" + b"\0" * 13)
+    assert torn == {20, 30}
+    assert set(leaders) == {10, 20, 30}
 
 
 def _btf_type(name_off: int, kind: int, vlen: int, size_or_type: int, *extra: int) -> bytes:
@@ -333,8 +394,8 @@ def _btf_type(name_off: int, kind: int, vlen: int, size_or_type: int, *extra: in
     return struct.pack(f"<III{len(extra)}I", name_off, kind << 24 | vlen, size_or_type, *extra)
 
 
-def test_task_struct_tgid_offset_inside_an_anonymous_struct(tmp_path: Path) -> None:
-    """Randomized task_struct layouts put members in anonymous structs: offsets add up."""
+def _btf_blob() -> bytes:
+    """A task_struct whose tgid sits in an anonymous struct behind a modifier, as randomized layouts have it."""
     strings = b"\0int\0pid\0tgid\0task_struct\0state\0"
     name = {word: strings.index(b"\0" + word + b"\0") + 1
             for word in (b"int", b"pid", b"tgid", b"task_struct", b"state")}
@@ -346,7 +407,17 @@ def test_task_struct_tgid_offset_inside_an_anonymous_struct(tmp_path: Path) -> N
         _btf_type(name[b"task_struct"], struct_, 2, 24, name[b"state"], 1, 0, 0, 3, 64),  # [4] state; <anon> at byte 8
     ])
     header = struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types), len(strings))
-    path = tmp_path / "vmlinux"
-    path.write_bytes(header + types + strings)
-    assert task_tgid_offset(str(path)) == 12
-    assert task_tgid_offset(str(tmp_path / "missing")) is None
+    return header + types + strings
+
+
+def test_member_offsets_inside_an_anonymous_struct(tmp_path: Path) -> None:
+    """Randomized task_struct layouts put members in anonymous structs: offsets add up."""
+    btf = Btf(_btf_blob())
+    assert btf.member("task_struct", "tgid").offset == 12 and btf.member("task_struct", "tgid").size == 4
+    assert not btf.has_function("bpf_iter_task")
+    with pytest.raises(BtfError, match="no member signal"):
+        btf.member("task_struct", "signal")
+    with pytest.raises(BtfError, match="no struct signal_struct"):
+        btf.member("signal_struct", "live")
+    with pytest.raises(BtfError, match="not BTF"):
+        Btf(b"\0" * 64)

@@ -1,4 +1,4 @@
-"""The few bpf(2) commands the agent needs to read maps it holds by file descriptor.
+"""The few bpf(2) commands the agent needs: read maps and run iterators it holds by file descriptor.
 
 No bcc or LLVM here: the agent process keeps only program, map and attachment
 descriptors (see ebpf_loader) and drains maps with these calls.
@@ -20,6 +20,7 @@ MAP_DELETE_ELEM = 3
 MAP_GET_NEXT_KEY = 4
 OBJ_GET_INFO_BY_FD = 15
 MAP_LOOKUP_AND_DELETE_BATCH = 25
+ITER_CREATE = 33
 
 MAP_TYPE_PERCPU_HASH = 5
 MAP_TYPE_PERCPU_ARRAY = 6
@@ -45,6 +46,10 @@ class _BatchAttr(ctypes.Structure):
 
 class _InfoAttr(ctypes.Structure):
     _fields_ = [("bpf_fd", ctypes.c_uint32), ("info_len", ctypes.c_uint32), ("info", ctypes.c_uint64)]
+
+
+class _IterCreateAttr(ctypes.Structure):
+    _fields_ = [("link_fd", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
 
 
 class _MapInfo(ctypes.Structure):
@@ -104,6 +109,20 @@ def prog_stats(fd: int) -> ProgStats:
     info = _ProgInfo()
     _bpf(OBJ_GET_INFO_BY_FD, _InfoAttr(fd, ctypes.sizeof(info), ctypes.addressof(info)))
     return ProgStats(info.id, info.name.decode(errors="replace"), info.run_time_ns, info.run_cnt)
+
+
+def read_iterator(link_fd: int, chunk: int = 1 << 17) -> bytes:
+    """Run one pass of the BPF iterator behind link_fd (BPF_ITER_CREATE, then read to the end) and return its output."""
+    fd = _bpf(ITER_CREATE, _IterCreateAttr(link_fd, 0))
+    try:
+        parts = []
+        while True:
+            part = os.read(fd, chunk)
+            if not part:
+                return b"".join(parts)
+            parts.append(part)
+    finally:
+        os.close(fd)
 
 
 def possible_cpus(sysfs: str = "/sys") -> int:

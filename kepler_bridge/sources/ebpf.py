@@ -1,15 +1,18 @@
-"""CPU time per process and container from the kernel's sched_switch tracepoint (bpf/cpu_account.c).
+"""CPU time per process and container from the kernel's own runtime counters, read with eBPF (bpf/cpu_account.c).
 
-start() has a short-lived child (ebpf_loader) compile and attach the program
+start() has a short-lived child (ebpf_loader) compile and load the programs
 with bcc and pass back the descriptors, so bcc and LLVM never stay resident
-here; read() drains the maps with bpf(2) and keeps per-process counters in a
-ProcessTable. Pids are those of the initial pid namespace: --procfs must show
-the host's processes (hostPID, or the host's /proc mounted at --procfs).
+here. Each read() drains the groups that ended since the last one (their final
+runtime, recorded at sched_process_free), then runs one pass of the task
+iterator over the living ones; nothing runs per context switch. Pids are those
+of the initial pid namespace: --procfs must show the host's processes
+(hostPID, or the host's /proc mounted at --procfs).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import struct
@@ -24,28 +27,28 @@ from kepler_bridge import kernel_headers
 from kepler_bridge.cgroup import CgroupIdIndex, read_container_id
 from kepler_bridge.config import Config
 from kepler_bridge.model import SourceReading
-from kepler_bridge.process_table import ProcessTable
+from kepler_bridge.process_table import ProcessTable, TrackedProcess
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
-from kepler_bridge.sources.bpf_syscall import BpfMap, possible_cpus, prog_stats
-from kepler_bridge.sources.ebpf_loader import BTF_PATH
-from kepler_bridge.sources.procfs import list_pids, read_stat
+from kepler_bridge.sources.bpf_syscall import BpfMap, possible_cpus, read_iterator
+from kepler_bridge.sources.btf import BTF_PATH
+
+log = logging.getLogger(__name__)
 
 PROGRAM = "cpu_account.c"
 LOADER = str(Path(__file__).with_name("ebpf_loader.py"))
 LOAD_TIMEOUT = 120.0
-TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 # PROC_PID_INIT_INO: the initial pid namespace, whose pids BPF helpers return.
 INIT_PID_NS = "pid:[4026531836]"
-SOFTIRQS = ("HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU")
+FALLBACK = ("; with --sources auto the procfs source counts CPU time instead "
+            "(it misses processes that live less than one interval)")
 # Capability bits: CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF.
 _SYS_ADMIN, _PERFMON, _BPF = 1 << 21, 1 << 38, 1 << 39
 
-_U32 = struct.Struct("<I")
+_TASK = struct.Struct("<IIQIIQQ16s")  # struct task_rec
+_EXIT_KEY = struct.Struct("<IIQ")  # struct exit_key
+_EXIT = struct.Struct("<QQ16s")  # struct exit_rec
 _U64 = struct.Struct("<Q")
-_SLICE = struct.Struct("<QII")  # struct slice_t: start_ns, tid, tgid
-_INFO = struct.Struct("<Q16s")  # struct task_info_t
-_HW = struct.Struct("<QQ")  # struct hw_t
-_ZERO = _U32.pack(0)
+_ZERO = struct.pack("<I", 0)
 
 
 def program_path() -> str:
@@ -61,13 +64,12 @@ def program_path() -> str:
 
 @dataclass
 class LoadedProgram:
-    """Descriptors handed over by the loader: programs, tracepoint attachments and maps."""
+    """Descriptors handed over by the loader: programs, attachments (iterator link, tracepoint) and maps."""
 
     programs: dict[str, int]
     attached: dict[str, int]
     maps: dict[str, BpfMap]
-    features: dict[str, str]
-    switch_program: str
+    offsets: dict[str, int]
     fds: list[int] = field(default_factory=list)
 
     def close(self) -> None:
@@ -78,13 +80,12 @@ class LoadedProgram:
 
 
 def load_program(map_entries: int, headers: kernel_headers.HeaderTree, sysfs: str = "/sys",
-                 attach: str = "auto", hw_counters: str = "auto", timeout: float = LOAD_TIMEOUT) -> LoadedProgram:
+                 btf: str | None = None, timeout: float = LOAD_TIMEOUT) -> LoadedProgram:
     """Run the loader child and take over its descriptors; SourceUnavailable says why it failed.
 
-    attach and hw_counters are passed to the loader (see ebpf_loader.load).
+    btf: the BTF file member offsets are read from (default: the running kernel's).
     """
-    request = {"program": program_path(), "map_entries": map_entries, "cflags": list(headers.cflags),
-               "attach": attach, "hw_counters": hw_counters}
+    request = {"program": program_path(), "map_entries": map_entries, "cflags": list(headers.cflags), "btf": btf}
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with ours, tempfile.TemporaryFile() as output:
         with theirs:
@@ -111,7 +112,7 @@ def load_program(map_entries: int, headers: kernel_headers.HeaderTree, sysfs: st
     return LoadedProgram({name: fds[i] for name, i in reply["programs"].items()},
                          {name: fds[i] for name, i in reply["attached"].items()},
                          {name: BpfMap(fds[i], ncpus) for name, i in reply["maps"].items()},
-                         reply["features"], reply["switch_program"], list(fds))
+                         reply["offsets"], list(fds))
 
 
 def _diagnostics(text: str, limit: int = 8) -> str:
@@ -134,13 +135,12 @@ def privilege_problem(procfs: str) -> str:
             "(in Kubernetes: securityContext.privileged: true)")
 
 
-def tracefs_problem() -> str:
-    """Why classic tracepoints cannot attach ('' when tracefs is mounted)."""
-    if any(os.path.isdir(f"{path}/events/sched/sched_switch") for path in TRACEFS_DIRS):
+def btf_problem(path: str = BTF_PATH) -> str:
+    """Why the kernel's BTF cannot give the programs their offsets ('' when the file is there)."""
+    if os.path.isfile(path):
         return ""
-    return ("tracefs is not mounted (no events/sched/sched_switch under /sys/kernel/tracing or "
-            "/sys/kernel/debug/tracing): mount -t tracefs tracefs /sys/kernel/tracing, or in a pod mount the "
-            "host's /sys/kernel/tracing (or /sys/kernel/debug) at the same path")
+    return (f"no {path}: the ebpf source needs a kernel built with CONFIG_DEBUG_INFO_BTF=y, 5.8 or newer "
+            "(Debian 11+, Ubuntu 20.10+, RHEL 8.2+); in a pod mount the host's /sys")
 
 
 def pid_namespace_problem(procfs: str) -> str:
@@ -156,11 +156,9 @@ def pid_namespace_problem(procfs: str) -> str:
 
 
 class EbpfSource(Source):
-    """Per-process on-CPU seconds from sched_switch, including processes that live between two samples."""
+    """Per-process CPU seconds as the kernel accounts them, including processes that live between two samples."""
 
     name = "ebpf"
-    # "auto": raw tracepoints where the kernel has BTF, else classic ones; "tracepoint": always classic.
-    attach = "auto"
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
@@ -168,21 +166,22 @@ class EbpfSource(Source):
         self.cgroups = CgroupIdIndex(config.sysfs)
         self.headers: kernel_headers.HeaderTree | None = None
         self.loaded: LoadedProgram | None = None
-        self.cycles = self.instructions = 0  # node totals from perf hardware counters, where they exist
+        self.tasks = self.exits_lost = 0
+        self.read_seconds = 0.0
 
     def start(self) -> None:
         procfs = self.config.procfs
-        problems = [privilege_problem(procfs), pid_namespace_problem(procfs)]
-        if self.attach == "tracepoint" or not os.path.isfile(BTF_PATH):  # classic tracepoints need tracefs
-            problems.append(tracefs_problem())
-        for problem in problems:
-            if problem:
-                raise SourceUnavailable(problem)
         try:
-            self.headers = kernel_headers.find(procfs=procfs)
-        except kernel_headers.HeadersMissing as err:
-            raise SourceUnavailable(str(err)) from None
-        self.loaded = load_program(self.config.ebpf_map_entries, self.headers, self.config.sysfs, self.attach)
+            for problem in (privilege_problem(procfs), pid_namespace_problem(procfs), btf_problem()):
+                if problem:
+                    raise SourceUnavailable(problem)
+            try:
+                self.headers = kernel_headers.find(procfs=procfs)
+            except kernel_headers.HeadersMissing as err:
+                raise SourceUnavailable(str(err)) from None
+            self.loaded = load_program(self.config.ebpf_map_entries, self.headers, self.config.sysfs)
+        except SourceUnavailable as err:
+            raise SourceUnavailable(f"{err}{FALLBACK}") from None
 
     def stop(self) -> None:
         if self.loaded is not None:
@@ -192,117 +191,91 @@ class EbpfSource(Source):
     def read(self) -> SourceReading:
         if self.loaded is None:
             raise SourceUnavailable("the eBPF program is not loaded (start() failed or stop() ran)")
-        maps = self.loaded.maps
-        now_ns = time.monotonic_ns()  # bpf_ktime_get_ns() is CLOCK_MONOTONIC too
-        slices = maps["slice"].lookup(_ZERO) or ()
-        deltas = {_U32.unpack(key)[0]: sum(_U64.unpack(value)[0] for value in values)
-                  for key, values in maps["cpu_ns"].drain()}
-        infos = {_U32.unpack(key)[0]: _task_info(values[0]) for key, values in maps["task_info"].drain()}
+        started = time.perf_counter()
         now = time.monotonic()
-        for tgid, ns in deltas.items():
-            self._account(tgid, ns / 1e9, infos.get(tgid), now)
-        self.table.end_missing(list_pids(self.config.procfs))
-        if "hw_count" in maps:
-            for _, values in maps["hw_count"].drain():
-                for value in values:
-                    cycles, instructions = _HW.unpack(value)
-                    self.cycles += cycles
-                    self.instructions += instructions
-        return SourceReading(processes=self.table.rows(self._in_flight(slices, now_ns)),
-                             ebpf_programs_attached=len(self.loaded.attached))
+        # Ended groups first: a pid they free may already belong to a process the iterator sees.
+        for key, values in self.loaded.maps["exits"].drain():
+            tgid, _, start = _EXIT_KEY.unpack(key)
+            self._ended(tgid, start, *_EXIT.unpack(values[0]), now)
+        data = read_iterator(self.loaded.attached["task_iterator"])
+        totals, leaders, torn = group_records(data)
+        for tgid, (start, cgroup_id, comm) in leaders.items():
+            if tgid not in torn:
+                self._alive(tgid, start, cgroup_id, comm, totals[tgid] / 1e9, now)
+        self.table.end_missing(leaders)
+        self._check_lost()
+        self.tasks = len(data) // _TASK.size
+        self.read_seconds = time.perf_counter() - started
+        return SourceReading(processes=self.table.rows(), ebpf_programs_attached=len(self.loaded.attached))
 
-    def _account(self, tgid: int, seconds: float, info: tuple[int, str] | None, now: float) -> None:
-        """Add one interval's on-CPU time of a thread group to the process it belongs to."""
+    def _alive(self, tgid: int, start: int, cgroup_id: int, comm: bytes, seconds: float, now: float) -> None:
+        """Update a living thread group from its iterator records."""
         entry = self.table.current(tgid)
-        if info is None:
-            info = (entry.cgroup_id, entry.bpf_comm) if entry else (0, "")
-        cgroup_id, bpf_comm = info
-        if entry is not None and (entry.cgroup_id, entry.bpf_comm) == info:
-            entry.cpu_seconds += seconds  # the same process as before, possibly ended since
-            return
-        procfs = self.config.procfs
-        stat = read_stat(procfs, tgid)
-        if stat is None:
-            if entry is not None and entry.ended_at is None:
-                entry.cpu_seconds += seconds
-                self.table.end(entry)
-                return
-            # Started and ended between two samples: only BPF saw it.
-            entry = self.table.begin(tgid, None, bpf_comm, self.cgroups.container_id(cgroup_id, now), seconds)
-            self.table.end(entry)
-        elif entry is not None and entry.start == stat.start:
-            if cgroup_id != entry.cgroup_id:
-                entry.container_id = read_container_id(procfs, tgid) or entry.container_id
-            entry.comm, entry.ended_at = stat.comm, None
-            entry.cpu_seconds += seconds
-        else:
-            container_id = read_container_id(procfs, tgid)
+        if entry is None or entry.start != start:
+            container_id = read_container_id(self.config.procfs, tgid)
             if container_id is None:
                 container_id = self.cgroups.container_id(cgroup_id, now)
-            # Counted from /proc so time used before the program was loaded is included.
-            entry = self.table.begin(tgid, stat.start, stat.comm, container_id, max(stat.cpu_seconds, seconds))
-        entry.cgroup_id, entry.bpf_comm = cgroup_id, bpf_comm
+            entry = self.table.begin(tgid, start, _text(comm), container_id, seconds)
+        else:
+            if cgroup_id != entry.cgroup_id:
+                entry.container_id = read_container_id(self.config.procfs, tgid) or entry.container_id
+            entry.cpu_seconds, entry.ended_at = max(entry.cpu_seconds, seconds), None
+        _relabel(entry, comm, cgroup_id)
 
-    def _in_flight(self, slices: tuple[bytes, ...], now_ns: int) -> dict[int, float]:
-        """Seconds the tasks running right now have used since they were switched in, by tgid."""
-        result: dict[int, float] = {}
-        for raw in slices:
-            start_ns, tid, tgid = _SLICE.unpack(raw)
-            if start_ns and now_ns > start_ns and (tgid or tid):
-                tgid = tgid or self._tgid_of(tid)
-                if tgid:
-                    result[tgid] = result.get(tgid, 0.0) + (now_ns - start_ns) / 1e9
-        return result
+    def _ended(self, tgid: int, start: int, runtime_ns: int, cgroup_id: int, comm: bytes, now: float) -> None:
+        """Record a thread group's final runtime; one that lived between two samples is new here."""
+        entry = self.table.find(tgid, start)
+        if entry is None:
+            entry = self.table.begin(tgid, start, _text(comm), self.cgroups.container_id(cgroup_id, now),
+                                     runtime_ns / 1e9)
+        else:
+            entry.cpu_seconds = max(entry.cpu_seconds, runtime_ns / 1e9)
+        _relabel(entry, comm, cgroup_id)
+        self.table.end(entry)
 
-    def _tgid_of(self, tid: int) -> int:
-        """Thread group of a thread id (classic tracepoints report only the thread)."""
-        entry = self.table.current(tid)
-        if entry is not None and entry.ended_at is None:
-            return tid  # a thread id that is a live pid is its group's leader
-        try:
-            with open(f"{self.config.procfs}/{tid}/status", encoding="utf-8", errors="replace") as file:
-                for line in file:
-                    if line.startswith("Tgid:"):
-                        return int(line.split()[1])
-        except (OSError, ValueError):
-            pass
-        return 0
+    def _check_lost(self) -> None:
+        raw = self.loaded.maps["exits_lost"].lookup(_ZERO) if self.loaded else None
+        lost = _U64.unpack(raw[0])[0] if raw else 0
+        if lost > self.exits_lost:
+            log.warning("%d thread groups ended uncounted since the last sample: the exits map "
+                        "(--ebpf-map-entries %d) filled up within one interval; raise it",
+                        lost - self.exits_lost, self.config.ebpf_map_entries)
+            self.exits_lost = lost
 
     def describe(self, reading: SourceReading) -> str:
         if self.loaded is None:
             return "not loaded"
-        parts = [f"{len(self.loaded.attached)} tracepoint(s) attached ({', '.join(sorted(self.loaded.attached))})",
-                 f"sched_switch via {self.loaded.features.get('sched_switch', '?')}",
-                 f"{len(reading.processes)} process(es)",
-                 f"kernel headers from {self.headers.origin if self.headers else '?'}",
-                 self._cost()]
-        features = self.loaded.features
-        if features.get("softirq") == "on" and "softirqs" in self.loaded.maps:
-            counts = [0] * len(SOFTIRQS)
-            for vector in range(len(SOFTIRQS)):
-                for value in self.loaded.maps["softirqs"].lookup(_U32.pack(vector)) or ():
-                    counts[vector] += _U64.unpack(value)[0]
-            parts.append("softirqs since load: " + ", ".join(f"{name} {count}" for name, count in
-                                                             zip(SOFTIRQS, counts) if count))
-        else:
-            parts.append(f"softirq counts {features.get('softirq', 'off')}")
-        hardware = features.get("hw_counters", "off")
-        if hardware == "on" and self.cycles:
-            hardware += f", {self.cycles} cycles, IPC {self.instructions / self.cycles:.2f}"
-        parts.append(f"hardware counters {hardware}")
-        return "; ".join(parts)
-
-    def _cost(self) -> str:
-        program = self.loaded.programs.get(self.loaded.switch_program) if self.loaded else None
-        if program is None:
-            return "no sched_switch program"
-        stats = prog_stats(program)
-        if not stats.run_cnt:
-            return "cost per event not measured (sysctl kernel.bpf_stats_enabled=1 to measure it)"
-        return f"{stats.run_time_ns / stats.run_cnt:.0f} ns per sched_switch over {stats.run_cnt} events"
+        runtime = self.loaded.offsets.get("TASK_RUNTIME")
+        return (f"used for CPU time (procfs is the fallback): the kernel's per-task runtime, read by a task iterator "
+                f"once per sample and at sched_process_free for ended processes, nothing per context switch; "
+                f"{len(reading.processes)} process(es) from {self.tasks} task(s), read in "
+                f"{self.read_seconds * 1000:.1f} ms; offsets from {BTF_PATH} (se.sum_exec_runtime at byte "
+                f"{runtime} of task_struct); kernel headers from {self.headers.origin if self.headers else '?'}")
 
 
-def _task_info(value: bytes) -> tuple[int, str]:
-    cgroup_id, comm = _INFO.unpack(value)
-    return cgroup_id, comm.split(b"\0", 1)[0].decode(errors="replace")
+def group_records(data: bytes) -> tuple[dict[int, int], dict[int, tuple[int, int, bytes]], set[int]]:
+    """Sum the iterator's per-thread records by thread group: runtime ns by tgid, the leaders' (start ns,
+    cgroup id, comm), and the groups whose sum cannot be trusted this pass."""
+    totals: dict[int, int] = {}
+    seqs: dict[int, int] = {}
+    leaders: dict[int, tuple[int, int, bytes]] = {}
+    torn: set[int] = set()
+    for tgid, _, runtime, seq, leader, start, cgroup_id, comm in _TASK.iter_unpack(data):
+        totals[tgid] = totals.get(tgid, 0) + runtime
+        # A thread released during the pass moved its runtime into the group's sum: it may be counted twice.
+        if seqs.setdefault(tgid, seq) != seq or seq & 1:
+            torn.add(tgid)
+        if leader:
+            leaders[tgid] = (start, cgroup_id, comm)
+    return totals, leaders, torn
 
+
+def _relabel(entry: TrackedProcess, comm: bytes, cgroup_id: int) -> None:
+    """Follow exec (a new comm) and cgroup moves of a tracked process."""
+    if comm != entry.raw_comm:
+        entry.comm, entry.raw_comm = _text(comm), comm
+    entry.cgroup_id = cgroup_id
+
+
+def _text(comm: bytes) -> str:
+    return comm.split(b"\0", 1)[0].decode(errors="replace")

@@ -1,12 +1,13 @@
-"""Short-lived child that compiles and attaches the BPF program with bcc, then hands over its fds.
+"""Short-lived child that compiles and loads the BPF programs with bcc, then hands over their fds.
 
 Run by the ebpf source as ``python -I ebpf_loader.py FD``: it reads one JSON
-request from the unix socket FD, loads ``bpf/cpu_account.c`` with bcc, and
-sends back one JSON reply with the program, map and tracepoint descriptors
-attached (SCM_RIGHTS). It then exits without bcc's cleanup, so bcc and LLVM
-(~130 MB resident) never live in the agent and the tracepoints stay attached
-through the descriptors the agent now holds. Standard library only, besides
-bcc, which is found on sys.path or in the system's Python package directories.
+request from the unix socket FD, loads ``bpf/cpu_account.c`` with bcc (member
+offsets from the running kernel's BTF), attaches the task iterator (a BPF link)
+and the sched_process_free raw tracepoint, and sends back one JSON reply with
+the program, link and map descriptors (SCM_RIGHTS). It then exits without
+bcc's cleanup, so bcc and LLVM (~130 MB resident) never live in the agent and
+the programs stay attached through the descriptors the agent now holds.
+Standard library only, besides bcc and the sibling btf.py (loaded by path).
 """
 
 from __future__ import annotations
@@ -17,27 +18,45 @@ import importlib.util
 import json
 import os
 import socket
-import struct
 import sys
 import traceback
 
 BCC_DIRS = ("/usr/lib/python3/dist-packages", "/usr/lib/python3/site-packages",
             *sorted(glob.glob("/usr/lib*/python3*/site-packages")))
-BTF_PATH = "/sys/kernel/btf/vmlinux"
-MAPS = ("cpu_ns", "task_info", "slice", "softirqs", "hw_count", "cycles_event", "instructions_event")
-PERF_TYPE_HARDWARE = 0
-PERF_COUNT_HW_CPU_CYCLES = 0
-PERF_COUNT_HW_INSTRUCTIONS = 1
-# BTF kinds (include/uapi/linux/btf.h).
-_STRUCT, _UNION = 4, 5
-_MODIFIERS = (8, 9, 10, 11, 18)  # typedef, volatile, const, restrict, type tag
-# Bytes that follow struct btf_type, per kind: fixed, or per member for the kinds in _BTF_PER_MEMBER.
-_BTF_EXTRA = {1: 4, 3: 12, 4: 12, 5: 12, 6: 8, 13: 8, 14: 4, 15: 12, 17: 4, 19: 12}
-_BTF_PER_MEMBER = {4, 5, 6, 13, 15, 19}
+MAPS = ("exits", "exits_lost")
+ITERATOR = "bpf_iter__task"
+BPF_TRACE_ITER = 28  # enum bpf_attach_type
+# Macro -> struct and member paths (alternatives, newest kernel first) and the size the program reads.
+FIELDS = {
+    "TASK_PID": ("task_struct", ("pid",), 4),
+    "TASK_TGID": ("task_struct", ("tgid",), 4),
+    "TASK_RUNTIME": ("task_struct", ("se.sum_exec_runtime",), 8),
+    "TASK_START": ("task_struct", ("start_boottime",), 8),
+    "TASK_COMM": ("task_struct", ("comm",), 16),
+    "TASK_SIGNAL": ("task_struct", ("signal",), 8),
+    "TASK_CGROUPS": ("task_struct", ("cgroups",), 8),
+    "SIGNAL_LIVE": ("signal_struct", ("live",), 4),
+    "SIGNAL_RUNTIME": ("signal_struct", ("sum_sched_runtime",), 8),
+    # seqlock_t holds a seqcount_spinlock_t since 5.10, a plain seqcount_t before.
+    "SIGNAL_SEQ": ("signal_struct", ("stats_lock.seqcount.seqcount.sequence", "stats_lock.seqcount.sequence"), 4),
+    "CSS_SET_CGROUP": ("css_set", ("dfl_cgrp",), 8),
+    "CGROUP_KN": ("cgroup", ("kn",), 8),
+    "KERNFS_ID": ("kernfs_node", ("id",), 8),
+}
 
 
 class LoadError(Exception):
     """Loading failed; the message says what is missing and how to fix it."""
+
+
+def _sibling(name: str):
+    """Import a module next to this file (isolated mode puts no script directory on sys.path)."""
+    spec = importlib.util.spec_from_file_location(f"_kepler_bridge_{name}",
+                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def import_bcc():
@@ -60,123 +79,77 @@ def import_bcc():
     return module
 
 
-def _hardware_counters_problem(bcc) -> str:
-    """'' when perf hardware counters can be opened here, else why not."""
-    fd = bcc.lib.bpf_open_perf_event(PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES, -1, 0)
-    if fd < 0:
-        err = ctypes.get_errno()
-        return f"perf_event_open(cpu-cycles) failed: {os.strerror(err) if err else 'not supported'}"
-    os.close(fd)
-    return ""
-
-
-def task_tgid_offset(path: str = BTF_PATH) -> int | None:
-    """Byte offset of tgid in struct task_struct per the running kernel's BTF; None without BTF."""
+def field_offsets(btf_path: str | None = None) -> dict[str, int]:
+    """Byte offset of every member the program reads, from the running kernel's BTF; LoadError says what lacks."""
+    btf = _sibling("btf")
+    path = btf_path or btf.BTF_PATH
     try:
-        with open(path, "rb") as file:
-            data = file.read()
-    except OSError:
-        return None
-    magic, _, _, header, type_off, type_len, str_off, _ = struct.unpack_from("<HBBIIIII", data)
-    if magic != 0xEB9F:
-        return None
-    strings = header + str_off
-    wanted = data.find(b"\0task_struct\0", strings)
-    tgid_name = data.find(b"\0tgid\0", strings)
-    if wanted < 0 or tgid_name < 0:
-        return None
-    positions = [0]  # type id 0 is void
-    pos, end = header + type_off, header + type_off + type_len
-    task_struct = 0
-    while pos < end:
-        positions.append(pos)
-        name_off, info, _ = struct.unpack_from("<III", data, pos)
-        kind, vlen = info >> 24 & 0x1F, info & 0xFFFF
-        if kind == _STRUCT and vlen and name_off == wanted + 1 - strings:
-            task_struct = len(positions) - 1
-        extra = _BTF_EXTRA.get(kind, 0)
-        pos += 12 + (extra * vlen if kind in _BTF_PER_MEMBER else extra)
-    if not task_struct:
-        return None
-    bits = _member_bits(data, positions, task_struct, tgid_name + 1 - strings)
-    return None if bits is None else bits // 8
+        types = btf.Btf.load(path)
+    except OSError as err:
+        raise LoadError(f"cannot read the kernel's BTF ({err.strerror}: {path}): the ebpf source needs a kernel "
+                        "built with CONFIG_DEBUG_INFO_BTF=y (5.8 or newer; Debian 11+, Ubuntu 20.10+, RHEL 8.2+); "
+                        "in a pod mount the host's /sys") from None
+    except btf.BtfError as err:
+        raise LoadError(str(err)) from None
+    if not types.has_function("bpf_iter_task"):
+        raise LoadError(f"{path} has no bpf_iter_task: the kernel lacks BPF task iterators (5.8 or newer needed)")
+    offsets = {}
+    for macro, (struct_name, paths, size) in FIELDS.items():
+        problems = []
+        for path_in_struct in paths:
+            try:
+                member = types.member(struct_name, path_in_struct)
+            except btf.BtfError as err:
+                problems.append(str(err))
+                continue
+            if member.size != size:
+                problems.append(f"{struct_name}.{path_in_struct} has {member.size} bytes, not {size}")
+                continue
+            offsets[macro] = member.offset
+            break
+        else:
+            raise LoadError("this kernel's task accounting fields differ from what the program reads: " +
+                            "; ".join(problems))
+    return offsets
 
 
-def _member_bits(data: bytes, positions: list[int], type_id: int, name_off: int) -> int | None:
-    """Bit offset of a member, looking into anonymous structs and unions (randomized layouts use them)."""
-    _, info, _ = struct.unpack_from("<III", data, positions[type_id])
-    for index in range(info & 0xFFFF):
-        member_name, member_type, offset = struct.unpack_from("<III", data, positions[type_id] + 12 + 12 * index)
-        bits = offset & 0xFFFFFF if info >> 31 else offset
-        if member_name == name_off:
-            return bits
-        if member_name == 0:
-            inner = member_type
-            while True:
-                _, inner_info, target = struct.unpack_from("<III", data, positions[inner])
-                if inner_info >> 24 & 0x1F not in _MODIFIERS:
-                    break
-                inner = target
-            if inner_info >> 24 & 0x1F in (_STRUCT, _UNION):
-                found = _member_bits(data, positions, inner, name_off)
-                if found is not None:
-                    return bits + found
-    return None
+def _attach_iterator(bcc, bpf) -> int:
+    """Load the task iterator program and create its link; return the link fd."""
+    try:
+        function = bpf.load_func(ITERATOR.encode(), bcc.BPF.TRACING, attach_type=BPF_TRACE_ITER)
+    except Exception as err:
+        raise LoadError(f"the kernel refused the task iterator program: {err}") from None
+    create = bcc.lib.bpf_link_create
+    create.restype = ctypes.c_int
+    create.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    link = create(function.fd, 0, BPF_TRACE_ITER, None)
+    if link < 0:
+        raise LoadError(f"creating the task iterator link failed: {os.strerror(ctypes.get_errno() or -link)}")
+    return link
 
 
 def load(request: dict) -> tuple[dict, list[int]]:
     """Compile, load and attach; return the reply and the fds to send.
 
-    request: program (path), map_entries, cflags; attach: "auto" (raw
-    tracepoints when the kernel has BTF, else classic ones) or "tracepoint";
-    hw_counters: "auto" (when the CPU has them) or "compile" (build that code
-    without opening counters, to prove it passes the verifier anywhere).
+    request: program (path), map_entries, cflags; btf (optional path of the BTF to read offsets from).
     """
+    offsets = field_offsets(request.get("btf"))
     bcc = import_bcc()
-    features: dict[str, str] = {}
-    cflags = [f"-DMAP_ENTRIES={int(request['map_entries'])}", *request.get("cflags", ())]
-    offset = task_tgid_offset() if request.get("attach", "auto") == "auto" else None
-    if offset is not None:
-        cflags.append(f"-DTASK_TGID_OFFSET={offset}")
-        features["sched_switch"] = f"raw tracepoint (task_struct.tgid at byte {offset}, from {BTF_PATH})"
-        features["softirq"] = "on"
-    else:
-        reason = "as asked" if request.get("attach") == "tracepoint" else f"no usable {BTF_PATH}"
-        if not bcc.BPF.tracepoint_exists("sched", "sched_switch"):
-            raise LoadError(f"classic tracepoints ({reason}) need tracefs, which is not mounted: mount -t tracefs "
-                            "tracefs /sys/kernel/tracing, or in a pod mount the host's /sys/kernel/tracing")
-        features["sched_switch"] = f"tracepoint ({reason})"
-        features["softirq"] = "on" if bcc.BPF.tracepoint_exists("irq", "softirq_entry") else \
-            "absent: no irq:softirq_entry tracepoint"
-    if features["softirq"] == "on":
-        cflags.append("-DSOFTIRQ")
-    compile_only = request.get("hw_counters") == "compile"
-    hw_problem = "" if compile_only else _hardware_counters_problem(bcc)
-    if hw_problem:
-        features["hw_counters"] = f"absent: {hw_problem}"
-    else:
-        cflags += ["-DHW_COUNTERS", f"-DPOSSIBLE_CPUS={len(bcc.utils.get_possible_cpus())}"]
-        features["hw_counters"] = "compiled, no counters opened" if compile_only else "on"
+    cflags = [f"-DMAP_ENTRIES={int(request['map_entries'])}", *request.get("cflags", ()),
+              *(f"-D{macro}={offset}" for macro, offset in offsets.items())]
     try:
         bpf = bcc.BPF(src_file=request["program"].encode(), cflags=cflags)
     except Exception as err:
         raise LoadError(f"bcc could not compile or load {request['program']}: {err}") from None
-    if features["hw_counters"] == "on":
-        try:
-            bpf["cycles_event"].open_perf_event(PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES)
-            bpf["instructions_event"].open_perf_event(PERF_TYPE_HARDWARE, PERF_COUNT_HW_INSTRUCTIONS)
-        except Exception as err:  # the program still runs; its counter reads just fail
-            features["hw_counters"] = f"absent: opening per-CPU counters failed: {err}"
+    link = _attach_iterator(bcc, bpf)
 
     fds: list[int] = []
-    reply: dict = {"programs": {}, "attached": {}, "maps": {}, "features": features,
-                   "switch_program": "raw_tracepoint__sched_switch" if offset is not None
-                   else "tracepoint__sched__sched_switch"}
+    reply: dict = {"programs": {}, "attached": {}, "maps": {}, "offsets": offsets}
     for name, function in bpf.funcs.items():
         reply["programs"][name.decode()] = len(fds)
         fds.append(function.fd)
-    for tracepoint, fd in (*bpf.tracepoint_fds.items(), *bpf.raw_tracepoint_fds.items()):
-        reply["attached"][tracepoint.decode()] = len(fds)
+    for name, fd in (("task_iterator", link), *((tp.decode(), fd) for tp, fd in bpf.raw_tracepoint_fds.items())):
+        reply["attached"][name] = len(fds)
         fds.append(fd)
     for name in MAPS:
         fd = bcc.lib.bpf_table_fd(bpf.module, name.encode())
@@ -197,7 +170,7 @@ def main(argv: list[str]) -> None:
         sock.send(json.dumps({"error": "the eBPF loader failed: " + traceback.format_exc(limit=3)}).encode())
     sys.stdout.flush()
     sys.stderr.flush()
-    # Skip bcc's atexit cleanup: it would detach the tracepoints the agent now holds.
+    # Skip bcc's atexit cleanup: it would detach the programs the agent now holds.
     os._exit(0)
 
 
