@@ -17,6 +17,8 @@ BY_NODE = f'* on (instance, job) group_left (node) kepler_bridge_build_info{{{NO
 TAGS = ["kepler-bridge", "gpu"]
 # Every pod with energy (host processes are the pod "").
 PODS = '__name__=~"kepler_bridge_pod_(cpu|gpu)_joules_total"'
+# Device series carry no pod: the one container a GPU is assigned to comes from gpu_pod_info.
+OWNER = "* on (node, uuid) group_left (namespace, pod, container) gpu_pod_info"
 
 
 def target(expr: str, legend: str = "", instant: bool = False, table: bool = False) -> dict[str, Any]:
@@ -177,8 +179,9 @@ def accelerators() -> dict[str, Any]:
               description="Critical XIDs (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120) also raise "
                           "GPUXidCriticalError."),
     ]
-    variables = [variable("node", "label_values(gpu_info, node)", "Node"),
-                 variable("gpu", 'label_values(gpu_info{node=~"$node"}, gpu)', "GPU")]
+    # gpu_up is exported whatever the metric allow/deny lists say.
+    variables = [variable("node", "label_values(gpu_up, node)", "Node"),
+                 variable("gpu", 'label_values(gpu_up{node=~"$node"}, gpu)', "GPU")]
     return dashboard("kepler-bridge-accelerators", "Accelerators",
                      "Utilization, temperature, memory, power, energy, clocks and health of every accelerator.",
                      variables, panels)
@@ -205,6 +208,13 @@ def workload_energy() -> dict[str, Any]:
                    "watt"),
         timeseries("CPU power by pod", [target(split("pod", "cpu", "namespace, pod"), "{{namespace}}/{{pod}}")],
                    "watt"),
+        timeseries("GPU utilization by pod",
+                   [target(f"gpu_utilization_ratio{{{NODE}}} {OWNER}{{{POD}}}", "{{namespace}}/{{pod}} GPU {{gpu}}")],
+                   "percentunit", fieldConfig={"defaults": {"min": 0, "max": 1}},
+                   description="GPUs the kubelet assigned to exactly one container (pod-resources socket)."),
+        timeseries("GPU memory by pod",
+                   [target(f"gpu_memory_used_bytes{{{NODE}}} {OWNER}{{{POD}}}", "{{namespace}}/{{pod}} GPU {{gpu}}")],
+                   "bytes", description="GPUs the kubelet assigned to exactly one container (pod-resources socket)."),
         timeseries("Power by container (CPU + GPU)",
                    [target(joules("container", "namespace, pod, container"),
                            "{{namespace}}/{{pod}}/{{container}}")], "watt", width=24),

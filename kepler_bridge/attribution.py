@@ -21,13 +21,13 @@ sample with the sources' readings. Per interval:
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from kepler_bridge.counters import ProcessKey, increase
 from kepler_bridge.model import (CpuTimes, CpuZoneEnergy, Energy, GpuProcess, GpuReading, PodRef, RaplZone,
                                  WorkloadEnergy)
+from kepler_bridge.top import TopCounter
 
 # Zone kinds that measure the CPU as a whole, best first.
 PRIMARY_ZONES = ("package", "psys", "core")
@@ -83,7 +83,6 @@ class Attribution:
                  process_limit: int | None = 50, grace: float = 30.0, max_processes: int = 0) -> None:
         self.cpu_tdp_watts = cpu_tdp_watts
         self.gpu_idle_watts = gpu_idle_watts
-        self.process_limit = process_limit
         self.grace = grace
         self.max_processes = max_processes
         self._last_now: float | None = None
@@ -96,9 +95,8 @@ class Attribution:
         self._processes: dict[ProcessKey, _Tally] = {}
         self._containers: dict[tuple[str, str, str, str], _Tally] = {}
         self._pods: dict[tuple[str, str], _Tally] = {}
-        # Shown processes: the labels their series carries and the joules it started from.
-        self._shown: dict[ProcessKey, tuple[WorkloadEnergy, float, float]] = {}
-        self._other: _Tally | None = None
+        self._families: dict[str, TopCounter[WorkloadEnergy]] = {kind: TopCounter(process_limit)
+                                                                  for kind in ("cpu", "gpu")}
 
     def update(self, inputs: Inputs) -> Energy:
         """Attribute the interval since the previous call and return every counter."""
@@ -124,7 +122,8 @@ class Attribution:
             cpu_zones=tuple(CpuZoneEnergy(zone, source, joules)
                             for (zone, source), joules in sorted(self._zones.items())),
             gpu_idle=tuple(sorted(self._gpu_idle.items())),
-            processes=self._process_rows(increments),
+            cpu_processes=self._process_rows(increments, "cpu"),
+            gpu_processes=self._process_rows(increments, "gpu"),
             containers=tuple(self._containers[key].row() for key in sorted(self._containers)),
             pods=tuple(self._pods[key].row() for key in sorted(self._pods)),
         )
@@ -229,37 +228,18 @@ class Attribution:
             for key in absent[:excess]:
                 del self._processes[key]
 
-    def _process_rows(self, increments: Mapping[ProcessKey, list[float]]) -> tuple[WorkloadEnergy, ...]:
-        """Per-process rows under the limit, plus pid="other" holding the increases of every process not shown.
+    def _process_rows(self, increments: Mapping[ProcessKey, list[float]],
+                      kind: str) -> tuple[WorkloadEnergy, ...]:
+        """One kind's per-process rows: the top N by that kind's joules, plus pid="other" once any is left out.
 
         A shown series counts from the sample its process entered the top N
         (what it used before went to "other"), so the series' increases always
         add up to the node's attributed energy and none ever decreases.
         """
-        limit = self.process_limit
-        if limit == 0:
-            return ()
-        def rank(key: ProcessKey) -> tuple[float, ProcessKey]:
-            return -self._processes[key].total, key
-
-        top = sorted(self._processes, key=rank) if limit is None else heapq.nsmallest(limit, self._processes, rank)
-        shown: dict[ProcessKey, tuple[WorkloadEnergy, float, float]] = {}
-        for key in top:
-            tally = self._processes[key]
-            kept = self._shown.get(key)
-            if kept is None or kept[0] != tally.labels:
-                cpu, gpu = increments.get(key, (0.0, 0.0))
-                kept = (tally.labels, tally.cpu - cpu, tally.gpu - gpu)
-            shown[key] = kept
-        if limit is not None and self._other is None and len(self._processes) > limit:
-            self._other = _Tally(WorkloadEnergy(pid="other"), 0.0)
-        if self._other is not None:
-            for key, (cpu, gpu) in increments.items():
-                if key not in shown:
-                    self._other.cpu += cpu
-                    self._other.gpu += gpu
-        self._shown = shown
-        rows = [dataclasses.replace(labels, cpu_joules=self._processes[key].cpu - cpu_offset,
-                                    gpu_joules=self._processes[key].gpu - gpu_offset)
-                for key, (labels, cpu_offset, gpu_offset) in shown.items()]
-        return tuple(rows + ([self._other.row()] if self._other is not None else []))
+        family, position, field_name = self._families[kind], ("cpu", "gpu").index(kind), f"{kind}_joules"
+        totals = {tally.labels: getattr(tally, kind) for tally in self._processes.values()}
+        gained = {self._processes[key].labels: joules[position] for key, joules in increments.items()}
+        rows = [dataclasses.replace(labels, **{field_name: joules}) for labels, joules in family.update(totals, gained)]
+        if family.other is not None:
+            rows.append(WorkloadEnergy(pid="other", **{field_name: family.other}))
+        return tuple(rows)

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Iterable, Mapping
 
 from kepler_bridge.model import GpuReading, ProcessCpu
+from kepler_bridge.top import TopCounter
 
 # A process as its series names it: pid, comm, container id.
 ProcessKey = tuple[int, str, str]
@@ -42,10 +43,12 @@ class Monotonic:
 class CounterGuard:
     """Per-device and per-container counter state owned by the sampler thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, process_limit: int | None = None) -> None:
         self._gpu: dict[tuple[str, str], Monotonic] = {}
         self._xid: dict[str, dict[int | str, Monotonic]] = {}
         self._process_seen: dict[ProcessKey, float] = {}
+        self._process_total: dict[ProcessKey, float] = {}
+        self._process_family: TopCounter[ProcessKey] = TopCounter(process_limit)
         self._container_total: dict[str, float] = {}
 
     def _value(self, uuid: str, name: str, raw: float) -> float:
@@ -86,6 +89,14 @@ class CounterGuard:
             seen[key] = proc.cpu_seconds
         self._process_seen = seen
         return increases
+
+    def process_seconds(self, increases: Mapping[ProcessKey, float]) -> tuple[tuple[ProcessCpu, ...], float | None]:
+        """The shown processes (top N by CPU seconds) with their series' values, and the seconds of all the others
+        (None before any was left out); a process's total adds up its increases, so it never decreases."""
+        self._process_total = {key: self._process_total.get(key, 0.0) + seconds for key, seconds in increases.items()}
+        shown = self._process_family.update(self._process_total, increases)
+        return (tuple(ProcessCpu(pid, comm, seconds, container_id) for (pid, comm, container_id), seconds in shown),
+                self._process_family.other)
 
     def containers(self, increases: Mapping[ProcessKey, float]) -> tuple[tuple[str, float], ...]:
         """Per-container CPU seconds as sums of process increases, so a process leaving never lowers a total."""

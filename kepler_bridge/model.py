@@ -147,11 +147,15 @@ class WorkloadEnergy:
 
 @dataclass(frozen=True)
 class Energy:
-    """Energy counters of one sample: node zones, GPU idle energy (by uuid) and the attributed levels."""
+    """Energy counters of one sample: node zones, GPU idle energy (by uuid) and the attributed levels.
+
+    The process rows of each kind are that kind's top N by its joules (`process_metrics`), plus pid="other".
+    """
 
     cpu_zones: tuple[CpuZoneEnergy, ...] = ()
     gpu_idle: tuple[tuple[str, float], ...] = ()
-    processes: tuple[WorkloadEnergy, ...] = ()
+    cpu_processes: tuple[WorkloadEnergy, ...] = ()
+    gpu_processes: tuple[WorkloadEnergy, ...] = ()
     containers: tuple[WorkloadEnergy, ...] = ()
     pods: tuple[WorkloadEnergy, ...] = ()
 
@@ -165,8 +169,11 @@ class Snapshot:
     duration_seconds: float
     interval_seconds: float
     sources: tuple[SourceStatus, ...] = ()
-    gpus: tuple[GpuReading, ...] = ()
+    gpus: tuple[GpuReading, ...] = ()  # in `gpu` index order
+    # The processes shown (top N by CPU seconds) with their series' values, and the seconds of all the others.
     processes: tuple[ProcessCpu, ...] = ()
+    process_cpu_other: float | None = None
+    process_limit: int | None = None  # top N of each per-process family (process_metrics); None: all, 0: none
     containers: tuple[tuple[str, float], ...] = ()
     ebpf_programs_attached: int | None = None
     energy: Energy = Energy()

@@ -9,9 +9,11 @@ import time
 from dataclasses import dataclass, field
 
 from kepler_bridge import sanitize
+from kepler_bridge import carry
 from kepler_bridge.attribution import Attribution, Inputs
 from kepler_bridge.config import Config
 from kepler_bridge.counters import CounterGuard
+from kepler_bridge.device_index import DeviceIndexes
 from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.live import History
 from kepler_bridge.model import CpuTimes, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading, SourceStatus
@@ -58,6 +60,16 @@ class _Slot:
         self.retry_at = now + self.backoff
 
 
+@dataclass
+class _Carried:
+    """What a new worker takes over from the one before it: counter states, device indexes, source error counts."""
+
+    counters: CounterGuard
+    devices: DeviceIndexes
+    attribution: Attribution
+    source_errors: dict[str, int]
+
+
 def build_slots(config: Config) -> list[_Slot]:
     """Start the configured sources; `auto` drops absent ones and falls back within a group."""
     groups, auto = selected_groups(config)
@@ -91,15 +103,25 @@ def _open(name: str, config: Config) -> _Slot:
 
 
 class Sampler:
-    """Reads every source once per interval and publishes one Snapshot per sample."""
+    """Reads every source once per interval and publishes one Snapshot per sample.
 
-    def __init__(self, config: Config, store: SnapshotStore, slots: list[_Slot] | None = None) -> None:
+    With `state_dir` (the master's private directory) it continues the counters a previous worker saved there,
+    and saves its own after every sample.
+    """
+
+    def __init__(self, config: Config, store: SnapshotStore, slots: list[_Slot] | None = None,
+                 state_dir: str = "") -> None:
         self.config = config
         self.store = store
         self.slots = build_slots(config) if slots is None else slots
-        self._counters = CounterGuard()
+        self._counters = CounterGuard(config.process_metrics)
+        self._devices = DeviceIndexes()
         self._attribution = Attribution(config.cpu_tdp_watts, config.gpu_idle_watts, config.process_metrics,
                                         config.process_grace, config.max_processes)
+        self._state_dir = state_dir
+        self._save_failed = False
+        if state_dir:
+            self._take_over(carry.load(state_dir))
         self.kube = KubeMetadata(config)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -128,10 +150,31 @@ class Sampler:
                 except Exception as err:
                     log.warning("stopping source %s: %s", slot.name, err)
 
+    def _take_over(self, carried: object) -> None:
+        if isinstance(carried, _Carried):
+            self._counters, self._devices, self._attribution = carried.counters, carried.devices, carried.attribution
+            for slot in self.slots:
+                slot.errors_total += carried.source_errors.get(slot.name, 0)
+
+    def _save(self) -> None:
+        if not self._state_dir:
+            return
+        state = _Carried(self._counters, self._devices, self._attribution,
+                         {slot.name: slot.errors_total for slot in self.slots})
+        try:
+            carry.save(self._state_dir, state)
+        except Exception as err:  # the state is a convenience: sampling goes on without it
+            if not self._save_failed:
+                log.warning("cannot save counter state in %s (counters restart from zero if the worker restarts): "
+                            "%s; free space on its file system", self._state_dir, err)
+            self._save_failed = True
+
     def _run(self) -> None:
         deadline = time.monotonic()
         while not self._stop.is_set():
-            self.store.publish(self.sample())
+            snapshot = self.sample()
+            self._save()  # before publishing: a new worker continues from at least what any scrape has seen
+            self.store.publish(snapshot)
             deadline += self.config.interval
             now = time.monotonic()
             if deadline < now:  # fell behind (slow driver): skip missed ticks instead of bursting
@@ -155,9 +198,9 @@ class Sampler:
             if reading.ebpf_programs_attached is not None:
                 attached = (attached or 0) + reading.ebpf_programs_attached
         kube = self.kube.view()
-        node_gpus = tuple(kube.label(self._counters.gpu(dataclasses.replace(gpu, index=i)))
-                          for i, gpu in enumerate(gpus))
+        node_gpus = tuple(kube.label(self._counters.gpu(gpu)) for gpu in self._devices.number(gpus))
         increases = self._counters.cpu_increases(processes)
+        shown, other_seconds = self._counters.process_seconds(increases)
         self.kube.notice({key[2] for key in increases if key[2]} |
                          {proc.container_id for gpu in node_gpus for proc in gpu.processes if proc.container_id})
         energy = self._attribution.update(Inputs(started, tuple(zones), cpu_times, node_gpus, increases,
@@ -172,7 +215,9 @@ class Sampler:
             sources=tuple(SourceStatus(s.name, s.started and not s.error, s.error, s.errors_total)
                           for s in self.slots),
             gpus=node_gpus,
-            processes=tuple(processes),
+            processes=shown,
+            process_cpu_other=other_seconds,
+            process_limit=self.config.process_metrics,
             containers=containers,
             ebpf_programs_attached=attached,
             energy=energy,

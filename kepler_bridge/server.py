@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import sys
 
 from gunicorn.app.base import BaseApplication
 
+from kepler_bridge import carry
 from kepler_bridge.config import Config
 from kepler_bridge.webconfig import WebConfigFile
 
@@ -45,6 +47,8 @@ class AgentApplication(BaseApplication):
         self.config = config
         self.sock = sock
         self.sampler = None
+        self.state_dir = carry.make_dir()
+        self._master = os.getpid()
         self.web = WebConfigFile(config.web_config_file) if config.web_config_file else None
         super().__init__()
 
@@ -72,13 +76,18 @@ class AgentApplication(BaseApplication):
         from kepler_bridge.web import create_app
 
         store = SnapshotStore()
-        self.sampler = Sampler(self.config, store)
+        self.sampler = Sampler(self.config, store, state_dir=self.state_dir)
         self.sampler.start()
         return create_app(store, self.config, alive=self.sampler.alive, web=self.web)
 
     def _worker_exit(self, server, worker) -> None:
         if self.sampler is not None:
             self.sampler.stop(timeout=GRACEFUL_SECONDS / 2)
+
+    def remove_state(self) -> None:
+        """Delete the counter state, in the master only: a worker's exit unwinds through `run()` too."""
+        if os.getpid() == self._master:
+            carry.remove_dir(self.state_dir)
 
 
 def serve(config: Config) -> int:
@@ -88,5 +97,9 @@ def serve(config: Config) -> int:
     except BindError as err:
         print(f"kepler-bridge: {err}", file=sys.stderr)
         return 1
-    AgentApplication(config, sock).run()
+    app = AgentApplication(config, sock)
+    try:
+        app.run()
+    finally:
+        app.remove_state()
     return 0

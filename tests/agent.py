@@ -66,6 +66,11 @@ class Agent:
     def get(self, path: str, **kwargs) -> requests.Response:
         return requests.get(self.url + path, timeout=5, verify=self.verify, cert=self.client_cert, **kwargs)
 
+    def worker_pids(self) -> list[int]:
+        """The gunicorn workers the agent's master runs now."""
+        master = self.process.pid
+        return [int(pid) for pid in Path(f"/proc/{master}/task/{master}/children").read_text().split()]
+
     def metrics(self) -> str:
         response = self.get("/metrics")
         response.raise_for_status()

@@ -27,7 +27,7 @@ SUBSTITUTIONS = {"$__rate_interval": "10s", "$__interval": "5s", "$__range": "1m
                  "$node": ".*", "$gpu": ".*", "$namespace": ".*", "$pod": ".*"}
 # Every metric name of DESIGN.md section 5 (the contract), plus Prometheus' own per-target series.
 CONTRACT_METRICS = {
-    "gpu_info", "gpu_up", "gpu_utilization_ratio", "gpu_memory_utilization_ratio",
+    "gpu_info", "gpu_pod_info", "gpu_up", "gpu_utilization_ratio", "gpu_memory_utilization_ratio",
     "gpu_encoder_utilization_ratio", "gpu_decoder_utilization_ratio", "gpu_memory_used_bytes",
     "gpu_memory_total_bytes", "gpu_memory_free_bytes", "gpu_temperature_celsius",
     "gpu_memory_temperature_celsius", "gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total",

@@ -1,4 +1,5 @@
-"""A fake kubelet / API server / MetaServer (pod lists over HTTP or HTTPS with a token check) for tests."""
+"""A fake kubelet / API server / MetaServer (pod lists over HTTP or HTTPS with a token check) and a fake kubelet
+pod-resources socket (gRPC) for tests."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import json
 import ssl
 import subprocess
 import threading
+from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import grpc
 
 
 def pod(namespace: str, name: str, *containers: tuple[str, str], node: str = "edge-1",
@@ -87,3 +91,64 @@ class FakeKube:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _varint(value: int) -> bytes:
+    out = b""
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out += bytes([byte | (0x80 if value else 0)])
+        if not value:
+            return out
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field, encoded by hand so the test does not trust the agent's schema."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def list_response(pods: list[tuple[str, str, list[tuple[str, list[tuple[str, list[str]]]]]]]) -> bytes:
+    """ListPodResourcesResponse with k8s.io/kubelet's field numbers, plus fields the agent does not read
+    (cpu_ids, memory, topology), which it must skip."""
+    body = b""
+    for namespace, name, containers in pods:
+        pod = _field(1, name.encode()) + _field(2, namespace.encode())
+        for container_name, devices in containers:
+            container = _field(1, container_name.encode())
+            for resource, ids in devices:
+                device = _field(1, resource.encode()) + b"".join(_field(2, i.encode()) for i in ids)
+                container += _field(2, device + _field(3, _field(1, _varint(1 << 3) + _varint(0))))  # topology
+            container += _field(3, _varint(4) + _varint(5))  # cpu_ids, packed
+            container += _field(4, _field(1, b"memory") + _varint(2 << 3) + _varint(1 << 30))  # memory
+            pod += _field(3, container)
+        body += _field(1, pod)
+    return body
+
+
+class FakePodResources:
+    """v1.PodResourcesLister/List on a unix socket, answering `response` (bytes)."""
+
+    def __init__(self, socket: Path, response: bytes, service: str = "v1.PodResourcesLister") -> None:
+        self.socket = socket
+        self.response = response
+        self.calls = 0
+        self._lock = threading.Lock()
+
+        def answer(request: bytes, context: grpc.ServicerContext) -> bytes:
+            with self._lock:
+                self.calls += 1
+            return self.response
+
+        handler = grpc.method_handlers_generic_handler(service, {"List": grpc.unary_unary_rpc_method_handler(answer)})
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[handler])
+        self.server.add_insecure_port(f"unix://{socket}")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(grace=None).wait(5)
+
+    def __enter__(self) -> "FakePodResources":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -30,11 +30,12 @@ def identities(energy: Energy) -> dict[tuple, float]:
         found[("zone", zone.zone, zone.source)] = zone.joules
     for uuid, joules in energy.gpu_idle:
         found[("idle", uuid)] = joules
-    for level, rows in (("process", energy.processes), ("container", energy.containers), ("pod", energy.pods)):
+    for level, kind, rows in (("process", "cpu", energy.cpu_processes), ("process", "gpu", energy.gpu_processes),
+                              ("container", "cpu", energy.containers), ("container", "gpu", energy.containers),
+                              ("pod", "cpu", energy.pods), ("pod", "gpu", energy.pods)):
         for row in rows:
             labels = (row.pid, row.comm, row.container_id, row.namespace, row.pod, row.container)
-            found[(level, "cpu") + labels] = row.cpu_joules
-            found[(level, "gpu") + labels] = row.gpu_joules
+            found[(level, kind) + labels] = getattr(row, f"{kind}_joules")
     return found
 
 
@@ -141,8 +142,9 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
             assert zone_gain == pytest.approx(package_joules, rel=1e-6, abs=1e-6)
             if not processes and up:
                 assert increases(previous_full, after_full, "process", "gpu") == 0
-        shown = [key for key in after_top if key[0] == "process" and key[1] == "cpu" and key[2] != "other"]
-        assert len(shown) <= limit
+        for kind in ("cpu", "gpu"):
+            shown = [key for key in after_top if key[:2] == ("process", kind) and key[2] != "other"]
+            assert len(shown) <= limit
         previous_full, previous_top = after_full, after_top
 
 
@@ -154,7 +156,7 @@ def test_cpu_active_energy_is_shared_by_cpu_time() -> None:
     energy = attribution.update(Inputs(1.0, zones(100_000_000), CpuTimes(1.0, 4.0), pods=PODS,
                                        cpu_increases={(1, "a", ""): 0.75, (2, "b", "c1"): 0.25}))
     # 100 J at 25 % usage: 25 J active, 3:1.
-    assert {row.pid: row.cpu_joules for row in energy.processes} == {"1": pytest.approx(18.75),
+    assert {row.pid: row.cpu_joules for row in energy.cpu_processes} == {"1": pytest.approx(18.75),
                                                                       "2": pytest.approx(6.25)}
     assert {(row.namespace, row.pod): row.cpu_joules for row in energy.pods} == {
         ("", ""): pytest.approx(18.75), ("shop", "web-1"): pytest.approx(6.25)}
@@ -167,7 +169,7 @@ def test_psys_then_core_where_no_package_zone() -> None:
                         RaplZone("intel-rapl:1", "dram", 2 * uj, REAL_MAX_UJ))
     attribution.update(Inputs(0.0, zones(0), CpuTimes(0, 0)))
     energy = attribution.update(Inputs(1.0, zones(10_000_000), CpuTimes(1, 1), cpu_increases={(1, "a", ""): 1.0}))
-    assert energy.processes[0].cpu_joules == pytest.approx(10.0)
+    assert energy.cpu_processes[0].cpu_joules == pytest.approx(10.0)
     assert {zone.zone: zone.joules for zone in energy.cpu_zones} == {"psys": 10.0, "dram": 20.0}
 
 
@@ -179,7 +181,7 @@ def test_estimate_only_with_cpu_tdp_watts_and_labelled() -> None:
         assert tuple((zone.zone, zone.source) for zone in energy.cpu_zones) == expected
         if tdp:
             assert energy.cpu_zones[0].joules == pytest.approx(50.0)  # 100 W x 25 % x 2 s, all active
-            assert energy.processes[0].cpu_joules == pytest.approx(50.0)
+            assert energy.cpu_processes[0].cpu_joules == pytest.approx(50.0)
 
 
 def test_a_process_cannot_take_more_than_all_cpus() -> None:
@@ -189,7 +191,7 @@ def test_a_process_cannot_take_more_than_all_cpus() -> None:
     # Process 2 came back after eviction with its whole history (1000 s) in one interval of 4 CPU-seconds.
     energy = attribution.update(Inputs(1.0, zones(8_000_000), CpuTimes(4, 4),
                                        cpu_increases={(1, "a", ""): 4.0, (2, "b", ""): 1000.0}))
-    assert [row.cpu_joules for row in energy.processes] == [pytest.approx(4.0), pytest.approx(4.0)]
+    assert [row.cpu_joules for row in energy.cpu_processes] == [pytest.approx(4.0), pytest.approx(4.0)]
 
 
 def test_gpu_shares() -> None:
@@ -215,10 +217,10 @@ def test_gpu_idle_is_the_lowest_power_seen_unless_configured() -> None:
     lowest = run(None)
     # 300 W (lowest so far 300): all idle; 60 W with no process: idle; 200 W, lowest 60: 60 idle, 140 active.
     assert lowest[-1].gpu_idle == (("G", pytest.approx(300 + 60 + 60)),)
-    assert lowest[-1].processes[0].gpu_joules == pytest.approx(140)
+    assert lowest[-1].gpu_processes[0].gpu_joules == pytest.approx(140)
     configured = run(50.0)
     assert configured[-1].gpu_idle == (("G", pytest.approx(50 + 60 + 50)),)
-    assert configured[-1].processes[0].gpu_joules == pytest.approx(250 + 150)
+    assert configured[-1].gpu_processes[0].gpu_joules == pytest.approx(250 + 150)
 
 
 def test_gpu_without_energy_counter_integrates_power() -> None:
@@ -227,7 +229,7 @@ def test_gpu_without_energy_counter_integrates_power() -> None:
     attribution.update(Inputs(0.0, gpus=(gpu("G", power_watts=250.0, processes=procs),)))
     energy = attribution.update(Inputs(2.0, gpus=(gpu("G", power_watts=250.0, processes=procs),)))
     assert energy.gpu_idle == (("G", pytest.approx(100.0)),)
-    assert [row.gpu_joules for row in energy.processes] == [pytest.approx(300.0), pytest.approx(100.0)]
+    assert [row.gpu_joules for row in energy.gpu_processes] == [pytest.approx(300.0), pytest.approx(100.0)]
 
 
 def test_top_n_sums_the_rest_into_other_and_series_start_when_shown() -> None:
@@ -240,26 +242,41 @@ def test_top_n_sums_the_rest_into_other_and_series_start_when_shown() -> None:
                                              (16_000_000, 16.0, {1: 0.0, 2: 0.0, 3: 10.0})], start=1):
         energy = attribution.update(Inputs(float(second), zone(uj), CpuTimes(cpu, cpu),
                                            cpu_increases={(pid, "x", ""): seconds for pid, seconds in use.items()}))
-        outputs.append({row.pid: row.cpu_joules for row in energy.processes})
+        outputs.append({row.pid: row.cpu_joules for row in energy.cpu_processes})
     assert outputs[0] == {"1": pytest.approx(3.0), "2": pytest.approx(2.0), "other": pytest.approx(1.0)}
     # Process 3 used 10 J and enters the top 2 with its series counting from there; process 2 leaves.
     assert outputs[1] == {"3": pytest.approx(10.0), "1": pytest.approx(3.0), "other": pytest.approx(1.0)}
+
+
+def test_each_kind_ranks_processes_by_its_own_joules() -> None:
+    attribution = Attribution(gpu_idle_watts=0.0, process_limit=1)
+    zone = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
+    procs = (GpuProcess(2, "y", utilization=1.0),)
+    attribution.update(Inputs(0.0, zone(0), CpuTimes(0, 0), (gpu("G", energy_joules=0.0, processes=procs),)))
+    # Process 1 used 9 J of CPU and no GPU; process 2 used 1 J of CPU and all 100 J of the GPU.
+    energy = attribution.update(Inputs(1.0, zone(10_000_000), CpuTimes(1, 1),
+                                       (gpu("G", energy_joules=100.0, processes=procs),),
+                                       cpu_increases={(1, "x", ""): 0.9, (2, "y", ""): 0.1}))
+    assert [(row.pid, row.cpu_joules) for row in energy.cpu_processes] == [("1", pytest.approx(9.0)),
+                                                                           ("other", pytest.approx(1.0))]
+    assert [(row.pid, row.gpu_joules) for row in energy.gpu_processes] == [("2", pytest.approx(100.0)),
+                                                                           ("other", 0.0)]
 
 
 def test_off_and_all() -> None:
     for limit, expected in ((0, set()), (None, {"1", "2", "3"})):
         attribution = Attribution(process_limit=limit)
         energy = attribution.update(Inputs(0.0, cpu_increases={(pid, "x", ""): 1.0 for pid in (1, 2, 3)}))
-        assert {row.pid for row in energy.processes} == expected
+        assert {row.pid for row in energy.cpu_processes} == {row.pid for row in energy.gpu_processes} == expected
         assert [row.pod for row in energy.pods] == [""]
 
 
 def test_ended_processes_expire_after_the_grace_period() -> None:
     attribution = Attribution(grace=5.0, process_limit=None)
     attribution.update(Inputs(0.0, cpu_increases={(1, "a", "c1"): 1.0}, pods=PODS))
-    assert len(attribution.update(Inputs(5.0, pods=PODS)).processes) == 1
+    assert len(attribution.update(Inputs(5.0, pods=PODS)).cpu_processes) == 1
     energy = attribution.update(Inputs(5.5, pods=PODS))
-    assert energy.processes == () and energy.containers == () and energy.pods == ()
+    assert energy.cpu_processes == energy.gpu_processes == () and energy.containers == () and energy.pods == ()
 
 
 def test_gpu_process_labels_win_for_processes_the_pod_list_does_not_know() -> None:
@@ -267,6 +284,6 @@ def test_gpu_process_labels_win_for_processes_the_pod_list_does_not_know() -> No
     procs = (GpuProcess(900, "", utilization=1.0, namespace="ml", pod="train-0", container="main"),)
     attribution.update(Inputs(0.0, gpus=(gpu("G", energy_joules=0.0, processes=procs),)))
     energy = attribution.update(Inputs(1.0, gpus=(gpu("G", energy_joules=100.0, processes=procs),)))
-    assert [(row.pid, row.namespace, row.pod, row.gpu_joules) for row in energy.processes] == [
+    assert [(row.pid, row.namespace, row.pod, row.gpu_joules) for row in energy.gpu_processes] == [
         ("900", "ml", "train-0", 100.0)]
     assert [(row.namespace, row.pod, row.gpu_joules) for row in energy.pods] == [("ml", "train-0", 100.0)]

@@ -1,4 +1,4 @@
-"""Per-process energy series stay bounded (top:N plus pid="other") with thousands of processes."""
+"""Every per-process family stays bounded (top:N plus pid="other") with thousands of processes."""
 
 from __future__ import annotations
 
@@ -9,17 +9,27 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kepler_bridge import config
 from kepler_bridge.exposition import prometheus
-from kepler_bridge.model import CpuTimes, ProcessCpu, RaplZone, SourceReading
+from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, SourceReading
 from kepler_bridge.sampler import Sampler, SnapshotStore
 from kepler_bridge.sources import REGISTRY
 from kepler_bridge.sources.base import Source
 
-PROCESSES = 2000
+PROCESSES = 3000
 CONTAINERS = 40
+GPU_PROCESSES = 300  # the first 300 processes also use the node's one GPU
+GIB = 1024**3
+PER_PROCESS = ("kepler_bridge_process_cpu_seconds", "kepler_bridge_process_cpu_joules",
+               "kepler_bridge_process_gpu_joules", "gpu_process_memory_used_bytes", "gpu_process_utilization_ratio")
+
+
+def memory(i: int) -> int:
+    """GPU memory of process i: a different amount for each GPU process."""
+    return ((i * 37 + 17) % GPU_PROCESSES + 1) * 2**20
 
 
 class ManyProcesses(Source):
-    """2000 processes in 40 containers whose CPU use changes every sample, on a node drawing 200 W."""
+    """3000 processes in 40 containers whose CPU use changes every sample, on a node drawing 200 W; 300 of them
+    share a GPU drawing 300 W."""
 
     name = "many"
 
@@ -32,23 +42,32 @@ class ManyProcesses(Source):
         self.samples += 1
         for i in range(PROCESSES):
             self.cpu[i] += self.random.random() * 0.01
+        gpu_processes = tuple(GpuProcess(10_000 + i, f"worker-{i % 9}", memory(i), self.random.random() / GPU_PROCESSES,
+                                         container_id=f"{i % CONTAINERS:064x}") for i in range(GPU_PROCESSES))
         return SourceReading(
+            gpus=(GpuReading(0, "GPU-many", "nvidia", "A100", energy_joules=self.samples * 300.0,
+                             processes=gpu_processes),),
             processes=tuple(ProcessCpu(10_000 + i, f"worker-{i % 9}", self.cpu[i], f"{i % CONTAINERS:064x}")
                             for i in range(PROCESSES)),
             rapl_zones=(RaplZone("intel-rapl:0", "package", self.samples * 200_000_000, 262143328850),),
             cpu_times=CpuTimes(self.samples * 10.0, self.samples * 16.0))
 
 
+def sampler(process_metrics: str, monkeypatch: pytest.MonkeyPatch) -> Sampler:
+    monkeypatch.setitem(REGISTRY, "many", f"{__name__}:ManyProcesses")
+    return Sampler(config.load({"sources": "many", "process_metrics": process_metrics}, {}), SnapshotStore())
+
+
+def scrape(many: Sampler) -> dict[str, list]:
+    """The /metrics families of the next sample."""
+    text = prometheus.render(many.sample(), many.config.metric_allowed).decode()
+    return {family.name: family.samples for family in text_string_to_metric_families(text)}
+
+
 def scrapes(process_metrics: str, monkeypatch: pytest.MonkeyPatch, samples: int) -> list[dict[str, list]]:
     """The /metrics families of each of `samples` samples."""
-    monkeypatch.setitem(REGISTRY, "many", f"{__name__}:ManyProcesses")
-    cfg = config.load({"sources": "many", "process_metrics": process_metrics}, {})
-    sampler = Sampler(cfg, SnapshotStore())
-    found = []
-    for _ in range(samples):
-        text = prometheus.render(sampler.sample(), cfg.metric_allowed).decode()
-        found.append({family.name: family.samples for family in text_string_to_metric_families(text)})
-    return found
+    many = sampler(process_metrics, monkeypatch)
+    return [scrape(many) for _ in range(samples)]
 
 
 def families(process_metrics: str, monkeypatch: pytest.MonkeyPatch, samples: int = 2) -> dict[str, list]:
@@ -64,15 +83,50 @@ def test_top_50_by_default_and_the_rest_in_other(monkeypatch: pytest.MonkeyPatch
         assert len(after["kepler_bridge_container_cpu_joules"]) == CONTAINERS
         assert len(after["kepler_bridge_pod_cpu_joules"]) == 1  # no Kubernetes: one pod row, empty labels
         energy_series = sum(len(samples) for name, samples in after.items() if "joules" in name)
-        assert energy_series == 1 + 51 + CONTAINERS + 1
+        # Node, processes, containers and pods of the CPU; the GPU's own counter, its idle part and the same levels.
+        assert energy_series == (1 + 51 + CONTAINERS + 1) + (1 + 1 + 51 + CONTAINERS + 1)
         # The shown processes and "other" together gained the node's active energy: 200 J x 10/16 usage.
         previous = {sample.labels["pid"]: sample.value for sample in before["kepler_bridge_process_cpu_joules"]}
         gained = sum(sample.value - previous.get(sample.labels["pid"], 0.0) for sample in process)
         assert gained == pytest.approx(200 * 10 / 16)
 
 
+def test_every_per_process_family_is_bounded_and_the_aggregates_complete(monkeypatch: pytest.MonkeyPatch) -> None:
+    many = sampler("top:50", monkeypatch)
+    first = scrape(many)
+    source = many.slots[0].source
+    # First sample: the 50 processes with the most CPU time, each with all of it, and the rest summed in "other".
+    seconds = {sample.labels["pid"]: sample.value for sample in first["kepler_bridge_process_cpu_seconds"]}
+    ranked = sorted(range(PROCESSES), key=lambda i: -source.cpu[i])
+    assert seconds == {**{str(10_000 + i): pytest.approx(source.cpu[i]) for i in ranked[:50]},
+                       "other": pytest.approx(sum(source.cpu[i] for i in ranked[50:]))}
+    for _ in range(3):
+        before, cpu_before = seconds, sum(source.cpu)
+        found = scrape(many)
+        assert {name: len(found[name]) for name in PER_PROCESS} == dict.fromkeys(PER_PROCESS, 51)
+        assert all([sample.labels["pid"] for sample in found[name]].count("other") == 1 for name in PER_PROCESS)
+        for name in ("kepler_bridge_container_cpu_seconds", "kepler_bridge_container_cpu_joules",
+                     "kepler_bridge_container_gpu_joules"):
+            assert len(found[name]) == CONTAINERS, name
+        # The shown series and "other" together gained every process's CPU time, and none decreased.
+        seconds = {sample.labels["pid"]: sample.value for sample in found["kepler_bridge_process_cpu_seconds"]}
+        assert all(value >= before.get(pid, 0.0) for pid, value in seconds.items())
+        gained = sum(value - before.get(pid, 0.0) for pid, value in seconds.items())
+        assert gained == pytest.approx(sum(source.cpu) - cpu_before)
+    # The gauges show their 50 highest values; "other" holds the sum of the rest on that GPU.
+    amounts = sorted((memory(i) for i in range(GPU_PROCESSES)), reverse=True)
+    shown = {sample.labels["pid"]: sample.value for sample in found["gpu_process_memory_used_bytes"]}
+    assert sorted(value for pid, value in shown.items() if pid != "other") == sorted(amounts[:50])
+    assert shown["other"] == sum(amounts[50:])
+
+
 def test_all_and_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert len(families("all", monkeypatch, samples=2)["kepler_bridge_process_cpu_joules"]) == PROCESSES
+    found = families("all", monkeypatch, samples=2)
+    assert {name: len(found[name]) for name in PER_PROCESS} == {
+        "kepler_bridge_process_cpu_seconds": PROCESSES, "kepler_bridge_process_cpu_joules": PROCESSES,
+        "kepler_bridge_process_gpu_joules": PROCESSES, "gpu_process_memory_used_bytes": GPU_PROCESSES,
+        "gpu_process_utilization_ratio": GPU_PROCESSES}
     found = families("off", monkeypatch, samples=2)
-    assert "kepler_bridge_process_cpu_joules" not in found
+    assert not set(PER_PROCESS) & set(found)
     assert len(found["kepler_bridge_container_cpu_joules"]) == CONTAINERS
+    assert len(found["kepler_bridge_container_cpu_seconds"]) == CONTAINERS

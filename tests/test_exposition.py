@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from kepler_bridge.counters import CounterGuard
 from kepler_bridge.exposition import baetyl, prometheus
-from kepler_bridge.model import GpuProcess, GpuReading, ProcessCpu, Snapshot, SourceStatus
+from kepler_bridge.model import GpuProcess, GpuReading, PodRef, ProcessCpu, Snapshot, SourceStatus
 
 GIB = 1024**3
 
@@ -39,6 +40,18 @@ def test_lost_gpu_has_up_0_and_info_only() -> None:
     assert {s.labels["gpu"]: s.value for s in found["gpu_up"]} == {"0": 1.0, "1": 0.0}
     assert [s.labels["gpu"] for s in found["gpu_utilization_ratio"]] == ["0"]
     assert len(found["gpu_info"]) == 2
+
+
+def test_device_series_keep_their_labels_and_the_owner_is_a_series_of_its_own() -> None:
+    gpus = (gpu(0, utilization=0.5, energy_joules=10.0), gpu(1, up=False))
+    unowned = families(snapshot(*gpus))
+    owned = families(dataclasses.replace(snapshot(*gpus), gpu_pods=(("GPU-0", PodRef("ml", "train-0", "main")),)))
+    assert set(owned) - set(unowned) == {"gpu_pod_info"}
+    for name, samples in unowned.items():
+        assert [sample.labels for sample in owned[name]] == [sample.labels for sample in samples], name
+    device = {"node": "n1", "gpu": "0", "uuid": "GPU-0", "vendor": "nvidia", "model": "A100"}
+    assert [(sample.labels, sample.value) for sample in owned["gpu_pod_info"]] == [
+        (device | {"namespace": "ml", "pod": "train-0", "container": "main"}, 1.0)]
 
 
 def test_labelled_families() -> None:

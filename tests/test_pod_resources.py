@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import Agent
 from fakenvml import FakeNvml
+from kubefakes import FakePodResources, list_response
 from kepler_bridge import config
 from kepler_bridge.kube.client import KubeError
 from kepler_bridge.kube.metadata import KubeMetadata
@@ -23,67 +21,6 @@ from kepler_bridge.model import PodRef
 GPU0 = "GPU-fa4e0000-0000-4000-8000-000000000000"
 GPU1 = "GPU-fa4e0000-0000-4000-8000-000000000001"
 GIB = 1024**3
-
-
-def _varint(value: int) -> bytes:
-    out = b""
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out += bytes([byte | (0x80 if value else 0)])
-        if not value:
-            return out
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field, encoded by hand so the test does not trust the agent's schema."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def list_response(pods: list[tuple[str, str, list[tuple[str, list[tuple[str, list[str]]]]]]]) -> bytes:
-    """ListPodResourcesResponse with k8s.io/kubelet's field numbers, plus fields the agent does not read
-    (cpu_ids, memory, topology), which it must skip."""
-    body = b""
-    for namespace, name, containers in pods:
-        pod = _field(1, name.encode()) + _field(2, namespace.encode())
-        for container_name, devices in containers:
-            container = _field(1, container_name.encode())
-            for resource, ids in devices:
-                device = _field(1, resource.encode()) + b"".join(_field(2, i.encode()) for i in ids)
-                container += _field(2, device + _field(3, _field(1, _varint(1 << 3) + _varint(0))))  # topology
-            container += _field(3, _varint(4) + _varint(5))  # cpu_ids, packed
-            container += _field(4, _field(1, b"memory") + _varint(2 << 3) + _varint(1 << 30))  # memory
-            pod += _field(3, container)
-        body += _field(1, pod)
-    return body
-
-
-class FakePodResources:
-    """v1.PodResourcesLister/List on a unix socket, answering `response` (bytes)."""
-
-    def __init__(self, socket: Path, response: bytes, service: str = "v1.PodResourcesLister") -> None:
-        self.socket = socket
-        self.response = response
-        self.calls = 0
-        self._lock = threading.Lock()
-
-        def answer(request: bytes, context: grpc.ServicerContext) -> bytes:
-            with self._lock:
-                self.calls += 1
-            return self.response
-
-        handler = grpc.method_handlers_generic_handler(service, {"List": grpc.unary_unary_rpc_method_handler(answer)})
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[handler])
-        self.server.add_insecure_port(f"unix://{socket}")
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop(grace=None).wait(5)
-
-    def __enter__(self) -> "FakePodResources":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 ASSIGNED = list_response([
@@ -142,7 +79,7 @@ def families(agent: Agent) -> dict[str, list[tuple[dict[str, str], float]]]:
     return found
 
 
-def test_agent_labels_gpu_series_with_the_assigned_pod(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+def test_agent_names_the_pod_a_gpu_is_assigned_to_in_gpu_pod_info(fake_nvml: FakeNvml, tmp_path: Path) -> None:
     socket = tmp_path / "kubelet.sock"
     fake_nvml.processes(0, [{"pid": 999001, "used_memory": 2 * GIB, "sm_util": 60}])
     fake_nvml.processes(1, [{"pid": 999002, "used_memory": GIB, "sm_util": 20}])
@@ -162,11 +99,12 @@ def test_agent_labels_gpu_series_with_the_assigned_pod(fake_nvml: FakeNvml, tmp_
             fake_nvml.gpu(0, total_energy=energy)
             time.sleep(0.1)
         assert found, agent.output()[-2000:]
-    up = {labels["gpu"]: labels for labels, _ in found["gpu_up"]}
-    assert (up["0"]["namespace"], up["0"]["pod"], up["0"]["container"]) == ("ml", "train-0", "main")
-    assert (up["1"]["namespace"], up["1"]["pod"]) == ("", "")  # shared by two pods: no single owner
-    idle = {labels["gpu"]: labels["pod"] for labels, _ in found["kepler_bridge_node_gpu_idle_joules_total"]}
-    assert idle == {"0": "train-0", "1": ""}
+    owners = {labels["gpu"]: (labels["namespace"], labels["pod"], labels["container"], value)
+              for labels, value in found["gpu_pod_info"]}
+    assert owners == {"0": ("ml", "train-0", "main", 1.0)}  # GPU 1 is shared by two pods: no single owner
+    # Device series keep the same labels whoever owns the GPU, so the owner changing never starts a new series.
+    for name in ("gpu_up", "gpu_energy_joules_total", "kepler_bridge_node_gpu_idle_joules_total"):
+        assert [set(labels) for labels, _ in found[name]] == [{"node", "gpu", "uuid", "vendor", "model"}] * 2, name
     processes = {labels["pid"]: (labels["namespace"], labels["pod"], labels["container"])
                  for labels, _ in found["gpu_process_memory_used_bytes"]}
     # The agent cannot see these pids in /proc: each gets its GPU's owner when there is exactly one.

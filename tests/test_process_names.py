@@ -40,7 +40,7 @@ def test_a_gpu_process_named_in_invalid_utf8_keeps_every_gpu_up(fake_nvml: FakeN
         assert Path(f"/proc/{named.pid}/comm").read_bytes() == NON_UTF8 + b"\n"
         fake_nvml.processes(0, [{"pid": named.pid, "used_memory": 1 << 30, "sm_util": 40}])
         with Agent("--sources", "nvml,procfs", "--nvml-library", str(fake_nvml.library), "--interval", "0.25s",
-                   env=fake_nvml.env()) as agent:
+                   "--process-metrics", "all", env=fake_nvml.env()) as agent:
             assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
             text = agent.metrics()
             expected = NON_UTF8.decode(errors="replace")

@@ -5,7 +5,7 @@ GPUs and 2 fake-NVML GPUs with faults injected (busy, hot, memory full,
 thermally throttled, XID 79, a growing ECC count, one GPU lost), a CPU
 estimate for node energy, and a container workload: a process in a test
 cgroup that also uses fake GPU 0, named as pod demo/inference-0 by a stub
-MetaServer. The second agent's only source cannot start
+MetaServer; a stub kubelet pod-resources socket assigns fake GPU 0 to that pod. The second agent's only source cannot start
 (KeplerBridgeSourceDown); the third one's driver hangs after start-up
 (KeplerBridgeStale). A dead port is a fourth target (KeplerBridgeDown).
 """
@@ -25,10 +25,11 @@ from agent import Agent
 from assets import alert_rules, panel_queries, variable_queries
 from cpu_helpers import Burner
 from fakenvml import FakeNvml, default_process
-from kubefakes import FakeKube, pod, pod_list
+from kubefakes import FakeKube, FakePodResources, list_response, pod, pod_list
 from promserver import Alertmanager, HttpStub, Prometheus, binary, free_port, http_get, wait_until
 
 LOST_GPU = 1
+ASSIGNED_GPU = "GPU-fa4e0000-0000-4000-8000-000000000000"  # fake GPU 0
 HUNG_DRIVER_MS = 120_000
 # KeplerBridgeStale needs the newest sample to be more than 30 s older than the scrape.
 STALE_AFTER_S = 30
@@ -94,9 +95,13 @@ def stack(fakenvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         _inject_gpu_faults(healthy_nvml, workload.pid)
         metaserver = stop.enter_context(FakeKube(pod_list(
             pod(POD["namespace"], POD["pod"], (POD["container"], f"cri-o://{CONTAINER_ID}")))))
+        kubelet_socket = workdir / "kubelet.sock"
+        stop.enter_context(FakePodResources(kubelet_socket, list_response([
+            (POD["namespace"], POD["pod"], [(POD["container"], [("nvidia.com/gpu", [ASSIGNED_GPU])])])])))
         healthy = stop.enter_context(Agent(
             "--simulate", "2", "--interval", "1s", "--nvml-library", str(fakenvml_lib), "--cpu-tdp-watts", "65",
-            "--kube-source", "metaserver", "--metaserver-url", metaserver.url, env=healthy_nvml.env()))
+            "--kube-source", "metaserver", "--metaserver-url", metaserver.url,
+            "--pod-resources-socket", str(kubelet_socket), env=healthy_nvml.env()))
         broken = stop.enter_context(Agent("--sources", "nvml", "--interval", "1s", "--nvml-library",
                                           str(workdir / "missing" / "libnvidia-ml.so.1"), ready=False))
         hung = stop.enter_context(Agent("--sources", "nvml", "--interval", "1s", "--nvml-library",
@@ -165,6 +170,15 @@ def test_workload_energy_names_the_pod(stack: Stack) -> None:
         return {(s["metric"].get("namespace", ""), s["metric"].get("pod", "")) for s in series}
 
     wait_until(lambda: (POD["namespace"], POD["pod"]) in pods(), 30, "GPU energy of the demo pod")
+
+
+def test_gpu_memory_alert_names_the_pod_its_gpu_is_assigned_to(stack: Stack) -> None:
+    rule = next(rule for rule in alert_rules() if rule["alert"] == "GPUMemoryNearlyFull")
+
+    def owners() -> dict[str, str]:
+        return {s["metric"]["uuid"]: s["metric"].get("pod", "") for s in stack.prometheus.query(rule["expr"])}
+
+    wait_until(lambda: owners().get(ASSIGNED_GPU) == POD["pod"], 30, "the memory alert of GPU 0 to name its pod")
 
 
 def test_lost_gpu_fires_gpulost_and_alertmanager_delivers_it(stack: Stack) -> None:

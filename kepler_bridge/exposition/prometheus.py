@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -12,7 +12,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from kepler_bridge import __version__
-from kepler_bridge.model import GpuReading, PodRef, Snapshot, WorkloadEnergy
+from kepler_bridge.model import GpuProcess, PodRef, Snapshot, WorkloadEnergy
+from kepler_bridge.top import top
 
 GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
 POD_LABELS = ("namespace", "pod", "container")
@@ -49,6 +50,7 @@ GPU_GAUGES: dict[str, tuple[str, str]] = {
 # Every metric this module can emit, with its help text; the README lists exactly these.
 METRICS: dict[str, str] = {
     "gpu_info": "Accelerator metadata; value 1.",
+    "gpu_pod_info": "The one container the kubelet assigned the accelerator to; value 1.",
     "gpu_up": "1 when the accelerator is readable, 0 when lost or failing.",
     **{name: help_text for name, (_, help_text) in GPU_GAUGES.items()},
     "gpu_energy_joules_total": "Energy consumed by the accelerator.",
@@ -108,25 +110,26 @@ class SnapshotCollector(Collector):
 
     def _gpu_families(self) -> Iterator[Metric]:
         snap = self.snapshot
-        # With pod-resources, device series also name the one container the kubelet assigned the GPU to.
+        # Device series keep one label set for the device's life; its owner is a series of its own.
         owners = dict(snap.gpu_pods)
-        device_labels = GPU_LABELS + POD_LABELS if owners else GPU_LABELS
-        info = InfoMetricFamily("gpu", METRICS["gpu_info"], labels=list(device_labels))
-        up = _gauge("gpu_up", device_labels)
-        gauges = {name: _gauge(name, device_labels) for name in GPU_GAUGES}
-        energy = _counter("gpu_energy_joules_total", device_labels)
-        idle = _counter("kepler_bridge_node_gpu_idle_joules_total", device_labels)
+        info = InfoMetricFamily("gpu", METRICS["gpu_info"], labels=list(GPU_LABELS))
+        pod_info = InfoMetricFamily("gpu_pod", METRICS["gpu_pod_info"], labels=list(GPU_LABELS))
+        up = _gauge("gpu_up", GPU_LABELS)
+        gauges = {name: _gauge(name, GPU_LABELS) for name in GPU_GAUGES}
+        energy = _counter("gpu_energy_joules_total", GPU_LABELS)
+        idle = _counter("kepler_bridge_node_gpu_idle_joules_total", GPU_LABELS)
         idle_joules = dict(snap.energy.gpu_idle)
-        throttled = _gauge("gpu_throttled", device_labels + ("reason",))
-        ecc = _counter("gpu_ecc_errors_total", device_labels + ("kind",))
-        xid = _counter("gpu_xid_errors_total", device_labels + ("xid",))
-        proc_memory = _gauge("gpu_process_memory_used_bytes", PROCESS_LABELS)
-        proc_util = _gauge("gpu_process_utilization_ratio", PROCESS_LABELS)
+        throttled = _gauge("gpu_throttled", GPU_LABELS + ("reason",))
+        ecc = _counter("gpu_ecc_errors_total", GPU_LABELS + ("kind",))
+        xid = _counter("gpu_xid_errors_total", GPU_LABELS + ("xid",))
+        processes: list[tuple[list[str], GpuProcess]] = []
         for gpu in snap.gpus:
-            gpu_labels = [snap.node, str(gpu.index), gpu.uuid, gpu.vendor, gpu.model]
-            owner = owners.get(gpu.uuid, PodRef())
-            labels = gpu_labels + ([owner.namespace, owner.pod, owner.container] if owners else [])
+            labels = [snap.node, str(gpu.index), gpu.uuid, gpu.vendor, gpu.model]
             info.add_metric(labels, {"driver_version": gpu.driver_version, "pci_bus_id": gpu.pci_bus_id})
+            if gpu.uuid in owners:
+                owner = owners[gpu.uuid]
+                pod_info.add_metric(labels, {"namespace": owner.namespace, "pod": owner.pod,
+                                             "container": owner.container})
             up.add_metric(labels, 1.0 if gpu.up else 0.0)
             if not gpu.up:
                 continue
@@ -145,17 +148,21 @@ class SnapshotCollector(Collector):
                     ecc.add_metric(labels + [kind], float(value))
             for code, count in gpu.xid_errors:
                 xid.add_metric(labels + [str(code)], float(count))
-            _add_processes(gpu, gpu_labels, proc_memory, proc_util)
+            processes.extend((labels, proc) for proc in gpu.processes)
         yield info
+        yield pod_info
         yield up
         yield from gauges.values()
-        yield from (energy, idle, throttled, ecc, xid, proc_memory, proc_util)
+        yield from (energy, idle, throttled, ecc, xid)
+        yield from _process_gauges(processes, snap.process_limit)
 
     def _cpu_families(self) -> Iterator[Metric]:
         snap = self.snapshot
         process = _counter("kepler_bridge_process_cpu_seconds_total", ("node", "pid", "comm", "container_id"))
         for proc in snap.processes:
             process.add_metric([snap.node, str(proc.pid), proc.comm, proc.container_id], proc.cpu_seconds)
+        if snap.process_cpu_other is not None:
+            process.add_metric([snap.node, "other", "", ""], snap.process_cpu_other)
         container = _counter("kepler_bridge_container_cpu_seconds_total", ("node", "container_id") + POD_LABELS)
         pods = dict(snap.container_pods)
         for container_id, seconds in snap.containers:
@@ -172,8 +179,10 @@ class SnapshotCollector(Collector):
         yield zones
         # Where the node has no CPU (or GPU) energy, the attributed series of that kind are absent, not zeros.
         kinds = tuple(kind for kind, known in (("cpu", snap.energy.cpu_zones), ("gpu", snap.energy.gpu_idle)) if known)
-        for level, rows in (("process", snap.energy.processes), ("container", snap.energy.containers),
-                            ("pod", snap.energy.pods)):
+        energy = snap.energy
+        for level, rows in (("process", {"cpu": energy.cpu_processes, "gpu": energy.gpu_processes}),
+                            ("container", dict.fromkeys(kinds, energy.containers)),
+                            ("pod", dict.fromkeys(kinds, energy.pods))):
             yield from _energy_rows(snap.node, level, kinds, rows)
 
     def _agent_families(self) -> Iterator[Metric]:
@@ -196,22 +205,35 @@ class SnapshotCollector(Collector):
             yield attached
 
 
-def _add_processes(gpu: GpuReading, labels: list[str], memory: GaugeMetricFamily,
-                   utilization: GaugeMetricFamily) -> None:
-    for proc in gpu.processes:
-        proc_labels = labels + [str(proc.pid), proc.comm, proc.namespace, proc.pod, proc.container]
-        if proc.memory_used_bytes is not None:
-            memory.add_metric(proc_labels, float(proc.memory_used_bytes))
-        if proc.utilization is not None:
-            utilization.add_metric(proc_labels, proc.utilization)
+def _process_gauges(processes: list[tuple[list[str], GpuProcess]], limit: int | None) -> Iterator[Metric]:
+    """Each per-process GPU gauge: its top N by value, the rest summed per GPU as pid="other"; none when off."""
+    if limit == 0:
+        return
+    for name, attribute in (("gpu_process_memory_used_bytes", "memory_used_bytes"),
+                            ("gpu_process_utilization_ratio", "utilization")):
+        family = _gauge(name, PROCESS_LABELS)
+        values = {row: float(getattr(proc, attribute)) for row, (_, proc) in enumerate(processes)
+                  if getattr(proc, attribute) is not None}
+        shown = set(top(values, limit))
+        other: dict[tuple[str, ...], float] = {}
+        for row, value in values.items():
+            gpu_labels, proc = processes[row]
+            if row in shown:
+                family.add_metric(gpu_labels + [str(proc.pid), proc.comm, proc.namespace, proc.pod, proc.container],
+                                  value)
+            else:
+                other[tuple(gpu_labels)] = other.get(tuple(gpu_labels), 0.0) + value
+        for gpu_labels, value in other.items():
+            family.add_metric([*gpu_labels, "other", "", "", "", ""], value)
+        yield family
 
 
 def _energy_rows(node: str, level: str, kinds: tuple[str, ...],
-                 rows: tuple[WorkloadEnergy, ...]) -> Iterator[Metric]:
+                 rows: Mapping[str, tuple[WorkloadEnergy, ...]]) -> Iterator[Metric]:
     names = ENERGY_LEVELS[level]
     for kind in kinds:
         family = _counter(f"kepler_bridge_{level}_{kind}_joules_total", ("node",) + names)
-        for row in rows:
+        for row in rows[kind]:
             family.add_metric([node] + [getattr(row, name) for name in names], getattr(row, f"{kind}_joules"))
         yield family
 

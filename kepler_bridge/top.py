@@ -1,0 +1,43 @@
+"""Per-process families bounded by `process_metrics`: the N series with the highest values, the rest in "other"."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Generic, Hashable, Mapping, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+def top(values: Mapping[K, float], limit: int | None) -> list[K]:
+    """The keys of the `limit` highest values, highest first; every key when limit is None."""
+    if limit is None:
+        return sorted(values, key=lambda key: -values[key])
+    return heapq.nsmallest(limit, values, key=lambda key: -values[key])
+
+
+class TopCounter(Generic[K]):
+    """One per-process counter family limited to the top N keys by total.
+
+    A key's series counts from the sample it entered the top N; the increases
+    of the keys not shown go to one "other" counter. So no series decreases,
+    and the shown series plus "other" always gain what all keys gained.
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.other: float | None = None  # None until a key is left out
+        self._offsets: dict[K, float] = {}
+
+    def update(self, totals: Mapping[K, float], increases: Mapping[K, float]) -> list[tuple[K, float]]:
+        """(key, series value) of the shown keys, highest total first; `other` then holds the rest."""
+        if self.limit == 0:
+            return []
+        shown = top(totals, self.limit)
+        offsets = {key: self._offsets[key] if key in self._offsets else totals[key] - increases.get(key, 0.0)
+                   for key in shown}
+        if self.other is None and len(totals) > len(shown):
+            self.other = 0.0
+        if self.other is not None:
+            self.other += sum(value for key, value in increases.items() if key not in offsets)
+        self._offsets = offsets
+        return [(key, totals[key] - offsets[key]) for key in shown]
