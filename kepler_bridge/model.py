@@ -147,10 +147,8 @@ class WorkloadEnergy:
 
 @dataclass(frozen=True)
 class Energy:
-    """Energy counters of one sample: node zones, GPU idle energy (by uuid) and the attributed levels.
-
-    The process rows of each kind are that kind's top N by its joules (`process_metrics`), plus pid="other".
-    """
+    """Energy counters of one sample: node zones, GPU idle energy (by uuid) and the attributed levels; the process
+    rows of each kind are its top N by that kind's joules (`process_metrics`), plus pid="other"."""
 
     cpu_zones: tuple[CpuZoneEnergy, ...] = ()
     gpu_idle: tuple[tuple[str, float], ...] = ()

@@ -103,11 +103,8 @@ def _open(name: str, config: Config) -> _Slot:
 
 
 class Sampler:
-    """Reads every source once per interval and publishes one Snapshot per sample.
-
-    With `state_dir` (the master's private directory) it continues the counters a previous worker saved there,
-    and saves its own after every sample.
-    """
+    """Reads every source once per interval and publishes one Snapshot per sample; with `state_dir` it continues
+    the counters a previous worker saved there and saves its own after every sample."""
 
     def __init__(self, config: Config, store: SnapshotStore, slots: list[_Slot] | None = None,
                  state_dir: str = "") -> None:

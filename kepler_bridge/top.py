@@ -16,12 +16,8 @@ def top(values: Mapping[K, float], limit: int | None) -> list[K]:
 
 
 class TopCounter(Generic[K]):
-    """One per-process counter family limited to the top N keys by total.
-
-    A key's series counts from the sample it entered the top N; the increases
-    of the keys not shown go to one "other" counter. So no series decreases,
-    and the shown series plus "other" always gain what all keys gained.
-    """
+    """One counter family limited to the top N keys by total: a key's series counts from the sample it entered the
+    top N and the increases of the keys not shown go to "other", so none decreases and together they gain it all."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
