@@ -65,7 +65,7 @@ class CgroupIdIndex:
     """
 
     def __init__(self, sysfs: str = "/sys", min_rescan: float = 10.0) -> None:
-        self.root = _cgroup2_root(sysfs)
+        self.root = cgroup2_root(sysfs)
         self.min_rescan = min_rescan
         self._ids: dict[int, str] = {}
         self._scanned_at: float | None = None
@@ -98,7 +98,7 @@ class CgroupIdIndex:
         self._ids = ids
 
 
-def _cgroup2_root(sysfs: str) -> str:
+def cgroup2_root(sysfs: str) -> str:
     """The mounted cgroup v2 hierarchy under sysfs ('' when there is none)."""
     for relative in _CGROUP2_MOUNTS:
         path = os.path.join(sysfs, relative)

@@ -277,7 +277,7 @@ SETTINGS: tuple[Setting, ...] = (
             "run this executable each interval; it prints accelerator readings as JSON (docs/command-source.md)"),
     Setting("command_timeout", ("KEPLER_BRIDGE_COMMAND_TIMEOUT",), _bounded(parse_duration, 0.1, 600), "5s",
             "expected a duration from 100ms to 10m, such as 2s or 30s",
-            "time limit of one run of --command and of npu-smi; past it the process group is killed"),
+            "time limit of one run of --command and of npu-smi; past it all the run started is killed"),
     Setting("npu_smi", ("KEPLER_BRIDGE_NPU_SMI",), _text, "npu-smi",
             "expected the npu-smi executable: a path, or a name looked up in PATH and /usr/local/sbin",
             "Huawei Ascend npu-smi that the ascend source runs"),

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import shlex
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -13,11 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from agent import KEPLER_BRIDGE, Agent
+from kepler_bridge.cgroup import cgroup2_root
 from kepler_bridge.config import ConfigError, load
 from kepler_bridge.sanitize import MAX_DEVICES
 from kepler_bridge.sources.command import OutputError, parse
+from kepler_bridge.sources.containment import CGROUP_PREFIX
 from kepler_bridge.sources.runner import CommandFailed, run
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "command"
@@ -143,6 +149,113 @@ def test_runner_limits(tmp_path: Path) -> None:
         run(["/bin/sh", "-c", f"sleep 30 & echo $! > {tmp_path / 'child'}; sleep 30"], 0.3)
     assert time.monotonic() - started < 2
     _assert_gone(int((tmp_path / "child").read_text()))  # the whole process group died, not only the shell
+
+
+# Starts a daemon the classic way (fork, setsid, fork, stdio to /dev/null), which leaves the program's process
+# group; it writes "<pid> <its cgroup v2 path>" to argv[1]. The program then hangs (argv[2] == "hang") or
+# prints its readings and exits.
+DAEMONIZING = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        cgroup = next(line[3:] for line in open("/proc/self/cgroup").read().splitlines() + ["0::"]
+                      if line.startswith("0::"))
+        with open(sys.argv[1] + ".tmp", "w") as file:
+            file.write(f"{os.getpid()} {cgroup}")
+        os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+        time.sleep(60)
+    os._exit(0)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+if sys.argv[2] == "hang":
+    time.sleep(60)
+print('{"devices": []}')
+"""
+
+
+def own_run_cgroups() -> list[Path]:
+    """The cgroups this process's runs made (and should have removed)."""
+    root = cgroup2_root("/sys")
+    return list(Path(root).rglob(f"{CGROUP_PREFIX}{os.getpid()}-*")) if root else []
+
+
+def cgroup_writable() -> bool:
+    root = cgroup2_root("/sys")
+    probe = Path(root, f"kepler-bridge-test-probe-{os.getpid()}")
+    try:
+        probe.mkdir()
+    except OSError:
+        return False
+    probe.rmdir()
+    return True
+
+
+@pytest.mark.parametrize("mode", ["hang", "exit"])
+def test_a_child_that_leaves_the_process_group_dies_with_the_run(mode: str, tmp_path: Path) -> None:
+    daemon = tmp_path / "daemon"
+    command = [sys.executable, "-c", DAEMONIZING, str(daemon), mode]
+    if mode == "hang":
+        with pytest.raises(CommandFailed, match=r"did not finish within 1s"):
+            run(command, 1)
+    else:
+        assert run(command, 5) == '{"devices": []}\n'
+    pid, _, cgroup = daemon.read_text().partition(" ")
+    _assert_gone(int(pid))
+    if cgroup_writable():
+        assert f"/{CGROUP_PREFIX}{os.getpid()}-" in cgroup  # it ran in the run's own cgroup
+    assert own_run_cgroups() == []
+
+
+# Runs the daemonizing program (argv[2]) as above, where no cgroup can be created; argv[1] is its pid file.
+WITHOUT_CGROUPS = """
+import sys
+from kepler_bridge.sources.runner import CommandFailed, run
+try:
+    run([sys.executable, "-c", sys.argv[2], sys.argv[1], "hang"], 1)
+except CommandFailed as err:
+    print(err)
+"""
+
+
+def test_without_a_writable_cgroup_the_agent_reaps_what_a_run_left(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to hide the cgroup hierarchy in a mount namespace of its own")
+    daemon = tmp_path / "daemon"
+    hide = 'mount -t tmpfs none /sys/fs/cgroup && exec "$@"'
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh",
+                             sys.executable, "-c", WITHOUT_CGROUPS, str(daemon), DAEMONIZING],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "did not finish within 1s (--command-timeout) and was killed" in result.stdout
+    pid, _, cgroup = daemon.read_text().partition(" ")
+    assert CGROUP_PREFIX not in cgroup
+    _assert_gone(int(pid))
+
+
+def test_a_real_time_signal_is_named_by_its_number() -> None:
+    number = signal.SIGRTMIN + 6
+    with pytest.raises(CommandFailed, match=rf"python\S* was killed by signal {number}$"):
+        run([sys.executable, "-c", f"import os; os.kill(os.getpid(), {number})"], 5)
+
+
+def test_terminal_escapes_are_stripped_from_stderr() -> None:
+    noisy = r"\x1b[1;31merror:\x1b[0m \x1b]0;pwned\x07disk\x07 full\r\x1b[2K\x00!\n"
+    with pytest.raises(CommandFailed, match=r"exited with status 2: error: disk full!$"):
+        run([sys.executable, "-c", f"import sys; sys.stderr.write('{noisy}'); sys.exit(2)"], 5)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(noise=st.binary(max_size=64))
+def test_no_control_character_of_stderr_reaches_the_message(noise: bytes, tmp_path: Path) -> None:
+    stderr = tmp_path / "stderr"
+    stderr.write_bytes(noise)
+    with pytest.raises(CommandFailed) as failed:
+        run(["/bin/sh", "-c", 'cat "$1" >&2; exit 1', "sh", str(stderr)], 5)
+    assert not any(ord(char) < 0x20 and char != "\t" or 0x7f <= ord(char) <= 0x9f for char in str(failed.value))
 
 
 def _assert_gone(pid: int) -> None:

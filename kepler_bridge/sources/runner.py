@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -10,10 +11,16 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from kepler_bridge.sources import containment
+
 MAX_OUTPUT_BYTES = 1 << 20
 STDERR_KEPT_BYTES = 4096
 READ_CHUNK = 65536
 EXIT_POLL_SECONDS = 0.005
+_TERMINAL = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC ... BEL or ST (unterminated: to the end)
+                       r"|\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI: parameters, intermediates, final byte
+                       r"|\x1b[ -/]*[0-~]?"  # any other escape sequence
+                       r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but tab and newline, DEL, C1
 
 
 class CommandFailed(Exception):
@@ -21,26 +28,38 @@ class CommandFailed(Exception):
 
 
 def run(argv: Sequence[str], timeout: float, max_bytes: int = MAX_OUTPUT_BYTES) -> str:
-    """Run argv and return its stdout; raise CommandFailed otherwise. Its whole process group dies with it."""
+    """Run argv and return its stdout; raise CommandFailed otherwise. Whatever it started dies with it."""
     program = Path(argv[0]).name
-    try:
-        # A session of its own, so a timeout kills the children it started as well.
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   start_new_session=True)
-    except OSError as err:
-        raise CommandFailed(f"cannot run {argv[0]}: {err.strerror or err}; check the path and its "
-                            "permissions") from None
-    try:
-        stdout, stderr = _collect(process, program, time.monotonic() + timeout, timeout, max_bytes)
-    finally:
-        _kill(process)
+    with containment.Run() as contained:
+        try:
+            # A session of its own too: its process group is killed even where no cgroup can hold it.
+            process = contained.start(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as err:
+            raise CommandFailed(f"cannot run {argv[0]}: {err.strerror or err}; check the path and its "
+                                "permissions") from None
+        with process.stdout, process.stderr:
+            stdout, stderr = _collect(process, program, time.monotonic() + timeout, timeout, max_bytes)
     if process.returncode < 0:
-        raise CommandFailed(f"{program} was killed by {signal.Signals(-process.returncode).name}")
+        raise CommandFailed(f"{program} was killed by {_signal_name(-process.returncode)}")
     if process.returncode:
-        lines = stderr.decode(errors="replace").strip().splitlines()
+        lines = _printable(stderr.decode(errors="replace")).strip().splitlines()
         raise CommandFailed(f"{program} exited with status {process.returncode}: "
                             f"{lines[-1] if lines else 'nothing on stderr'}")
     return stdout.decode(errors="replace")
+
+
+def _printable(text: str) -> str:
+    """Text without terminal escape sequences (CSI, OSC, ...) and control characters other than newline and tab,
+    so a program's stderr cannot rewrite the terminal that shows the agent's log or `doctor`."""
+    return _TERMINAL.sub("", text)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # real-time signals have no name
+        return f"signal {number}"
 
 
 def _collect(process: subprocess.Popen, program: str, deadline: float, timeout: float,
@@ -64,21 +83,10 @@ def _collect(process: subprocess.Popen, program: str, deadline: float, timeout: 
                     raise CommandFailed(f"{program} printed more than {max_bytes} bytes and was stopped; print "
                                         "only the readings")
                 del stderr[:-STDERR_KEPT_BYTES]
-    # Wait without reaping: until _kill reaps it, the program's pid (its group id) cannot be reused.
+    # Wait without reaping: until the run ends and reaps it, its pid (its group id) cannot be reused.
     while os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
         if time.monotonic() >= deadline:
             raise CommandFailed(f"{program} closed its output but did not exit within {timeout:g}s "
                                 "(--command-timeout) and was killed")
         time.sleep(EXIT_POLL_SECONDS)
     return bytes(stdout), bytes(stderr)
-
-
-def _kill(process: subprocess.Popen) -> None:
-    """Kill what is left of the process group (children the program left behind), reap it, close the pipes."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    process.wait()
-    process.stdout.close()
-    process.stderr.close()
