@@ -81,10 +81,9 @@ class Attribution:
 
     def __init__(self, cpu_tdp_watts: float = 0.0, gpu_idle_watts: float | None = None,
                  process_limit: int | None = 50, grace: float = 30.0, max_processes: int = 0) -> None:
-        self.cpu_tdp_watts = cpu_tdp_watts
-        self.gpu_idle_watts = gpu_idle_watts
-        self.grace = grace
-        self.max_processes = max_processes
+        self._families: dict[str, TopCounter[WorkloadEnergy]] = {kind: TopCounter(process_limit)
+                                                                  for kind in ("cpu", "gpu")}
+        self.configure(cpu_tdp_watts, gpu_idle_watts, process_limit, grace, max_processes)
         self._last_now: float | None = None
         self._last_cpu: CpuTimes | None = None
         self._last_uj: dict[str, int] = {}
@@ -95,8 +94,16 @@ class Attribution:
         self._processes: dict[ProcessKey, _Tally] = {}
         self._containers: dict[tuple[str, str, str, str], _Tally] = {}
         self._pods: dict[tuple[str, str], _Tally] = {}
-        self._families: dict[str, TopCounter[WorkloadEnergy]] = {kind: TopCounter(process_limit)
-                                                                  for kind in ("cpu", "gpu")}
+
+    def configure(self, cpu_tdp_watts: float, gpu_idle_watts: float | None, process_limit: int | None,
+                  grace: float, max_processes: int) -> None:
+        """Set the settings; called again on reload, when the accumulated joules stay."""
+        self.cpu_tdp_watts = cpu_tdp_watts
+        self.gpu_idle_watts = gpu_idle_watts
+        self.grace = grace
+        self.max_processes = max_processes
+        for family in self._families.values():
+            family.limit = process_limit
 
     def update(self, inputs: Inputs) -> Energy:
         """Attribute the interval since the previous call and return every counter."""

@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.subcommand == "serve":
         from kepler_bridge.server import serve
 
-        return serve(config)
+        return serve(config, vars(args))
     if args.subcommand == "collect":
         return _collect(config, args.form or "prometheus")
     return _doctor(config)

@@ -12,6 +12,7 @@ import errno
 import os
 import queue
 import selectors
+import signal
 import socket
 import ssl
 import time
@@ -104,6 +105,15 @@ class EventLoopWorker(Worker):
 
     def handle_exit(self, sig, frame) -> None:
         self.alive = False
+
+    def init_signals(self) -> None:
+        super().init_signals()
+        signal.signal(signal.SIGHUP, self.handle_hup)
+        signal.siginterrupt(signal.SIGHUP, False)
+
+    def handle_hup(self, sig, frame) -> None:
+        """The master forwards SIGHUP: re-read the settings before the next sample."""
+        self.app.sampler.reload()
 
     def run(self) -> None:
         # The base class routes signals to PIPE[1] too, so a signal or a finished request wakes select().

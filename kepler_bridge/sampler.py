@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from kepler_bridge import sanitize
 from kepler_bridge import carry
@@ -16,6 +17,7 @@ from kepler_bridge.counters import CounterGuard
 from kepler_bridge.device_index import DeviceIndexes
 from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.live import History
+from kepler_bridge.reload import KUBE, ConfigFileWatch, reread
 from kepler_bridge.model import CpuTimes, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading, SourceStatus
 from kepler_bridge.sources import selected_groups, source_class
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
@@ -102,12 +104,22 @@ def _open(name: str, config: Config) -> _Slot:
     return slot
 
 
+def _stop_source(slot: _Slot) -> None:
+    if slot.source is not None and slot.started:
+        try:
+            slot.source.stop()
+        except Exception as err:
+            log.warning("stopping source %s: %s", slot.name, err)
+
+
 class Sampler:
     """Reads every source once per interval and publishes one Snapshot per sample; with `state_dir` it continues
     the counters a previous worker saved there and saves its own after every sample."""
 
     def __init__(self, config: Config, store: SnapshotStore, slots: list[_Slot] | None = None,
-                 state_dir: str = "") -> None:
+                 state_dir: str = "", flags: Mapping[str, object] | None = None) -> None:
+        """`flags`: the command line the settings came from; with it, `reload()` and a change of the config file
+        re-read the settings at the next sample."""
         self.config = config
         self.store = store
         self.slots = build_slots(config) if slots is None else slots
@@ -120,6 +132,9 @@ class Sampler:
         if state_dir:
             self._take_over(carry.load(state_dir))
         self.kube = KubeMetadata(config)
+        self._flags = flags
+        self._config_file = ConfigFileWatch(config.config_file)
+        self._reload = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -127,6 +142,36 @@ class Sampler:
         self.kube.start()
         self._thread = threading.Thread(target=self._run, name="kepler-bridge-sampler", daemon=True)
         self._thread.start()
+
+    def reload(self) -> None:
+        """Re-read the settings before the next sample (SIGHUP)."""
+        self._reload.set()
+
+    def _reread_settings(self) -> None:
+        """Apply settings changed by reload() or in the config file; counters, drivers and eBPF stay."""
+        if self._flags is None or not (self._config_file.changed() or self._reload.is_set()):
+            return
+        self._reload.clear()
+        new = reread(self.config, self._flags)
+        if new is None:
+            return
+        old, self.config = self.config, new
+        self._counters.set_process_limit(new.process_metrics)
+        self._attribution.configure(new.cpu_tdp_watts, new.gpu_idle_watts, new.process_metrics, new.process_grace,
+                                    new.max_processes)
+        for slot in self.slots:
+            if slot.source is not None:
+                slot.source.config = new
+        if old.command != new.command:
+            for slot in [slot for slot in self.slots if slot.name == "command"]:
+                _stop_source(slot)
+                self.slots.remove(slot)
+            if new.command:
+                self.slots.append(_open("command", new))
+        if any(getattr(old, name) != getattr(new, name) for name in KUBE):
+            self.kube.stop(1.0)
+            self.kube = KubeMetadata(new)
+            self.kube.start()
 
     def alive(self) -> bool:
         """Whether the sampling thread is running."""
@@ -141,11 +186,7 @@ class Sampler:
             if self._thread.is_alive():  # stuck in a driver call: releasing it now could crash the driver
                 return
         for slot in self.slots:
-            if slot.source is not None and slot.started:
-                try:
-                    slot.source.stop()
-                except Exception as err:
-                    log.warning("stopping source %s: %s", slot.name, err)
+            _stop_source(slot)
 
     def _take_over(self, carried: object) -> None:
         if isinstance(carried, _Carried):
@@ -169,6 +210,7 @@ class Sampler:
     def _run(self) -> None:
         deadline = time.monotonic()
         while not self._stop.is_set():
+            self._reread_settings()
             snapshot = self.sample()
             self._save()  # before publishing: a new worker continues from at least what any scrape has seen
             self.store.publish(snapshot)

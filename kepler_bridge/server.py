@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import errno
+import signal
 import os
 import socket
 import sys
+from typing import Mapping
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 
 from kepler_bridge import carry
 from kepler_bridge.config import Config
@@ -43,8 +46,10 @@ def bind(config: Config) -> socket.socket:
 class AgentApplication(BaseApplication):
     """gunicorn application whose worker builds the sampler and the Flask app after the fork."""
 
-    def __init__(self, config: Config, sock: socket.socket) -> None:
+    def __init__(self, config: Config, sock: socket.socket, flags: Mapping[str, object] | None = None) -> None:
+        """`flags`: the command line `config` came from, re-read on SIGHUP or when the config file changes."""
         self.config = config
+        self.flags = flags
         self.sock = sock
         self.sampler = None
         self.state_dir = carry.make_dir()
@@ -76,9 +81,16 @@ class AgentApplication(BaseApplication):
         from kepler_bridge.web import create_app
 
         store = SnapshotStore()
-        self.sampler = Sampler(self.config, store, state_dir=self.state_dir)
-        self.sampler.start()
-        return create_app(store, self.config, alive=self.sampler.alive, web=self.web)
+        sampler = self.sampler = Sampler(self.config, store, state_dir=self.state_dir, flags=self.flags)
+        sampler.start()
+        return create_app(store, self.config, alive=sampler.alive, web=self.web, settings=lambda: sampler.config)
+
+    def run(self) -> None:
+        try:
+            _Arbiter(self).run()
+        except RuntimeError as err:
+            print(f"kepler-bridge: {err}", file=sys.stderr)
+            sys.exit(1)
 
     def _worker_exit(self, server, worker) -> None:
         if self.sampler is not None:
@@ -90,14 +102,23 @@ class AgentApplication(BaseApplication):
             carry.remove_dir(self.state_dir)
 
 
-def serve(config: Config) -> int:
+class _Arbiter(Arbiter):
+    """gunicorn's master, except that SIGHUP re-reads the settings inside the running worker: a new worker
+    would reopen the drivers and reload the eBPF programs, and gunicorn's own reload keeps none of our settings."""
+
+    def handle_hup(self) -> None:
+        self.log.info("SIGHUP: the worker re-reads its settings")
+        self.kill_workers(signal.SIGHUP)
+
+
+def serve(config: Config, flags: Mapping[str, object] | None = None) -> int:
     """Run until SIGTERM/SIGINT; 1 when the address cannot be bound."""
     try:
         sock = bind(config)
     except BindError as err:
         print(f"kepler-bridge: {err}", file=sys.stderr)
         return 1
-    app = AgentApplication(config, sock)
+    app = AgentApplication(config, sock, flags)
     try:
         app.run()
     finally:

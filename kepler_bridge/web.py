@@ -48,10 +48,12 @@ def readiness(snapshot: Snapshot | None, now: float) -> tuple[bool, str]:
 
 
 def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] = lambda: True,
-               web: WebConfigFile | None = None) -> Flask:
-    """Build the app serving /metrics, /v1/collect, /healthz, /readyz, / and /api/v1/history."""
+               web: WebConfigFile | None = None, settings: Callable[[], Config] | None = None) -> Flask:
+    """Build the app serving /metrics, /v1/collect, /healthz, /readyz, / and /api/v1/history; `settings` gives
+    the reloadable settings in force (default: `config` for good)."""
     app = Flask("kepler_bridge")
-    cache = RenderCache(store, config, {"history": lambda snap, _: live.history_json(store.history, snap)})
+    settings = settings or (lambda: config)
+    cache = RenderCache(store, settings, {"history": lambda snap, _: live.history_json(store.history, snap)})
     token = config.auth_token
     passwords = PasswordCheck()
 
@@ -100,9 +102,9 @@ def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] =
         gzipped = _wants_gzip(request)
         found = cache.get("baetyl+gzip" if gzipped else "baetyl")
         if found is None:
-            empty = Snapshot(node=config.node_name, timestamp=0.0, duration_seconds=0.0,
-                             interval_seconds=config.interval)
-            return _json(baetyl.render(empty, config.baetyl_memory_unit))
+            now = settings()
+            empty = Snapshot(node=now.node_name, timestamp=0.0, duration_seconds=0.0, interval_seconds=now.interval)
+            return _json(baetyl.render(empty, now.baetyl_memory_unit))
         response = _json(found[1])
         if gzipped:
             response.headers["Content-Encoding"] = "gzip"
@@ -124,7 +126,7 @@ def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] =
     def index() -> Response:
         if denied := refused():
             return denied
-        response = Response(live.page(config, store.latest()), mimetype="text/html")
+        response = Response(live.page(settings(), store.latest()), mimetype="text/html")
         response.headers["Content-Security-Policy"] = live.CONTENT_SECURITY_POLICY
         response.headers["X-Content-Type-Options"] = "nosniff"
         return response

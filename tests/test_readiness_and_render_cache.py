@@ -38,7 +38,8 @@ def test_each_snapshot_is_rendered_once_per_variant_however_many_readers() -> No
         calls.append(snapshot.timestamp)
         return f"{snapshot.timestamp}".encode()
 
-    cache = RenderCache(store, load({"sources": "simulated"}, environ={}), {"probe": render})
+    settings = load({"sources": "simulated"}, environ={})
+    cache = RenderCache(store, lambda: settings, {"probe": render})
     assert cache.get("probe") is None
     store.publish(_snapshot(1.0))
     readers = [threading.Thread(target=lambda: [cache.get(v) for v in ("probe", "probe+gzip") * 50])

@@ -22,10 +22,11 @@ _RENDERERS: dict[str, Callable[[Snapshot, Config], bytes]] = {
 class RenderCache:
     """Bytes of the newest snapshot per variant, made lazily on first request and reused; `extra` adds variants."""
 
-    def __init__(self, store: SnapshotStore, config: Config,
+    def __init__(self, store: SnapshotStore, settings: Callable[[], Config],
                  extra: Mapping[str, Callable[[Snapshot, Config], bytes]] | None = None) -> None:
+        """`settings`: the settings in force now (they change on reload; a render uses those of its moment)."""
         self.store = store
-        self.config = config
+        self.settings = settings
         self._renderers = {**_RENDERERS, **(extra or {})}
         self._lock = threading.Lock()
         # One reference, swapped whole, so a reader never pairs a snapshot with another one's bytes.
@@ -50,6 +51,6 @@ class RenderCache:
     def _render(self, snapshot: Snapshot, variant: str, rendered: dict[str, bytes]) -> None:
         base, _, encoding = variant.partition("+")
         if base not in rendered:
-            rendered[base] = self._renderers[base](snapshot, self.config)
+            rendered[base] = self._renderers[base](snapshot, self.settings())
         if encoding == "gzip":
             rendered[variant] = gzip.compress(rendered[base], compresslevel=6)

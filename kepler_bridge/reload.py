@@ -1,0 +1,64 @@
+"""Re-reading the settings while the agent runs (SIGHUP, or a change of the config file)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Mapping
+
+from kepler_bridge.config import Config, ConfigError, load
+
+log = logging.getLogger(__name__)
+
+# What a running agent can change without losing counters or reopening drivers, the port or the eBPF programs.
+RELOADABLE = frozenset({
+    "interval", "metrics_allow", "metrics_deny", "process_metrics", "process_grace", "baetyl_memory_unit",
+    "command", "command_timeout", "cpu_tdp_watts", "gpu_idle_watts",
+    "kube_source", "kubelet_url", "metaserver_url", "kube_token_file", "kube_ca_file",
+    "kube_insecure_skip_tls_verify",
+})
+KUBE = frozenset(name for name in RELOADABLE if name.startswith("kube") or name == "metaserver_url")
+
+
+class ConfigFileWatch:
+    """Tells when the config file changed since the settings were last read (a ConfigMap swap included)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp = self._read_stamp()
+
+    def _read_stamp(self) -> tuple | None:
+        if not self.path:
+            return None
+        try:
+            info = os.stat(self.path)  # follows the ..data symlink a ConfigMap volume swaps on update
+        except OSError:
+            return None
+        return info.st_ino, info.st_mtime_ns, info.st_size
+
+    def changed(self) -> bool:
+        """Whether the file differs from the last call (or from construction); each change is told once."""
+        stamp = self._read_stamp()
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        return True
+
+
+def reread(current: Config, flags: Mapping[str, object], environ: Mapping[str, str] | None = None) -> Config | None:
+    """The settings as flags, environment and file now give them, keeping those that need a restart;
+    None when the new settings are refused (one log line; the running settings stay)."""
+    try:
+        new = load(flags, environ)
+    except ConfigError as err:
+        log.error("settings not reloaded, the running ones stay: %s", err)
+        return None
+    kept = [field.name for field in dataclasses.fields(Config)
+            if field.name not in RELOADABLE and getattr(new, field.name) != getattr(current, field.name)]
+    if kept:
+        log.warning("settings reloaded, except %s: restart the agent to apply a change of %s",
+                    ", ".join(kept), "it" if len(kept) == 1 else "them")
+    changed = sorted(name for name in RELOADABLE if getattr(new, name) != getattr(current, name))
+    log.info("settings reloaded: %s", ", ".join(changed) or "nothing changed")
+    return dataclasses.replace(new, **{name: getattr(current, name) for name in kept})

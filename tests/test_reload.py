@@ -1,0 +1,92 @@
+"""Settings re-read while the agent runs: a changed config file, SIGHUP, a refused file, a setting that needs a restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import yaml
+
+from agent import Agent
+
+COMMAND_DEVICE = {"devices": [{"uuid": "npu-reloaded", "usedMemory": 1, "totalMemory": 4, "percent": 25}]}
+
+
+def _write(path: Path, settings: dict) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(yaml.safe_dump(settings))
+    temporary.replace(path)  # as a ConfigMap update swaps the file
+
+
+def _settings(**extra: object) -> dict:
+    return {"sources": ["simulated"], "simulate": 2, "interval": "0.3s", **extra}
+
+
+def _energy(agent: Agent) -> float:
+    return sum(agent.samples("gpu_energy_joules_total").values())
+
+
+def _names(agent: Agent) -> set[str]:
+    return {line.split("{")[0].split(" ")[0] for line in agent.metrics().splitlines() if not line.startswith("#")}
+
+
+def test_a_changed_config_file_applies_without_a_restart_and_counters_go_on(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    _write(path, _settings(metrics_deny=["gpu_temperature"]))
+    with Agent("--config", str(path)) as agent:
+        worker = agent.worker_pids()
+        assert "gpu_temperature_celsius" not in _names(agent) and "gpu_power_watts" in _names(agent)
+        agent.wait_for(lambda: _energy(agent) > 0, what="energy counted")
+        before = _energy(agent)
+        _write(path, _settings(metrics_deny=["gpu_power"]))
+        agent.wait_for(lambda: "gpu_power_watts" not in _names(agent), what="the new deny list applied")
+        assert "gpu_temperature_celsius" in _names(agent)
+        assert _energy(agent) >= before, "a reload must not restart the counters"
+        assert agent.worker_pids() == worker, "a reload must not replace the worker (drivers and eBPF stay)"
+        assert "settings reloaded: metrics_deny" in agent.output()
+
+
+def test_sighup_rereads_the_settings(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    _write(path, _settings(metrics_deny=["gpu_temperature"]))
+    with Agent("--config", str(path)) as agent:
+        worker = agent.worker_pids()
+        # Same size, inode and time: only SIGHUP can tell the agent the file changed.
+        stamp = path.stat()
+        text = path.read_text()
+        path.write_text(text.replace("gpu_temperature", "gpu_utilization"))
+        os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        assert path.stat().st_size == stamp.st_size and path.stat().st_ino == stamp.st_ino
+        agent.process.send_signal(signal.SIGHUP)
+        agent.wait_for(lambda: "gpu_utilization_ratio" not in _names(agent), what="SIGHUP applying the file")
+        assert "gpu_temperature_celsius" in _names(agent)
+        assert agent.worker_pids() == worker
+
+
+def test_a_bad_file_is_refused_in_one_line_and_the_running_settings_stay(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    _write(path, _settings(metrics_deny=["gpu_temperature"]))
+    with Agent("--config", str(path)) as agent:
+        path.write_text("interval: [not, a, duration\n")
+        agent.wait_for(lambda: "settings not reloaded" in agent.output(), what="the refusal logged")
+        refusals = [line for line in agent.output().splitlines() if "settings not reloaded" in line]
+        assert len(refusals) == 1 and "YAML syntax error" in refusals[0], refusals
+        assert "gpu_temperature_celsius" not in _names(agent)
+        assert agent.get("/readyz").status_code == 200
+        _write(path, _settings(metrics_deny=["gpu_utilization"], interval="1m"))
+        agent.wait_for(lambda: "gpu_temperature_celsius" in _names(agent), what="the fixed file applied")
+
+
+def test_a_setting_that_needs_a_restart_is_kept_and_named(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    command = tmp_path / "collector.sh"
+    command.write_text(f"#!/bin/sh\necho '{__import__('json').dumps(COMMAND_DEVICE)}'\n")
+    command.chmod(0o755)
+    _write(path, _settings())
+    with Agent("--config", str(path)) as agent:
+        assert agent.get("/v1/collect").json()["test-node"]["deviceNum"] == 2
+        _write(path, _settings(simulate=5, command=[str(command)]))
+        agent.wait_for(lambda: agent.get("/v1/collect").json()["test-node"]["deviceNum"] == 3,
+                       what="the command source added by the reload")
+        assert "except simulate: restart the agent" in agent.output()
