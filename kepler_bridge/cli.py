@@ -66,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _collect(config: Config, form: str) -> int:
     from kepler_bridge.exposition import baetyl, prometheus
-    from kepler_bridge.sampler import Sampler, SnapshotStore
+    from kepler_bridge.sampler import Sampler
+    from kepler_bridge.store import SnapshotStore
 
     sampler = Sampler(config, SnapshotStore())
     try:

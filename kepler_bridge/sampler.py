@@ -16,30 +16,15 @@ from kepler_bridge.config import Config
 from kepler_bridge.counters import CounterGuard
 from kepler_bridge.device_index import DeviceIndexes
 from kepler_bridge.kube.metadata import KubeMetadata
-from kepler_bridge.live import History
 from kepler_bridge.reload import KUBE, ConfigFileWatch, reread
 from kepler_bridge.model import CpuTimes, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading, SourceStatus
 from kepler_bridge.sources import selected_groups, source_class
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
+from kepler_bridge.store import SnapshotStore
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 30.0
-
-
-class SnapshotStore:
-    """Holds the newest snapshot and the recent history; publication is one reference swap, so readers never lock."""
-
-    def __init__(self) -> None:
-        self._snapshot: Snapshot | None = None
-        self.history = History()
-
-    def publish(self, snapshot: Snapshot) -> None:
-        self.history.add(snapshot)  # first: whoever sees the snapshot finds it in the history
-        self._snapshot = snapshot
-
-    def latest(self) -> Snapshot | None:
-        return self._snapshot
 
 
 @dataclass

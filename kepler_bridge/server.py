@@ -77,7 +77,8 @@ class AgentApplication(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
-        from kepler_bridge.sampler import Sampler, SnapshotStore
+        from kepler_bridge.sampler import Sampler
+        from kepler_bridge.store import SnapshotStore
         from kepler_bridge.web import create_app
 
         store = SnapshotStore()

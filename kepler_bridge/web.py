@@ -15,7 +15,7 @@ from kepler_bridge.config import Config
 from kepler_bridge.webconfig import PasswordCheck, WebConfigFile
 from kepler_bridge.exposition import RenderCache, baetyl
 from kepler_bridge.model import Snapshot
-from kepler_bridge.sampler import SnapshotStore
+from kepler_bridge.store import SnapshotStore
 
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"

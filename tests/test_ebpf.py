@@ -20,7 +20,8 @@ import pytest
 
 from cpu_helpers import Burner, container_cgroup, loopback_flood, net_rx_softirqs, require_bpf, short_lived
 from kepler_bridge import config, kernel_headers
-from kepler_bridge.sampler import Sampler, SnapshotStore, check_source
+from kepler_bridge.sampler import Sampler, check_source
+from kepler_bridge.store import SnapshotStore
 from kepler_bridge.sources.base import SourceUnavailable
 from kepler_bridge.sources.bpf_syscall import prog_stats
 from kepler_bridge.sources.btf import BTF_PATH, Btf, BtfError

@@ -14,7 +14,8 @@ from agent import Agent
 from fakenvml import FakeNvml
 from kepler_bridge import config
 from kepler_bridge.exposition import prometheus
-from kepler_bridge.sampler import Sampler, SnapshotStore
+from kepler_bridge.sampler import Sampler
+from kepler_bridge.store import SnapshotStore
 
 NON_UTF8 = b"\xff\xfegpu\x80job"
 # Renames itself with the bytes given in hex (as prctl(PR_SET_NAME) would), says so, then waits.

@@ -9,7 +9,7 @@ from agent import Agent
 from kepler_bridge.config import load
 from kepler_bridge.exposition import RenderCache
 from kepler_bridge.model import Snapshot, SourceStatus
-from kepler_bridge.sampler import SnapshotStore
+from kepler_bridge.store import SnapshotStore
 
 
 def test_readyz_is_503_while_a_hung_command_holds_the_sampler(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ from agent import Agent
 from kepler_bridge import config
 from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading
-from kepler_bridge.sampler import Sampler, SnapshotStore, _Slot
+from kepler_bridge.sampler import Sampler, _Slot
+from kepler_bridge.store import SnapshotStore
 from kepler_bridge.sanitize import LIMIT, MAX_DEVICES
 from kepler_bridge.sources.base import Source
 from kepler_bridge.sources.command import NUMBERS

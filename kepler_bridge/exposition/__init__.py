@@ -9,7 +9,7 @@ from typing import Callable, Mapping
 from kepler_bridge.config import Config
 from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.model import Snapshot
-from kepler_bridge.sampler import SnapshotStore
+from kepler_bridge.store import SnapshotStore
 
 # Variant name -> renderer; "+gzip" variants are the compressed bytes of the plain one.
 _RENDERERS: dict[str, Callable[[Snapshot, Config], bytes]] = {
