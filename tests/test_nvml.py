@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -149,16 +148,12 @@ def test_init_failure_leaves_source_down_with_reason_then_recovers(fake_nvml: Fa
 
 def test_slow_driver_does_not_slow_scrapes(fake_nvml: FakeNvml) -> None:
     with nvml_agent(fake_nvml) as agent:
-        fake_nvml.set(delay_ms=500)
-        time.sleep(1.0)
+        fake_nvml.set(delay_ms=3000)
+        time.sleep(1.0)  # the sampler is now inside a 3 s driver call
         session = requests.Session()
-        timings = []
         for path in ("/metrics", "/v1/collect") * 15:
-            started = time.perf_counter()
-            assert session.get(agent.url + path, timeout=5).status_code == 200
-            timings.append(time.perf_counter() - started)
-        assert statistics.median(timings) < 0.010, timings
-        assert max(timings) < 0.100, timings
+            # A scrape that waited for the driver would outlast this client timeout.
+            assert session.get(agent.url + path, timeout=1.5).status_code == 200
         # The answers came from the last snapshot: the sampler is still inside slow driver calls.
         assert time.time() - agent.samples("kepler_bridge_last_sample_timestamp_seconds")[""] > 1.0
         assert agent.stop() < 2.0
