@@ -138,6 +138,9 @@ def _tls(data: dict) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[str, ...]]:
     sans = data.get("client_allowed_sans") or []
     if not isinstance(sans, list) or not all(isinstance(san, str) for san in sans):
         raise WebConfigError("tls_server_config.client_allowed_sans: expected a list of names")
+    if sans and not ca:
+        raise WebConfigError("tls_server_config.client_allowed_sans: names of client certificates need "
+                             "client_ca_file, the CA that signs them")
     return context, tuple(sans), tuple(path for path in (cert, key, ca) if path)
 
 

@@ -137,6 +137,7 @@ def test_web_config_errors_name_the_key(tmp_path: Path, pki: dict) -> None:
                                         client_ca_file=str(pki["ca"][0])), "client_auth_type"),
         "client auth without CA": (_tls(pki, client_auth_type="RequireAndVerifyClientCert"), "client_ca_file"),
         "bad version": (_tls(pki, min_version="TLS14"), "min_version"),
+        "allowed names without a CA": (_tls(pki, client_allowed_sans=["scraper"]), "client_allowed_sans"),
         "plain password": ({"basic_auth_users": {"alice": "hunter2"}}, "basic_auth_users.alice"),
         "missing key file": ({"tls_server_config": {"cert_file": str(pki["server"][0])}}, "key_file"),
         "mismatched key": ({"tls_server_config": {"cert_file": str(pki["server"][0]),
