@@ -11,6 +11,8 @@ from typing import Any, Iterator
 
 import yaml
 
+from kepler_bridge.exposition.prometheus import METRICS
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -25,23 +27,9 @@ DASHBOARDS = sorted((ROOT / "grafana").glob("*.json"))
 # What Grafana puts in place of its variables when the tests run a panel's query.
 SUBSTITUTIONS = {"$__rate_interval": "10s", "$__interval": "5s", "$__range": "1m",
                  "$node": ".*", "$gpu": ".*", "$namespace": ".*", "$pod": ".*"}
-# Every metric name of DESIGN.md section 5 (the contract), plus Prometheus' own per-target series.
-CONTRACT_METRICS = {
-    "gpu_info", "gpu_pod_info", "gpu_up", "gpu_utilization_ratio", "gpu_memory_utilization_ratio",
-    "gpu_encoder_utilization_ratio", "gpu_decoder_utilization_ratio", "gpu_memory_used_bytes",
-    "gpu_memory_total_bytes", "gpu_memory_free_bytes", "gpu_temperature_celsius",
-    "gpu_memory_temperature_celsius", "gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total",
-    "gpu_sm_clock_hertz", "gpu_memory_clock_hertz", "gpu_fan_speed_ratio", "gpu_pcie_transmit_bytes_per_second",
-    "gpu_pcie_receive_bytes_per_second", "gpu_performance_state", "gpu_throttled", "gpu_ecc_errors_total",
-    "gpu_xid_errors_total", "gpu_last_xid_timestamp_seconds", "gpu_process_memory_used_bytes",
-    "gpu_process_utilization_ratio", "kepler_bridge_process_cpu_seconds_total",
-    "kepler_bridge_container_cpu_seconds_total", "kepler_bridge_node_cpu_joules_total",
-    "kepler_bridge_process_cpu_joules_total", "kepler_bridge_process_gpu_joules_total",
-    "kepler_bridge_container_cpu_joules_total", "kepler_bridge_container_gpu_joules_total",
-    "kepler_bridge_pod_cpu_joules_total", "kepler_bridge_pod_gpu_joules_total",
-    "kepler_bridge_node_gpu_idle_joules_total", "kepler_bridge_build_info", "kepler_bridge_source_up",
-    "kepler_bridge_source_errors_total", "kepler_bridge_sample_duration_seconds",
-    "kepler_bridge_last_sample_timestamp_seconds", "kepler_bridge_ebpf_programs_attached",
+# The metric catalogue (docs/design.md, "Metrics"; tests/test_design.py keeps it equal to METRICS), plus
+# prometheus_client's process series the dashboards use and Prometheus' own per-target series.
+CONTRACT_METRICS = set(METRICS) | {
     "process_cpu_seconds_total", "process_resident_memory_bytes",
     "up", "scrape_samples_scraped", "scrape_duration_seconds",
 }

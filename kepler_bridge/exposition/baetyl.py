@@ -1,4 +1,4 @@
-"""The /v1/collect JSON that baetyl-core reads (DESIGN §4)."""
+"""The /v1/collect JSON that baetyl-core reads (docs/design.md, "/v1/collect")."""
 
 from __future__ import annotations
 

@@ -1,0 +1,203 @@
+"""docs/design.md states what the code does: package layout, import direction, commands, endpoints and who may read
+them, the /v1/collect example, the health series and the metric catalogue (names, types, labels)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import re
+import typing
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kepler_bridge import cli, model
+from kepler_bridge.config import load
+from kepler_bridge.exposition import baetyl, prometheus
+from kepler_bridge.model import (CpuZoneEnergy, Energy, GpuProcess, GpuReading, PodRef, ProcessCpu, Snapshot,
+                                 SourceStatus, WorkloadEnergy)
+from kepler_bridge.store import SnapshotStore
+from kepler_bridge.web import create_app
+
+ROOT = Path(__file__).resolve().parent.parent
+DESIGN = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+PACKAGE = ROOT / "kepler_bridge"
+# What "device" stands for in the catalogue's label column, besides node.
+DEVICE_LABELS = {"gpu", "uuid", "vendor", "model"}
+TOP_LEVEL = ("kepler_bridge/", "tests/", "docs/", "manifests/", "alerts/", "grafana/", "bpf/", "scripts/",
+             "examples/", "benchmarks/")
+
+
+def section(title: str, subsections: bool = True) -> str:
+    """The text under the heading that starts with `title`, up to the next heading of the same or a higher level
+    (of any level without `subsections`)."""
+    match = re.search(rf"^(#+) {re.escape(title)}.*$", DESIGN, re.MULTILINE)
+    assert match, f"docs/design.md has no heading {title!r}"
+    level = len(match.group(1)) if subsections else 6
+    rest = DESIGN[match.end():]
+    end = re.search(rf"^#{{1,{level}}} ", rest, re.MULTILINE)
+    return rest[:end.start()] if end else rest
+
+
+def rows(text: str) -> list[list[str]]:
+    """The cells of every table row in `text`, header and separator rows left out."""
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("|") or re.fullmatch(r"[|\-: ]+", line):
+            continue
+        found.append([cell.strip() for cell in line.strip("|").split("|")])
+    return found[1:] if found else found  # the first row is the header
+
+
+def quoted(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def test_layout_lists_every_module_and_nothing_else() -> None:
+    listed = {path for cells in rows(section("Package layout", subsections=False)) for path in quoted(cells[0])}
+    actual = {path.relative_to(ROOT).as_posix() for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts}
+    assert {path for path in listed if path.endswith(".py")} == actual
+    for path in listed:
+        assert (ROOT / path).exists(), path
+
+
+def test_every_repository_path_named_exists() -> None:
+    named = {token for token in re.findall(r"`([^`\s]+)`", DESIGN) if token.startswith(TOP_LEVEL)}
+    named |= {f"docs/{link}" for link in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", DESIGN)}
+    assert named
+    for path in sorted(named):
+        assert (ROOT / path).resolve().exists(), f"docs/design.md names {path}, which does not exist"
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    names: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names.add(base)
+            names |= {f"{base}.{alias.name}" for alias in node.names}
+    return {name for name in names if name.startswith("kepler_bridge")}
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix if prefix.endswith(".") else prefix + ".")
+
+
+def test_imports_follow_the_data_flow() -> None:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    table = rows(section("Import direction"))
+    assert table
+    for cells in table:
+        (layer,), forbidden = quoted(cells[0]), quoted(cells[1])
+        members = [name for name in modules if _under(name, layer)]
+        assert members, f"no module {layer}"
+        for name in members:
+            wrong = sorted(imported for imported in _imports(modules[name], name)
+                           if any(_under(imported, prefix) for prefix in forbidden))
+            assert not wrong, f"{name} imports {wrong}, against docs/design.md's import direction"
+
+
+def test_commands_are_the_subcommands() -> None:
+    listed = {command.split()[1] for cells in rows(section("Command line")) for command in quoted(cells[0])}
+    (subparsers,) = [action for action in cli._parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    assert listed == set(subparsers.choices)
+
+
+def test_endpoints_and_who_may_read_them(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    app = create_app(SnapshotStore(), load({"auth_token_file": str(token), "node_name": "n1"}, environ={}))
+    table = {quoted(cells[0])[0]: cells[-1] for cells in rows(section("HTTP endpoints"))}
+    routes = {rule.rule for rule in app.url_map.iter_rules() if rule.endpoint != "static"}
+    assert set(table) == routes
+    client = app.test_client()
+    for path, guarded in table.items():
+        assert guarded in ("yes", "no"), path
+        assert (client.get(path).status_code == 401) == (guarded == "yes"), path
+        assert client.get(path, headers={"Authorization": "Bearer s3cret"}).status_code != 401, path
+    # Flask's static-file route: the design says it is there exactly while it is.
+    assert ("/static/" in section("HTTP endpoints")) == ("static" in app.view_functions)
+
+
+def test_collect_example_is_what_the_code_renders() -> None:
+    (example,) = re.findall(r"```json\n(.*?)```", section("/v1/collect"), re.DOTALL)
+    body = json.loads(example)
+    (node, answer), = body.items()
+    gpus = tuple(GpuReading(index=i, uuid=f"GPU-{i}", vendor="nvidia", model="A100",
+                            memory_used_bytes=device["usedMemory"], memory_total_bytes=device["totalMemory"])
+                 for i, device in enumerate(answer["devices"]))
+    snapshot = Snapshot(node=node, timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0, gpus=gpus)
+    assert json.loads(baetyl.render(snapshot)) == body
+
+
+def test_health_series_are_the_code_s() -> None:
+    (line,) = [line for line in DESIGN.splitlines() if line.startswith("Health series:")]
+    assert set(quoted(line)) == prometheus.HEALTH
+
+
+def _filled(cls: type, **given: object) -> object:
+    """An instance with every optional number set, so that every family built from it has a series."""
+    hints = typing.get_type_hints(cls, vars(model))
+    numbers = {item.name: 1 if int in typing.get_args(hints[item.name]) else 0.5
+               for item in dataclasses.fields(cls) if item.name not in given and item.default is None}
+    return cls(**numbers, **given)
+
+
+def full_snapshot() -> Snapshot:
+    """A snapshot in which every metric family of the catalogue has at least one series."""
+    owner = PodRef("ml", "train-0", "main")
+    row = WorkloadEnergy(pid="7", comm="python3", container_id="c1", namespace="ml", pod="train-0",
+                         container="main", cpu_joules=1.0, gpu_joules=1.0)
+    gpu = _filled(GpuReading, index=0, uuid="GPU-0", vendor="nvidia", model="A100",
+                  throttled=(("sw_power_cap", True),), xid_errors=((79, 1),),
+                  processes=(GpuProcess(pid=7, comm="python3", memory_used_bytes=1, utilization=0.5),))
+    return Snapshot(
+        node="n1", timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0, sources=(SourceStatus("nvml", True),),
+        gpus=(gpu,), processes=(ProcessCpu(7, "python3", 2.0, "c1"),), process_cpu_other=1.0,
+        containers=(("c1", 2.0),), ebpf_programs_attached=1,
+        energy=Energy(cpu_zones=(CpuZoneEnergy("package", "rapl", 1.0),), gpu_idle=(("GPU-0", 1.0),),
+                      gpu_unattributed=(("GPU-0", "shared", 1.0),), cpu_processes=(row,), gpu_processes=(row,),
+                      containers=(row,), pods=(row,)),
+        container_pods=(("c1", owner),), gpu_pods=(("GPU-0", owner),))
+
+
+def catalogue() -> dict[str, tuple[str, set[str]]]:
+    """docs/design.md's metric table: name -> (type, every label including node)."""
+    found: dict[str, tuple[str, set[str]]] = {}
+    for cells in rows(section("Metrics")):
+        name, kind, labels = quoted(cells[0])[0], cells[1], cells[2]
+        assert name not in found, f"{name} is listed twice"
+        words = set(re.sub(r"`[^`]*`", "", labels).replace(",", " ").split())
+        assert words <= {"device"}, f"{name}: labels column may hold backticked labels and 'device' only"
+        found[name] = (kind, {"node", *quoted(labels), *(DEVICE_LABELS if "device" in words else ())})
+    return found
+
+
+def test_metric_catalogue_lists_exactly_the_metrics_the_code_can_emit() -> None:
+    assert set(catalogue()) == set(prometheus.METRICS)
+
+
+def test_metric_catalogue_types_and_labels_are_what_a_scrape_shows() -> None:
+    text = prometheus.render(full_snapshot(), lambda name: True).decode()
+    seen: dict[str, tuple[str, set[str]]] = {}
+    for family in text_string_to_metric_families(text):
+        name = prometheus.exposed_name(family)
+        if name in prometheus.METRICS:
+            seen[name] = (family.type, {label for sample in family.samples for label in sample.labels})
+    missing = set(prometheus.METRICS) - set(seen)
+    assert not missing, f"full_snapshot() yields no series of {missing}: extend it"
+    documented = catalogue()
+    for name, (kind, labels) in seen.items():
+        assert documented[name] == (kind, labels), name
