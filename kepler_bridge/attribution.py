@@ -13,7 +13,10 @@ sample with the sources' readings. Per interval:
   power being gpu_idle_watts or the lowest interval power seen on that GPU;
   with no process on the GPU the whole interval is idle. The active rest is
   shared by SM utilization, equally when the driver reports none, all to the
-  only process (which covers NVML's exclusive-process compute mode).
+  only process (which covers NVML's exclusive-process compute mode). A device
+  whose source cannot list processes keeps the idle part too; its active rest
+  goes to the one container the kubelet assigned it to, else to the device's
+  unattributed energy with reason ``shared`` (several owners) or ``no_owner``.
 - Every level only ever adds increases, so no counter decreases; processes
   outside the top:N limit are summed into one ``pid="other"`` series.
 """
@@ -34,6 +37,8 @@ PRIMARY_ZONES = ("package", "psys", "core")
 # A wrap-around implying more than this per zone is a counter reset instead.
 MAX_ZONE_WATTS = 5000.0
 NO_POD = PodRef()
+# Why a device's active energy went to no container: several hold it, or none does.
+UNATTRIBUTED_REASONS = ("no_owner", "shared")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class Inputs:
     gpus: tuple[GpuReading, ...] = ()  # node-wide, counters already monotonic, processes pod-labelled
     cpu_increases: Mapping[ProcessKey, float] = field(default_factory=dict)
     pods: Mapping[str, PodRef] = field(default_factory=dict)  # container id -> container
+    gpu_owners: Mapping[str, tuple[PodRef, ...]] = field(default_factory=dict)  # uuid -> containers assigned it
 
 
 @dataclass
@@ -91,6 +97,7 @@ class Attribution:
         self._last_gpu_joules: dict[str, float] = {}
         self._lowest_gpu_watts: dict[str, float] = {}
         self._gpu_idle: dict[str, float] = {}
+        self._gpu_unattributed: dict[tuple[str, str], float] = {}
         self._processes: dict[ProcessKey, _Tally] = {}
         self._containers: dict[tuple[str, str, str, str], _Tally] = {}
         self._pods: dict[tuple[str, str], _Tally] = {}
@@ -115,20 +122,29 @@ class Attribution:
         owners: dict[ProcessKey, PodRef] = {key: inputs.pods.get(key[2], NO_POD) for key in inputs.cpu_increases}
         self._share_cpu(self._cpu_active(inputs.rapl_zones, usage, seconds), inputs.cpu_increases, cpu_capacity,
                         increments)
+        owned: dict[PodRef, float] = {}
         for gpu in inputs.gpus:
             for proc in gpu.processes:
                 key = (proc.pid, proc.comm, proc.container_id)
                 labelled = PodRef(proc.namespace, proc.pod, proc.container)
                 if labelled != NO_POD or key not in owners:
                     owners[key] = labelled
-            if gpu.up:
-                self._share_gpu(gpu, seconds, increments)
+            active = self._gpu_active(gpu, seconds) if gpu.up else None
+            if active is None:
+                continue
+            for proc, share in zip(gpu.processes, gpu_shares(gpu.processes)):
+                increments.setdefault((proc.pid, proc.comm, proc.container_id), [0.0, 0.0])[1] += active * share
+            if not gpu.processes and not gpu.lists_processes:
+                self._share_unlisted(gpu.uuid, active, inputs.gpu_owners.get(gpu.uuid, ()), owned)
         self._accumulate(owners, increments, now)
+        self._accumulate_owned(owned, inputs.pods, now)
         self._expire(now, owners)
         return Energy(
             cpu_zones=tuple(CpuZoneEnergy(zone, source, joules)
                             for (zone, source), joules in sorted(self._zones.items())),
             gpu_idle=tuple(sorted(self._gpu_idle.items())),
+            gpu_unattributed=tuple((uuid, reason, joules)
+                                   for (uuid, reason), joules in sorted(self._gpu_unattributed.items())),
             cpu_processes=self._process_rows(increments, "cpu"),
             gpu_processes=self._process_rows(increments, "gpu"),
             containers=tuple(self._containers[key].row() for key in sorted(self._containers)),
@@ -182,24 +198,34 @@ class Attribution:
         for key, seconds in used.items():
             increments.setdefault(key, [0.0, 0.0])[0] += active * (seconds / total)
 
-    def _share_gpu(self, gpu: GpuReading, seconds: float, increments: dict[ProcessKey, list[float]]) -> None:
+    def _gpu_active(self, gpu: GpuReading, seconds: float) -> float | None:
+        """Adds the interval's idle energy to the device's and returns the active rest; None when not known."""
         if gpu.energy_joules is not None:
             last = self._last_gpu_joules.get(gpu.uuid)
             self._last_gpu_joules[gpu.uuid] = gpu.energy_joules
             if last is None or seconds <= 0:
-                return
+                return None
             joules = increase(last, gpu.energy_joules)
         elif gpu.power_watts is not None and seconds > 0:
             joules = gpu.power_watts * seconds
         else:
-            return
+            return None
         lowest = self._lowest_gpu_watts[gpu.uuid] = min(self._lowest_gpu_watts.get(gpu.uuid, joules / seconds),
                                                         joules / seconds)
         idle_watts = lowest if self.gpu_idle_watts is None else self.gpu_idle_watts
-        idle = min(idle_watts * seconds, joules) if gpu.processes else joules
+        idle = min(idle_watts * seconds, joules) if gpu.processes or not gpu.lists_processes else joules
         self._gpu_idle[gpu.uuid] = self._gpu_idle.get(gpu.uuid, 0.0) + idle
-        for proc, share in zip(gpu.processes, gpu_shares(gpu.processes)):
-            increments.setdefault((proc.pid, proc.comm, proc.container_id), [0.0, 0.0])[1] += (joules - idle) * share
+        return joules - idle
+
+    def _share_unlisted(self, uuid: str, active: float, holders: tuple[PodRef, ...],
+                        owned: dict[PodRef, float]) -> None:
+        """A device without process data: its active energy to its one owner, else unattributed with the reason."""
+        for reason in UNATTRIBUTED_REASONS:
+            self._gpu_unattributed.setdefault((uuid, reason), 0.0)
+        if len(holders) == 1:
+            owned[holders[0]] = owned.get(holders[0], 0.0) + active
+        else:
+            self._gpu_unattributed[(uuid, "shared" if holders else "no_owner")] += active
 
     def _accumulate(self, owners: Mapping[ProcessKey, PodRef], increments: Mapping[ProcessKey, list[float]],
                     now: float) -> None:
@@ -212,17 +238,30 @@ class Attribution:
                 labels = WorkloadEnergy(str(pid), comm, container_id, namespace, pod, container)
                 process = self._processes.setdefault(key, _Tally(labels, now))
                 process.labels = labels
-            container_key = (container_id, namespace, pod, container)
-            if container_key not in self._containers:
-                self._containers[container_key] = _Tally(WorkloadEnergy(
-                    container_id=container_id, namespace=namespace, pod=pod, container=container), now)
-            if (namespace, pod) not in self._pods:
-                self._pods[(namespace, pod)] = _Tally(WorkloadEnergy(namespace=namespace, pod=pod), now)
             cpu, gpu = increments.get(key, (0.0, 0.0))
-            for tally in (process, self._containers[container_key], self._pods[(namespace, pod)]):
+            for tally in (process, *self._levels(container_id, owner, now)):
                 tally.seen = now
                 tally.cpu += cpu
                 tally.gpu += gpu
+
+    def _accumulate_owned(self, owned: Mapping[PodRef, float], pods: Mapping[str, PodRef], now: float) -> None:
+        """Adds device energy booked to its owner to that container (by its id where the pod list names it) and pod."""
+        ids = {owner: container_id for container_id, owner in pods.items()} if owned else {}
+        for owner, joules in owned.items():
+            for tally in self._levels(ids.get(owner, ""), owner, now):
+                tally.seen = now
+                tally.gpu += joules
+
+    def _levels(self, container_id: str, owner: PodRef, now: float) -> tuple[_Tally, _Tally]:
+        """The tallies of a container and of its pod, made on first use."""
+        namespace, pod, container = owner.namespace, owner.pod, owner.container
+        container_key = (container_id, namespace, pod, container)
+        if container_key not in self._containers:
+            self._containers[container_key] = _Tally(WorkloadEnergy(
+                container_id=container_id, namespace=namespace, pod=pod, container=container), now)
+        if (namespace, pod) not in self._pods:
+            self._pods[(namespace, pod)] = _Tally(WorkloadEnergy(namespace=namespace, pod=pod), now)
+        return self._containers[container_key], self._pods[(namespace, pod)]
 
     def _expire(self, now: float, present: Mapping[ProcessKey, PodRef]) -> None:
         for tallies in (self._processes, self._containers, self._pods):

@@ -62,6 +62,10 @@ class GpuReading:
     processes: tuple[GpuProcess, ...] = ()
     # UUIDs of the MIG instances carved out of this GPU (the kubelet hands those to pods).
     mig_uuids: tuple[str, ...] = ()
+    # Other names device plugins give this device in pod-resources (Intel: card0; Ascend: Ascend910-0).
+    device_ids: tuple[str, ...] = ()
+    # False where the source cannot list the device's processes: no process then means unknown, not none running.
+    lists_processes: bool = True
 
 
 @dataclass(frozen=True)
@@ -147,11 +151,12 @@ class WorkloadEnergy:
 
 @dataclass(frozen=True)
 class Energy:
-    """Energy counters of one sample: node zones, GPU idle energy (by uuid) and the attributed levels; the process
-    rows of each kind are its top N by that kind's joules (`process_metrics`), plus pid="other"."""
+    """Energy counters of one sample: node zones, GPU idle and unattributed energy (by uuid) and the attributed
+    levels; the process rows of each kind are its top N by that kind's joules (`process_metrics`), plus pid="other"."""
 
     cpu_zones: tuple[CpuZoneEnergy, ...] = ()
     gpu_idle: tuple[tuple[str, float], ...] = ()
+    gpu_unattributed: tuple[tuple[str, str, float], ...] = ()  # (uuid, reason, joules)
     cpu_processes: tuple[WorkloadEnergy, ...] = ()
     gpu_processes: tuple[WorkloadEnergy, ...] = ()
     containers: tuple[WorkloadEnergy, ...] = ()

@@ -227,10 +227,10 @@ class Sampler:
         shown, other_seconds = self._counters.process_seconds(increases)
         self.kube.notice({key[2] for key in increases if key[2]} |
                          {proc.container_id for gpu in node_gpus for proc in gpu.processes if proc.container_id})
-        energy = self._attribution.update(Inputs(started, tuple(zones), cpu_times, node_gpus, increases,
-                                                 kube.containers))
-        containers = self._counters.containers(increases)
         gpu_owners = {gpu.uuid: kube.gpu_owners(gpu) for gpu in node_gpus}
+        energy = self._attribution.update(Inputs(started, tuple(zones), cpu_times, node_gpus, increases,
+                                                 kube.containers, gpu_owners))
+        containers = self._counters.containers(increases)
         return Snapshot(
             node=self.config.node_name,
             timestamp=time.time(),

@@ -30,6 +30,8 @@ def identities(energy: Energy) -> dict[tuple, float]:
         found[("zone", zone.zone, zone.source)] = zone.joules
     for uuid, joules in energy.gpu_idle:
         found[("idle", uuid)] = joules
+    for uuid, reason, joules in energy.gpu_unattributed:
+        found[("unattributed", uuid, reason)] = joules
     for level, kind, rows in (("process", "cpu", energy.cpu_processes), ("process", "gpu", energy.gpu_processes),
                               ("container", "cpu", energy.containers), ("container", "gpu", energy.containers),
                               ("pod", "cpu", energy.pods), ("pod", "gpu", energy.pods)):
@@ -287,3 +289,131 @@ def test_gpu_process_labels_win_for_processes_the_pod_list_does_not_know() -> No
     assert [(row.pid, row.namespace, row.pod, row.gpu_joules) for row in energy.gpu_processes] == [
         ("900", "ml", "train-0", 100.0)]
     assert [(row.namespace, row.pod, row.gpu_joules) for row in energy.pods] == [("ml", "train-0", 100.0)]
+
+
+# One device per source that cannot list processes, named as that source names it (vendor, uuid).
+UNLISTED = [("amd", "AMD-b2c8a7e2f3d41c8f"), ("intel", "INTEL-0000:05:00.0"), ("nvidia", "JETSON-1421022123456"),
+            ("huawei", "ASCEND-0000:C1:00.0-0"), ("kunlun", "KL-R200-01")]
+LISTING = "GPU-listing"  # an NVML device: it lists its processes, so none listed means none runs
+
+
+def candidates(uuid: str) -> list[PodRef]:
+    """The containers that may hold a device: pods of its own, so each device's attributed energy can be told apart."""
+    return [PodRef("dev", f"{uuid}-{name}", "main") for name in "abc"]
+
+
+def gain(before: dict[tuple, float], after: dict[tuple, float], key: tuple) -> float:
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(data: st.DataObject) -> None:
+    draw = data.draw
+    idle_watts = draw(st.none() | st.floats(0, 300), label="gpu_idle_watts")
+    # The "a" container of each device is named by the pod list, so its series carries the container id.
+    pods = {f"cid-{uuid}": candidates(uuid)[0] for _, uuid in UNLISTED} | PODS
+    devices = [(vendor, uuid, False) for vendor, uuid in UNLISTED] + [("nvidia", LISTING, True)]
+    with_counter = {uuid: draw(st.booleans(), label=f"{uuid} has an energy counter") for _, uuid, _ in devices}
+    raw = {uuid: draw(st.floats(0, 1e6)) for _, uuid, _ in devices}
+    raw_at_last_up: dict[str, float] = {}
+    guard = CounterGuard()
+    attribution = Attribution(gpu_idle_watts=idle_watts, process_limit=None, grace=1e9)
+    now, before = 0.0, {}
+    for step in range(draw(st.integers(2, 12), label="samples")):
+        dt = draw(st.floats(0.05, 5.0), label="interval")
+        now += dt
+        readings, expected, holders = [], {}, {}
+        for vendor, uuid, lists in devices:
+            up = draw(st.integers(0, 4)) > 0
+            watts = draw(st.floats(0, 700))
+            raw[uuid] += watts * dt
+            expected[uuid] = 0.0
+            if up and with_counter[uuid]:
+                if draw(st.integers(0, 9)) == 0:
+                    raw[uuid] = draw(st.floats(0, 100))  # reset: the counter starts again
+                if uuid in raw_at_last_up:
+                    last = raw_at_last_up[uuid]
+                    expected[uuid] = raw[uuid] - last if raw[uuid] >= last else raw[uuid]
+                raw_at_last_up[uuid] = raw[uuid]
+            elif up and step:
+                expected[uuid] = watts * dt
+            # The kubelet's assignment changes now and then: nobody, one container, or several.
+            holders[uuid] = tuple(draw(st.lists(st.sampled_from(candidates(uuid)), max_size=3, unique=True)))
+            processes = tuple(GpuProcess(pid, comm, utilization=draw(st.none() | st.floats(0, 1)), container_id=cid,
+                                         **dataclasses.asdict(PODS.get(cid, PodRef())))
+                              for pid, comm, cid in draw(st.lists(st.sampled_from(SLOTS), max_size=2, unique=True))
+                              ) if lists else ()
+            readings.append(guard.gpu(GpuReading(index=len(readings), uuid=uuid, vendor=vendor, model="m", up=up,
+                                                 power_watts=watts, processes=processes, lists_processes=lists,
+                                                 energy_joules=raw[uuid] if with_counter[uuid] else None)))
+        after = identities(attribution.update(Inputs(now, gpus=tuple(readings), pods=pods, gpu_owners=holders)))
+
+        assert_monotonic(before, after)
+        assert all(value >= 0 for value in after.values())
+        assert increases(before, after, "pod", "gpu") == pytest.approx(increases(before, after, "container", "gpu"),
+                                                                        abs=1e-6)
+        listing_idle = gain(before, after, ("idle", LISTING))
+        assert increases(before, after, "process", "gpu") + listing_idle == pytest.approx(
+            expected[LISTING], rel=1e-6, abs=1e-6)
+        assert not any(key[:2] == ("unattributed", LISTING) for key in after)
+        for _, uuid in UNLISTED:
+            own_pods = {ref.pod for ref in candidates(uuid)}
+            attributed = sum(value - before.get(key, 0.0) for key, value in after.items()
+                             if key[:2] == ("container", "gpu") and key[6] in own_pods)
+            unattributed = {reason: gain(before, after, ("unattributed", uuid, reason))
+                            for reason in ("shared", "no_owner")}
+            idle = gain(before, after, ("idle", uuid))
+            assert idle + attributed + sum(unattributed.values()) == pytest.approx(expected[uuid], rel=0.01, abs=1e-6)
+            owners = holders[uuid]
+            # Only the reason that applies grows, and a device with one owner gives that container everything.
+            assert unattributed["shared"] == 0 or len(owners) > 1
+            assert unattributed["no_owner"] == 0 or not owners
+            if len(owners) == 1:
+                assert sum(unattributed.values()) == 0
+            else:
+                assert attributed == 0
+            if ("idle", uuid) in after:
+                assert {("unattributed", uuid, "shared"), ("unattributed", uuid, "no_owner")} <= after.keys()
+        assert not any(key[:2] == ("process", "gpu") and key[5] == "dev" for key in after)
+        for key in after:
+            if key[:2] == ("container", "gpu") and key[5] == "dev":
+                assert key[4] == (f"cid-{key[6][:-2]}" if key[6].endswith("-a") else ""), key
+        before = after
+
+
+def test_an_unlisted_device_gives_its_active_energy_to_its_one_owner() -> None:
+    attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
+    amd = GpuReading(index=0, uuid="AMD-1", vendor="amd", model="MI210", power_watts=250.0, lists_processes=False)
+    owner = {"AMD-1": (PODS["c3"],)}
+    attribution.update(Inputs(0.0, gpus=(amd,), pods=PODS, gpu_owners=owner))
+    energy = attribution.update(Inputs(2.0, gpus=(amd,), pods=PODS, gpu_owners=owner))
+    # 500 J in 2 s: 100 J idle, the 400 J above it to the container the kubelet assigned the card to.
+    assert energy.gpu_idle == (("AMD-1", pytest.approx(100.0)),)
+    assert [(row.container_id, row.pod, row.container, row.gpu_joules) for row in energy.containers] == [
+        ("c3", "train-0", "main", pytest.approx(400.0))]
+    assert [(row.pod, row.gpu_joules) for row in energy.pods] == [("train-0", pytest.approx(400.0))]
+    assert energy.gpu_processes == ()
+    assert energy.gpu_unattributed == (("AMD-1", "no_owner", 0.0), ("AMD-1", "shared", 0.0))
+
+
+def test_shared_and_unowned_unlisted_devices_are_unattributed_by_reason() -> None:
+    attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
+    cards = tuple(GpuReading(index=i, uuid=uuid, vendor="intel", model="Arc", power_watts=150.0,
+                             lists_processes=False) for i, uuid in enumerate(("INTEL-a", "INTEL-b")))
+    owners = {"INTEL-a": (PODS["c1"], PODS["c3"])}  # two replicas of card a; card b is nobody's
+    attribution.update(Inputs(0.0, gpus=cards, pods=PODS, gpu_owners=owners))
+    energy = attribution.update(Inputs(1.0, gpus=cards, pods=PODS, gpu_owners=owners))
+    assert energy.gpu_unattributed == (("INTEL-a", "no_owner", 0.0), ("INTEL-a", "shared", pytest.approx(100.0)),
+                                       ("INTEL-b", "no_owner", pytest.approx(100.0)), ("INTEL-b", "shared", 0.0))
+    assert energy.containers == () and energy.pods == ()
+
+
+def test_a_device_that_lists_processes_is_idle_without_one_whoever_holds_it() -> None:
+    attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
+    nvidia = gpu("G", power_watts=250.0)
+    owner = {"G": (PODS["c3"],)}
+    attribution.update(Inputs(0.0, gpus=(nvidia,), pods=PODS, gpu_owners=owner))
+    energy = attribution.update(Inputs(2.0, gpus=(nvidia,), pods=PODS, gpu_owners=owner))
+    assert energy.gpu_idle == (("G", pytest.approx(500.0)),)
+    assert energy.gpu_unattributed == () and energy.pods == ()

@@ -1,20 +1,24 @@
-"""Energy attribution through the real agent: CPU energy split by CPU time, GPU energy split by SM utilization."""
+"""Energy attribution through the real agent: CPU energy split by CPU time, GPU energy split by SM utilization,
+a device without process data booked to the container that holds it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import Agent
 from fakenvml import FakeNvml
+from fixtures.sysfs import FakeSysfs
+from kubefakes import FakePodResources, list_response
 from powercap import PowercapTree
 
 GIB = 1024**3
@@ -126,18 +130,17 @@ def test_cpu_energy_series_absent_without_rapl(tmp_path: Path) -> None:
 
 
 @contextmanager
-def gpu_drawing(fake: FakeNvml, index: int, watts: float, step: float = 0.1) -> Iterator[None]:
-    """Advance a fake GPU's energy counter (mJ) at `watts` while the block runs."""
+def drawing(write: Callable[[float], None], joules: float, watts: float, step: float = 0.1) -> Iterator[None]:
+    """While the block runs, write(counter) every `step` seconds, the counter (J) rising from `joules` at `watts`."""
     stop = threading.Event()
-    energy_mj = [float(fake.gpus[index]["total_energy"])]
 
     def run() -> None:
-        last = time.monotonic()
+        counter, last = joules, time.monotonic()
         while not stop.wait(step):
             now = time.monotonic()
-            energy_mj[0] += watts * (now - last) * 1000
+            counter += watts * (now - last)
             last = now
-            fake.gpu(index, total_energy=int(energy_mj[0]))
+            write(counter)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -146,6 +149,12 @@ def gpu_drawing(fake: FakeNvml, index: int, watts: float, step: float = 0.1) -> 
     finally:
         stop.set()
         thread.join()
+
+
+def gpu_drawing(fake: FakeNvml, index: int, watts: float) -> Iterator[None]:
+    """Advance a fake GPU's energy counter (mJ) at `watts` while the block runs."""
+    return drawing(lambda joules: fake.gpu(index, total_energy=int(joules * 1000)),
+                   fake.gpus[index]["total_energy"] / 1000, watts)
 
 
 def test_gpu_energy_split_3_to_1_by_sm_utilization(fake_nvml: FakeNvml) -> None:
@@ -176,3 +185,56 @@ def test_gpu_energy_split_3_to_1_by_sm_utilization(fake_nvml: FakeNvml) -> None:
     # GPU 1 has no process and its counter stands still: no energy, no idle energy.
     assert by("gpu", after["kepler_bridge_node_gpu_idle_joules_total"])["1"] == 0.0
     assert [labels["pod"] for labels, _ in after["kepler_bridge_pod_gpu_joules_total"]] == [""]
+
+
+def write_microjoules(path: Path) -> Callable[[float], None]:
+    """A writer of a hwmon energy file (µJ) that replaces it whole, so the agent never reads half a number."""
+    def write(joules: float) -> None:
+        partial = path.with_name(f".{path.name}")
+        partial.write_text(f"{round(joules * 1e6)}\n")
+        os.replace(partial, path)
+    return write
+
+
+def test_an_amd_card_without_process_data_gives_the_pod_holding_it_its_energy_above_idle(tmp_path: Path) -> None:
+    sysfs = FakeSysfs(tmp_path / "sys")
+    owned = sysfs.amd_mi210(0, "0000:c3:00.0")  # has an energy counter, drawn at 250 W below
+    sysfs.amd_rx7900(1, "0000:03:00.0")  # no counter: power1_input 65 W all along
+    (energy_file,) = (owned / "device" / "hwmon").glob("hwmon*/energy1_input")
+    socket = tmp_path / "kubelet.sock"
+    # AMD's device plugin names a card by its PCI address; the second card is handed to two pods.
+    assigned = list_response([("ml", "train-0", [("main", [("amd.com/gpu", ["0000:c3:00.0"])])]),
+                              ("ml", "infer-a", [("server", [("amd.com/gpu", ["0000:03:00.0"])])]),
+                              ("ml", "infer-b", [("server", [("amd.com/gpu", ["0000:03:00.0"])])])])
+    with FakePodResources(socket, assigned), \
+            drawing(write_microjoules(energy_file), int(energy_file.read_text()) / 1e6, watts=250.0), \
+            Agent("--sources", "amdgpu", "--sysfs", str(sysfs.root), "--interval", "200ms", "--kube-source", "off",
+                  "--pod-resources-socket", str(socket), "--gpu-idle-watts", "50") as agent:
+        agent.wait_for(lambda: by("pod", series(agent, "kepler_bridge_pod_gpu_joules_total")).get("train-0", 0) > 0,
+                       what="GPU energy for the pod holding card 0")
+        before = scrape(agent)
+        time.sleep(1.5)
+        after = scrape(agent)
+
+    def gain(name: str, label: str, key: str) -> float:
+        return by(label, after[name])[key] - by(label, before[name])[key]
+
+    def unattributed(samples: list[tuple[dict[str, str], float]]) -> dict[tuple[str, str], float]:
+        return {(labels["gpu"], labels["reason"]): value for labels, value in samples}
+
+    pod = gain("kepler_bridge_pod_gpu_joules_total", "pod", "train-0")
+    idle = {gpu: gain("kepler_bridge_node_gpu_idle_joules_total", "gpu", gpu) for gpu in ("0", "1")}
+    lost = {key: value - unattributed(before["kepler_bridge_node_gpu_unattributed_joules_total"])[key]
+            for key, value in unattributed(after["kepler_bridge_node_gpu_unattributed_joules_total"]).items()}
+    total = gain("gpu_energy_joules_total", "gpu", "0")
+    assert total > 250  # 1.5 s at 250 W
+    assert pod > idle["0"]  # 200 of the 250 W are above the 50 W idle
+    # Card 0: its whole energy is idle or its pod's; card 1: 15 of its 65 W are active, but whose is unknown.
+    assert idle["0"] + pod == pytest.approx(total, rel=1e-6)
+    assert lost == {("0", "shared"): 0.0, ("0", "no_owner"): 0.0, ("1", "shared"): pytest.approx(idle["1"] * 15 / 50),
+                    ("1", "no_owner"): 0.0}
+    assert [labels["pod"] for labels, _ in after["kepler_bridge_pod_gpu_joules_total"]] == ["train-0"]
+    assert [(labels["container_id"], labels["container"]) for labels, _ in
+            after["kepler_bridge_container_gpu_joules_total"]] == [("", "main")]
+    assert "kepler_bridge_process_gpu_joules_total" not in after
+    assert [(labels["gpu"], labels["pod"]) for labels, _ in after["gpu_pod_info"]] == [("0", "train-0")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -10,13 +11,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent import Agent
 from fakenvml import FakeNvml
+from fixtures.sysfs import FakeSysfs
 from kubefakes import FakePodResources, list_response
+from test_ascend import fake_npu_smi, table
 from kepler_bridge import config
 from kepler_bridge.kube.client import KubeError
 from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.kube.pod_resources import list_assignments
 from kepler_bridge.kube.view import Assignment
 from kepler_bridge.model import PodRef
+from kepler_bridge.sources.amdgpu import AmdgpuSource
+from kepler_bridge.sources.ascend import AscendSource
+from kepler_bridge.sources.command import parse as parse_command
+from kepler_bridge.sources.intel import IntelSource
 
 GPU0 = "GPU-fa4e0000-0000-4000-8000-000000000000"
 GPU1 = "GPU-fa4e0000-0000-4000-8000-000000000001"
@@ -69,6 +76,41 @@ def test_last_assignments_kept_while_the_kubelet_restarts(tmp_path: Path) -> Non
     metadata.refresh()
     assert time.monotonic() - started < 10
     assert metadata.view().devices == owners and "keeping the last assignments" in metadata.errors["devices"]
+
+
+def test_each_vendors_plugin_id_finds_the_device_its_source_reads(tmp_path: Path) -> None:
+    sysfs = FakeSysfs(tmp_path / "sys")
+    sysfs.amd_mi210(0, "0000:c3:00.0")
+    sysfs.intel_dg2_i915(1, "0000:05:00.0")
+    sysfs.intel_bmg_xe(2, "0000:06:00.0")
+    settings = config.load({"sysfs": str(sysfs.root), "npu_smi": str(fake_npu_smi(tmp_path / "310p", table("310p3")))},
+                           {})
+    readings = []
+    for source in (AmdgpuSource(settings), IntelSource(settings), AscendSource(settings)):
+        source.start()
+        readings.extend(source.read().gpus)
+    readings.extend(parse_command(json.dumps({"devices": [{"uuid": "KL-R200-01", "vendor": "kunlun"},
+                                                          {"pciBusId": "0000:3b:00.0"}]})))
+    pod = {name: PodRef("ml", name, "main") for name in ("amd", "intel", "npu-a", "npu-b", "kunlun", "mlu")}
+    # The ids each vendor's device plugin puts in pod-resources: AMD the PCI address, Intel the card name with a
+    # shared replica number, Ascend <type>-<id> (and a vNPU slice of chip 1), a command device its uuid or bus id.
+    response = list_response([
+        ("ml", "amd", [("main", [("amd.com/gpu", ["0000:c3:00.0"])])]),
+        ("ml", "intel", [("main", [("gpu.intel.com/i915", ["card1-0", "card2-3"])])]),
+        ("ml", "npu-a", [("main", [("huawei.com/Ascend310P", ["Ascend310P-0"])])]),
+        ("ml", "npu-b", [("main", [("huawei.com/Ascend310P-2c", ["Ascend310P-2c-100-1"])])]),
+        ("ml", "kunlun", [("main", [("kunlun.com/xpu", ["KL-R200-01"])])]),
+        ("ml", "mlu", [("main", [("cambricon.com/mlu", ["0000:3b:00.0"])])]),
+    ])
+    metadata = kube(tmp_path / "kubelet.sock")
+    with FakePodResources(tmp_path / "kubelet.sock", response):
+        metadata.refresh()
+    owners = {gpu.uuid: metadata.view().gpu_owners(gpu) for gpu in readings}
+    assert owners == {"AMD-b2c8a7e2f3d41c8f": (pod["amd"],), "INTEL-0000:05:00.0": (pod["intel"],),
+                      "INTEL-0000:06:00.0": (pod["intel"],), "ASCEND-0000:01:00.0-0": (pod["npu-a"],),
+                      "ASCEND-0000:02:00.0-0": (pod["npu-b"],), "KL-R200-01": (pod["kunlun"],),
+                      "custom-1": (pod["mlu"],)}
+    assert not any(gpu.lists_processes for gpu in readings)
 
 
 def families(agent: Agent) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -63,6 +63,8 @@ METRICS: dict[str, str] = {
     "kepler_bridge_container_cpu_seconds_total": "CPU time used by the processes of a container.",
     "kepler_bridge_node_cpu_joules_total": "CPU energy of the node by RAPL zone (or estimated from cpu_tdp_watts).",
     "kepler_bridge_node_gpu_idle_joules_total": "Accelerator energy not attributed to processes: its idle part.",
+    "kepler_bridge_node_gpu_unattributed_joules_total": ("Active accelerator energy of a device without process data "
+                                                         "that no single container holds, by reason."),
     "kepler_bridge_process_cpu_joules_total": "CPU energy attributed to a process by its CPU time.",
     "kepler_bridge_process_gpu_joules_total": "Accelerator energy attributed to a process by its SM utilization.",
     "kepler_bridge_container_cpu_joules_total": "CPU energy attributed to the processes of a container.",
@@ -119,6 +121,10 @@ class SnapshotCollector(Collector):
         energy = _counter("gpu_energy_joules_total", GPU_LABELS)
         idle = _counter("kepler_bridge_node_gpu_idle_joules_total", GPU_LABELS)
         idle_joules = dict(snap.energy.gpu_idle)
+        unattributed = _counter("kepler_bridge_node_gpu_unattributed_joules_total", GPU_LABELS + ("reason",))
+        unattributed_joules: dict[str, list[tuple[str, float]]] = {}
+        for uuid, reason, joules in snap.energy.gpu_unattributed:
+            unattributed_joules.setdefault(uuid, []).append((reason, joules))
         throttled = _gauge("gpu_throttled", GPU_LABELS + ("reason",))
         ecc = _counter("gpu_ecc_errors_total", GPU_LABELS + ("kind",))
         xid = _counter("gpu_xid_errors_total", GPU_LABELS + ("xid",))
@@ -141,6 +147,8 @@ class SnapshotCollector(Collector):
                 energy.add_metric(labels, gpu.energy_joules)
             if gpu.uuid in idle_joules:
                 idle.add_metric(labels, idle_joules[gpu.uuid])
+            for reason, joules in unattributed_joules.get(gpu.uuid, ()):
+                unattributed.add_metric(labels + [reason], joules)
             for reason, active in gpu.throttled:
                 throttled.add_metric(labels + [reason], 1.0 if active else 0.0)
             for kind, value in (("corrected", gpu.ecc_corrected_total), ("uncorrected", gpu.ecc_uncorrected_total)):
@@ -153,7 +161,7 @@ class SnapshotCollector(Collector):
         yield pod_info
         yield up
         yield from gauges.values()
-        yield from (energy, idle, throttled, ecc, xid)
+        yield from (energy, idle, unattributed, throttled, ecc, xid)
         yield from _process_gauges(processes, snap.process_limit)
 
     def _cpu_families(self) -> Iterator[Metric]:

@@ -11,6 +11,8 @@ from kepler_bridge.model import GpuReading, PodRef
 
 NO_POD = PodRef()
 _PCI = re.compile(r"^(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
+_INTEL_REPLICA = re.compile(r"^(card\d+)-\d+$")
+_ASCEND_VNPU = re.compile(r"^(ascend\d{3}[bp]?)-\d+c[a-z0-9.]*-\d+-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -27,12 +29,15 @@ def device_key(device_id: str) -> str:
 
     ``GPU-<uuid>::3`` (a time-slicing replica) is the GPU ``GPU-<uuid>``;
     ``MIG-GPU-<uuid>/1/0`` (older MIG naming) is its parent GPU; PCI addresses
-    lose the domain's leading zeros; MIG-<uuid> stays (matched against the
-    GPU's MIG instances).
+    (AMD's plugin) lose the domain's leading zeros; MIG-<uuid> stays (matched
+    against the GPU's MIG instances); Intel's ``card0-1`` (a shared replica)
+    is ``card0``; an Ascend vNPU ``Ascend310P-2c-100-1`` is ``ascend310p-1``.
     """
     key = device_id.strip().lower().split("::", 1)[0]
     if key.startswith("mig-gpu-"):
         key = key[len("mig-"):].split("/", 1)[0]
+    key = _INTEL_REPLICA.sub(r"\1", key)
+    key = _ASCEND_VNPU.sub(r"\1-\2", key)
     pci = _PCI.match(key)
     if pci:
         domain, bus, device, function = pci.groups()
@@ -56,11 +61,11 @@ class KubeView:
     devices: Mapping[str, tuple[PodRef, ...]] = field(default_factory=dict)
 
     def gpu_owners(self, gpu: GpuReading) -> tuple[PodRef, ...]:
-        """The containers the kubelet assigned this GPU, or a MIG instance or replica of it, to."""
+        """The containers the kubelet assigned this GPU, or a MIG instance, replica or slice of it, to."""
         if not self.devices:
             return ()
         owners: dict[PodRef, None] = {}
-        for name in (gpu.uuid, *gpu.mig_uuids, gpu.pci_bus_id):
+        for name in (gpu.uuid, *gpu.mig_uuids, gpu.pci_bus_id, *gpu.device_ids):
             if name:
                 owners.update(dict.fromkeys(self.devices.get(device_key(name), ())))
         return tuple(owners)

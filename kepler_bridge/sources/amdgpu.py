@@ -45,7 +45,7 @@ class AmdgpuSource(Source):
 
     def _read_card(self, index: int, card: _Card) -> GpuReading:
         identity = dict(index=index, uuid=card.uuid, vendor=VENDOR, model=card.model,
-                        driver_version=self.driver_version, pci_bus_id=card.drm.pci_bus_id)
+                        driver_version=self.driver_version, pci_bus_id=card.drm.pci_bus_id, lists_processes=False)
         if not card.drm.present():
             return GpuReading(**identity, up=False,
                               error=f"{card.drm.name} ({card.drm.pci_bus_id}) is gone: the card was removed or "

@@ -28,6 +28,7 @@ DOWN_HEALTH = ("Critical",)
 
 _VERSION = re.compile(r"Version:\s*(\S+)")
 _USAGE = re.compile(r"([\d.]+|NA)\s*/\s*([\d.]+|NA)")
+_FAMILY = re.compile(r"(\d{3})([BP]?)")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Chip:
 
     npu: int
     chip: int
+    device: int  # the chip's device id: npu-smi's Device column where printed (several chips a card), else the NPU
     name: str
     health: str
     bus_id: str
@@ -82,7 +84,7 @@ class AscendSource(Source):
         return GpuReading(
             index=index, uuid=f"ASCEND-{chip.bus_id or f'npu{chip.npu}'}-{chip.chip}", vendor=VENDOR,
             model=f"Ascend {chip.name}", driver_version=self.driver_version, pci_bus_id=chip.bus_id,
-            up=not down,
+            device_ids=_plugin_ids(chip), lists_processes=False, up=not down,
             error=f"npu-smi health {chip.health}: see `npu-smi info -t health -i {chip.npu}`" if down else "",
             utilization=ranges.ratio_from_percent(chip.aicore_percent),
             memory_used_bytes=used, memory_total_bytes=total,
@@ -97,6 +99,15 @@ def parse(text: str) -> tuple[str, list[Chip]]:
     version = _VERSION.search(text)
     chips = [_chip(*block) for block in _blocks(text) if _is_chip(block)]
     return (version.group(1) if version else ""), chips
+
+
+def _plugin_ids(chip: Chip) -> tuple[str, ...]:
+    """The name Ascend's device plugin gives the chip in pod-resources: Ascend910-<id> (910 series), Ascend310P-<id>."""
+    family = _FAMILY.match(chip.name)
+    if family is None:
+        return ()
+    digits, letter = family.groups()
+    return (f"Ascend{digits}{letter if digits == '310' else ''}-{chip.device}",)
 
 
 def _blocks(text: str) -> list[list[list[str]]]:
@@ -127,8 +138,11 @@ def _chip(first: list[str], second: list[str]) -> Chip:
     hbm = usages[1] if len(usages) > 1 and _number(usages[1][1]) else None
     used, total = hbm or (usages[0] if usages else (None, None))
     aicore = second[2].split()
+    chip_device = second[0].split()
     return Chip(
-        npu=int(npu), chip=int(second[0].split()[0]), name=name, health=first[1],
+        npu=int(npu), chip=int(chip_device[0]),
+        device=int(chip_device[1]) if len(chip_device) > 1 and chip_device[1].isdigit() else int(npu),
+        name=name, health=first[1],
         bus_id="" if second[1] in ("", "NA") else second[1],
         power_watts=_number(power_temp[0]) if power_temp else None,
         temperature_celsius=_number(power_temp[1]) if len(power_temp) > 1 else None,

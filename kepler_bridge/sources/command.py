@@ -125,7 +125,7 @@ def _device(index: int, device: Any) -> GpuReading:
         values["memory_free_bytes"] = total - used
     vendor = values.pop("vendor", "") or DEFAULT_VENDOR
     return GpuReading(index=index, uuid=values.pop("uuid", "") or f"{vendor}-{index}", vendor=vendor,
-                      model=values.pop("model", ""), up=up, **values)
+                      model=values.pop("model", ""), up=up, lists_processes=False, **values)
 
 
 def _number(value: Any, where: str, whole: bool) -> float | int | None:

@@ -67,8 +67,10 @@ class IntelSource(Source):
 
     def _read_card(self, index: int, card: _Card, now: float) -> GpuReading:
         drm = card.drm
+        # Intel's device plugin names a card by its DRM name (card0-<replica> in pod-resources).
         identity = dict(index=index, uuid=f"INTEL-{drm.pci_bus_id}", vendor=VENDOR, model=card.model,
-                        driver_version=card.driver_version, pci_bus_id=drm.pci_bus_id)
+                        driver_version=card.driver_version, pci_bus_id=drm.pci_bus_id, device_ids=(drm.name,),
+                        lists_processes=False)
         if not drm.present():
             card.last_energy = None
             return GpuReading(**identity, up=False,

@@ -72,7 +72,7 @@ class JetsonSource(Source):
         load = read_int(self.devfreq / "device" / "load")
         used, total = _shared_memory(self.config.procfs)
         return SourceReading(gpus=(GpuReading(
-            index=0, uuid=self.uuid, vendor=VENDOR, model=self.model,
+            index=0, uuid=self.uuid, vendor=VENDOR, model=self.model, lists_processes=False,
             utilization=ranges.ratio(load / LOAD_FULL_SCALE if load is not None else None),
             sm_clock_hertz=ranges.hertz(read_int(self.devfreq / "cur_freq")),
             memory_used_bytes=used, memory_total_bytes=total,

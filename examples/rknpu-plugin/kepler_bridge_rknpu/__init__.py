@@ -42,7 +42,7 @@ class RknpuSource(Source):
     def read(self) -> SourceReading:
         cores = [int(percent) for percent in _PERCENT.findall(read_text(self.load) or "")]
         return SourceReading(gpus=(GpuReading(
-            index=0, uuid=self.uuid, vendor=VENDOR, model=self.model,
+            index=0, uuid=self.uuid, vendor=VENDOR, model=self.model, lists_processes=False,
             utilization=ranges.ratio_from_percent(sum(cores) / len(cores)) if cores else None,
             sm_clock_hertz=ranges.hertz(read_int(self.devfreq / "cur_freq")) if self.devfreq else None,
         ),))
