@@ -20,7 +20,7 @@ from typing import Callable, Collection
 from kepler_bridge.model import ProcessCpu
 
 
-@dataclass
+@dataclass(slots=True)
 class TrackedProcess:
     """One process; ``start`` is its start time after boot (clock ticks for procfs, nanoseconds for ebpf)."""
 
@@ -62,12 +62,13 @@ class ProcessTable:
         """Track a process first seen now; a newer start than the pid's current process means the old one ended."""
         old = self.current(pid)
         entry = TrackedProcess(pid, start, comm, container_id, cpu_seconds)
-        self._entries[(pid, start)] = entry
+        key = (pid, start)
+        self._entries[key] = entry
         # An older process reported late (it ended before a newer one took its pid) leaves the newer current.
         if old is None or old.start < start:
             if old is not None and old.ended_at is None:
                 old.ended_at = self.clock()
-            self._current[pid] = (pid, start)
+            self._current[pid] = key
         return entry
 
     def end(self, entry: TrackedProcess) -> None:

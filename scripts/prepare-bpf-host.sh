@@ -1,8 +1,8 @@
 #!/bin/sh
-# Prepare a Debian host for the eBPF source: bcc, bpftool, kernel headers, tracefs.
+# Prepare a Debian host for the eBPF source: bcc, bpftool, kernel headers.
 # Idempotent: installs only what is missing and links headers only when the
-# running kernel has none (Debian's generic headers compile tracepoint programs
-# that read no kernel structs, see DESIGN.md §7).
+# running kernel has none (Debian's generic headers do: the programs read kernel
+# structs only at offsets taken from the running kernel's BTF).
 set -eu
 
 if [ "$(id -u)" != 0 ]; then
@@ -40,9 +40,4 @@ if [ ! -f "$modules/build/include/generated/autoconf.h" ]; then
     ln -sfn "$build" "$modules/build"
     ln -sfn "$common" "$modules/source"
     echo "prepare-bpf-host: linked $modules/build -> $build, $modules/source -> $common"
-fi
-
-if [ ! -d /sys/kernel/tracing/events ] && [ ! -d /sys/kernel/debug/tracing/events ]; then
-    mount -t tracefs tracefs /sys/kernel/tracing
-    echo "prepare-bpf-host: mounted tracefs on /sys/kernel/tracing"
 fi

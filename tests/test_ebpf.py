@@ -303,6 +303,8 @@ def test_doctor_line_says_which_mode_runs(bpf_host: None) -> None:
     assert works, line
     assert "used for CPU time (procfs is the fallback)" in line and "nothing per context switch" in line
     assert f"offsets from {BTF_PATH}" in line and "kernel headers from" in line
+    works, line = check_source("ebpf", make_config(sources="procfs"))
+    assert works and line.startswith("works, but --sources leaves it out"), line
 
 
 def test_headers_from_a_host_mount(bpf_host: None, tmp_path: Path) -> None:

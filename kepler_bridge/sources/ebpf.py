@@ -246,7 +246,9 @@ class EbpfSource(Source):
         if self.loaded is None:
             return "not loaded"
         runtime = self.loaded.offsets.get("TASK_RUNTIME")
-        return (f"used for CPU time (procfs is the fallback): the kernel's per-task runtime, read by a task iterator "
+        chosen = {"auto", self.name} & set(self.config.sources)
+        return (f"{'used for CPU time (procfs is the fallback)' if chosen else 'works, but --sources leaves it out'}"
+                f": the kernel's per-task runtime, read by a task iterator "
                 f"once per sample and at sched_process_free for ended processes, nothing per context switch; "
                 f"{len(reading.processes)} process(es) from {self.tasks} task(s), read in "
                 f"{self.read_seconds * 1000:.1f} ms; offsets from {BTF_PATH} (se.sum_exec_runtime at byte "
