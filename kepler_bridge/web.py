@@ -51,7 +51,7 @@ def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] =
                web: WebConfigFile | None = None, settings: Callable[[], Config] | None = None) -> Flask:
     """Build the app serving /metrics, /v1/collect, /healthz, /readyz, / and /api/v1/history; `settings` gives
     the reloadable settings in force (default: `config` for good)."""
-    app = Flask("kepler_bridge")
+    app = Flask("kepler_bridge", static_folder=None)  # no /static route: the page is served filled in, guarded
     settings = settings or (lambda: config)
     cache = RenderCache(store, settings, {"history": lambda snap, _: live.history_json(store.history, snap)})
     token = config.auth_token
