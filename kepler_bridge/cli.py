@@ -84,7 +84,7 @@ def _collect(config: Config, form: str) -> int:
 def _doctor(config: Config) -> int:
     from kepler_bridge.sampler import check_source
 
-    groups, _ = selected_groups(config)
+    groups = selected_groups(config)
     names = [name for group in groups for name in group]
     names += [name for name in available() if name not in names and name != "simulated"]
     working = 0

@@ -89,7 +89,7 @@ def history_json(history: History, snapshot: Snapshot) -> bytes:
         "interval_seconds": snapshot.interval_seconds,
         "window_seconds": min(MAX_SECONDS, MAX_SAMPLES * snapshot.interval_seconds),
         "timestamps": [round(s.timestamp, 3) for s in samples],
-        "sources": [{"name": s.name, "up": s.up, "error": s.error, "errors_total": s.errors_total}
+        "sources": [{"name": s.name, "up": s.up, "state": s.state, "error": s.error, "errors_total": s.errors_total}
                     for s in snapshot.sources],
         "devices": devices,
         "pods": [{"namespace": p.namespace, "pod": p.pod, "cpu_joules": round(p.cpu_joules, 3),
@@ -117,7 +117,7 @@ def _positions(uuids: tuple[str, ...]) -> dict[tuple[str, int], int]:
 def page(config: Config, snapshot: Snapshot | None) -> bytes:
     """The page, with node, version and source status filled in for a first paint; its script does the rest."""
     rows = "".join(
-        f"<tr><td>{html.escape(s.name)}</td><td class='{'up' if s.up else 'down'}'>{'up' if s.up else 'down'}</td>"
+        f"<tr><td>{html.escape(s.name)}</td><td class='{s.state}'>{s.state}</td>"
         f"<td>{html.escape(s.error)}</td></tr>" for s in (snapshot.sources if snapshot else ()))
     values = {"NODE": html.escape(config.node_name), "VERSION": html.escape(__version__),
               "INTERVAL": f"{config.interval:g}", "SOURCES": rows}

@@ -107,6 +107,10 @@ class SourceReading:
     cpu_times: CpuTimes | None = None
 
 
+# A source in use is up or down (failing); one not in use stands by for its fallback or has no hardware here.
+SOURCE_STATES = ("up", "down", "standby", "absent")
+
+
 @dataclass(frozen=True)
 class SourceStatus:
     """Health of one source as of the snapshot."""
@@ -115,6 +119,12 @@ class SourceStatus:
     up: bool
     error: str = ""
     errors_total: int = 0
+    unused: str = ""  # why the source is not in use: "standby" (a fallback runs instead) or "absent" (no hardware)
+
+    @property
+    def state(self) -> str:
+        """One of SOURCE_STATES: up or down while in use, else why it is not in use."""
+        return self.unused or ("up" if self.up else "down")
 
 
 @dataclass(frozen=True)

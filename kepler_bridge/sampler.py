@@ -38,11 +38,20 @@ class _Slot:
     errors_total: int = 0
     retry_at: float = 0.0
     backoff: float = 0.0
+    unused: str = ""  # SourceStatus.unused: "absent" or "standby"
     last: SourceReading = field(default_factory=SourceReading)
 
     def fail(self, message: str, interval: float, now: float) -> None:
-        self.error = message
+        self.error, self.unused = message, ""
         self.errors_total += 1
+        self._retry(interval, now)
+
+    def absent(self, message: str, interval: float, now: float) -> None:
+        """No such hardware here, which is no failure; tried again later, as a driver may load or a device appear."""
+        self.error, self.unused = message, "absent"
+        self._retry(interval, now)
+
+    def _retry(self, interval: float, now: float) -> None:
         self.backoff = min(MAX_BACKOFF_SECONDS, max(interval, self.backoff * 2))
         self.retry_at = now + self.backoff
 
@@ -58,19 +67,21 @@ class _Carried:
 
 
 def build_slots(config: Config) -> list[_Slot]:
-    """Start the configured sources; `auto` drops absent ones and falls back within a group."""
-    groups, auto = selected_groups(config)
+    """Start the configured sources; within a group the first that starts is used and those before it stand by."""
+    groups = selected_groups(config)
     slots: list[_Slot] = []
     for group in groups:
         for position, name in enumerate(group):
             slot = _open(name, config)
             if slot.started or position == len(group) - 1:
-                if not (auto and len(group) == 1 and slot.source is None):
-                    slots.append(slot)
+                if slot.unused:
+                    log.info("source %s is absent: %s", name, slot.error)
+                slots.append(slot)
                 break
-            # An alternative that lost to the next one stays visible as down, with its reason.
+            # An alternative that lost to the next one is never retried: both would count the same CPU time.
             log.warning("source %s is unavailable, %s takes its place: %s", name, group[position + 1], slot.error)
-            slots.append(_Slot(name, None, error=slot.error, errors_total=slot.errors_total))
+            slots.append(_Slot(name, None, error=slot.error, errors_total=slot.errors_total,
+                               unused=slot.unused or "standby"))
     return slots
 
 
@@ -81,7 +92,7 @@ def _open(name: str, config: Config) -> _Slot:
         source.start()
         slot.started = True
     except SourceAbsent as err:
-        slot.source, slot.error, slot.errors_total = None, str(err), 1
+        slot.absent(str(err), config.interval, time.monotonic())
     except SourceUnavailable as err:
         slot.fail(str(err), config.interval, time.monotonic())
     except Exception as err:  # a broken driver must not stop the agent
@@ -236,7 +247,7 @@ class Sampler:
             timestamp=time.time(),
             duration_seconds=time.monotonic() - started,
             interval_seconds=self.config.interval,
-            sources=tuple(SourceStatus(s.name, s.started and not s.error, s.error, s.errors_total)
+            sources=tuple(SourceStatus(s.name, s.started and not s.error, s.error, s.errors_total, s.unused)
                           for s in self.slots),
             gpus=node_gpus,
             processes=shown,
@@ -258,7 +269,10 @@ class Sampler:
                 return slot.last
             try:
                 slot.source.start()
-                slot.started, slot.error, slot.backoff = True, "", 0.0
+                slot.started, slot.error, slot.backoff, slot.unused = True, "", 0.0, ""
+            except SourceAbsent as err:
+                slot.absent(str(err), self.config.interval, now)
+                return slot.last
             except Exception as err:
                 slot.fail(str(err) or type(err).__name__, self.config.interval, now)
                 return slot.last

@@ -119,8 +119,11 @@ def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] =
 
     @route("/readyz")
     def readyz() -> Response:
-        ready, reason = readiness(store.latest(), time.time())
-        return _json(json.dumps({"ready": ready, "reason": reason}).encode(), 200 if ready else 503)
+        snapshot = store.latest()
+        ready, reason = readiness(snapshot, time.time())
+        sources = {s.name: {"state": s.state, "reason": s.error} for s in (snapshot.sources if snapshot else ())}
+        return _json(json.dumps({"ready": ready, "reason": reason, "sources": sources}).encode(),
+                     200 if ready else 503)
 
     @route("/")
     def index() -> Response:

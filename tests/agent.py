@@ -85,6 +85,12 @@ class Agent:
                     found[sample.labels.get("gpu", "")] = sample.value
         return found
 
+    def source_states(self) -> dict[str, str]:
+        """Each source's state (up, down, standby, absent) from kepler_bridge_source_state in /metrics."""
+        return {sample.labels["source"]: sample.labels["state"]
+                for family in text_string_to_metric_families(self.metrics()) for sample in family.samples
+                if sample.name == "kepler_bridge_source_state" and sample.value == 1}
+
     def wait_for(self, check, timeout: float = 10.0, what: str = "condition"):
         """Poll check() until it returns something truthy; fail with the agent's log otherwise."""
         deadline = time.monotonic() + timeout

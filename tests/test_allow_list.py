@@ -11,7 +11,7 @@ from fakenvml import FakeNvml
 
 GIB = 1024**3
 SEED_ALLOW_LIST = Path(__file__).parent / "fixtures" / "seed-metrics-allow-list.json"
-HEALTH = {"gpu_up", "kepler_bridge_source_up", "kepler_bridge_build_info",
+HEALTH = {"gpu_up", "kepler_bridge_source_up", "kepler_bridge_source_state", "kepler_bridge_build_info",
           "kepler_bridge_last_sample_timestamp_seconds"}
 
 

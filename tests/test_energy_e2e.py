@@ -126,7 +126,8 @@ def test_cpu_energy_series_absent_without_rapl(tmp_path: Path) -> None:
         assert "kepler_bridge_process_cpu_seconds_total" in text
         assert "_cpu_joules_total" not in text
         up = {labels["source"]: value for labels, value in series(agent, "kepler_bridge_source_up")}
-        assert up == {"procfs": 1.0, "rapl": 0.0}
+        assert up == {"procfs": 1.0}, "a node without RAPL has no rapl source to be down"
+        assert agent.source_states() == {"procfs": "up", "rapl": "absent"}
 
 
 @contextmanager

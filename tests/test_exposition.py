@@ -69,7 +69,7 @@ def test_labelled_families() -> None:
     assert found["gpu_process_utilization_ratio"][0].value == 0.25
 
 
-HEALTH = {"gpu_up", "kepler_bridge_source_up", "kepler_bridge_build_info",
+HEALTH = {"gpu_up", "kepler_bridge_source_up", "kepler_bridge_source_state", "kepler_bridge_build_info",
           "kepler_bridge_last_sample_timestamp_seconds"}
 
 

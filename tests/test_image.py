@@ -1,6 +1,6 @@
 """The real image: built from the Dockerfile with podman (default and `slim` targets) and run with the settings of
-the privileged and the hardened DaemonSet, read from their manifests; checked from outside over loopback and
-with `kepler-bridge doctor` inside.
+the privileged, the hardened and the Ascend DaemonSet, read from their manifests; checked from outside over loopback
+and with `kepler-bridge doctor` inside.
 
 No container registry is reachable, so the base image is built from this machine's Debian mirror
 (scripts/debian-base-image.sh) and imported as docker.io/library/debian:bookworm-slim. podman runs with its own
@@ -24,12 +24,16 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import free_port
+from fixtures.ascend import ascend_host
 from kepler_bridge import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
 PRIVILEGED = MANIFESTS / "kubernetes" / "30-daemonset.yaml"
 HARDENED = MANIFESTS / "kubernetes" / "hardened" / "30-daemonset.yaml"
+ASCEND = MANIFESTS / "kubernetes" / "ascend" / "30-daemonset.yaml"
+# The Ascend host files the ascend DaemonSet mounts (this machine has none: a fake host stands in for them).
+ASCEND_PATHS = ("/usr/local/Ascend/driver", "/usr/local/sbin/npu-smi", "/etc/ascend_install.info")
 # The folder the install step copies to the kubelet's /var/lib/kubelet/seccomp (manifests/README.md).
 KUBELET_SECCOMP = MANIFESTS / "seccomp"
 CACHE = Path(os.environ.get("KEPLER_BRIDGE_IMAGE_CACHE", "/var/cache/kepler-bridge-image-test"))
@@ -44,7 +48,7 @@ START_SECONDS = 120  # the manifests' startup probe: 60 tries 2 s apart, for bcc
 # shipped profile is what lets eBPF load; the slim image has no bcc.
 RUNS = [("privileged", PRIVILEGED, "full", None), ("hardened", HARDENED, "full", None),
         ("hardened-runtime-default", HARDENED, "full", {"type": "RuntimeDefault"}),
-        ("slim", HARDENED, "slim", None)]
+        ("slim", HARDENED, "slim", None), ("ascend", ASCEND, "full", None)]
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="builds and runs the image with podman, which needs "
                                                            "root here: run make test as root")
@@ -256,11 +260,14 @@ class Container:
 def containers(podman: Podman, images: dict[str, str], host_usr: Path,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Container]]:
     """Every run of RUNS, started together (bcc compiles in each, at the manifests' CPU limit)."""
+    ascend = tmp_path_factory.mktemp("ascend-host")
+    ascend_host(ascend)
+    host_paths = {"/usr": host_usr, **{path: ascend / path.lstrip("/") for path in ASCEND_PATHS}}
     started: dict[str, Container] = {}
     try:
         for name, manifest, image, seccomp in RUNS:
             port = free_port()
-            options, args = run_options(manifest, port, tmp_path_factory.mktemp(name), {"/usr": host_usr}, seccomp)
+            options, args = run_options(manifest, port, tmp_path_factory.mktemp(name), host_paths, seccomp)
             started[name] = Container(podman, name, images[image], options, args, port)
         yield started
     finally:
@@ -277,6 +284,11 @@ def _metrics(container: Container) -> dict[tuple[str, tuple[tuple[str, str], ...
 def _source_up(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:
     return {dict(labels)["source"]: value for (name, labels), value in metrics.items()
             if name == "kepler_bridge_source_up"}
+
+
+def _source_states(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, str]:
+    return {dict(labels)["source"]: dict(labels)["state"] for (name, labels), value in metrics.items()
+            if name == "kepler_bridge_source_state" and value == 1}
 
 
 def _serves(container: Container) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -319,8 +331,9 @@ def test_privileged_daemonset_has_ebpf_and_finds_the_driver_library(containers: 
     up = _source_up(metrics)
     assert up["ebpf"] == 1, container.doctor()["ebpf"]
     assert metrics[("kepler_bridge_ebpf_programs_attached", (("node", NODE),))] > 0
-    # The manifest mounts the host's /usr and names it: the library was found and loaded (no driver here).
-    assert up["nvml"] == 0
+    # The manifest mounts the host's /usr and names it: the library was found and loaded, but this machine has
+    # no NVIDIA GPU (nor driver), so nvml is absent, not down.
+    assert "nvml" not in up and _source_states(metrics)["nvml"] == "absent"
     doctor = container.doctor()
     assert doctor["ebpf"].startswith("ok"), doctor["ebpf"]
     assert doctor["procfs"].startswith("ok"), doctor["procfs"]
@@ -340,17 +353,27 @@ def test_hardened_daemonset_with_its_seccomp_profile_has_ebpf(containers: dict[s
 def test_hardened_daemonset_under_the_default_profile_falls_back_with_a_warning(
         containers: dict[str, Container]) -> None:
     container = containers["hardened-runtime-default"]
-    up = _source_up(_serves(container))
-    assert up["ebpf"] == 0 and up["procfs"] == 1
+    metrics = _serves(container)
+    up = _source_up(metrics)
+    assert "ebpf" not in up and up["procfs"] == 1 and _source_states(metrics)["ebpf"] == "standby"
     (warning,) = _fallback_warnings(container)
     assert "source ebpf is unavailable, procfs takes its place" in warning and "not permitted" in warning, warning
+
+
+def test_ascend_daemonset_runs_the_hosts_npu_smi_with_its_driver(containers: dict[str, Container]) -> None:
+    container = containers["ascend"]
+    metrics = _serves(container)
+    assert _source_states(metrics)["ascend"] == "up", container.doctor()["ascend"]
+    up = [value for (name, labels), value in metrics.items() if name == "gpu_up" and ("vendor", "huawei") in labels]
+    assert up == [1.0, 1.0], "the two chips of the recorded 910B table"
+    assert container.doctor()["ascend"].startswith("ok")
 
 
 def test_slim_image_accounts_cpu_from_procfs(containers: dict[str, Container]) -> None:
     container = containers["slim"]
     metrics = _serves(container)
     up = _source_up(metrics)
-    assert up["ebpf"] == 0 and up["procfs"] == 1
+    assert "ebpf" not in up and up["procfs"] == 1 and _source_states(metrics)["ebpf"] == "standby"
     assert any(name == "kepler_bridge_process_cpu_seconds_total" for name, _ in metrics)
     (warning,) = _fallback_warnings(container)
     assert "source ebpf is unavailable, procfs takes its place" in warning and "bcc" in warning, warning

@@ -90,7 +90,7 @@ def test_history_is_the_snapshot_the_metrics_show(agent: Agent) -> None:
         assert set(device["series"]) == {"utilization", "memory_used_bytes", "temperature_celsius", "power_watts"}
         assert all(len(series) == len(timestamps) for series in device["series"].values())
         assert device["series"]["power_watts"][-1] == pytest.approx(power[str(device["gpu"])], abs=1e-3)
-    assert history["sources"] == [{"name": "simulated", "up": True, "error": "", "errors_total": 0}]
+    assert history["sources"] == [{"name": "simulated", "up": True, "state": "up", "error": "", "errors_total": 0}]
     assert [set(pod) for pod in history["pods"]] == [{"namespace", "pod", "cpu_joules", "gpu_joules"}]
     assert history["pods"][0]["gpu_joules"] >= 0 and history["pods"][0]["pod"] == ""  # the simulated processes
 

@@ -21,6 +21,9 @@ VERSIONS = sorted({v for v in kv.all_versions() if tuple(map(int, v.split(".")[:
                   key=lambda v: tuple(map(int, v.split("."))))
 CRD_GROUPS = ("monitoring.coreos.com/",)
 FOLDERS = ("kubernetes", "kubeedge", "baetyl/cluster", "baetyl/single-node")
+# Subfolders that need their parent folder applied first (namespace, account, RBAC, alert rules).
+SUBFOLDERS = ("hardened", "ascend")
+ASCEND_NODE_LABEL = "feature.node.kubernetes.io/pci-1200_19e5.present"
 PORT = 30060
 SECCOMP_PROFILE = MANIFESTS / "seccomp" / "kepler-bridge.json"
 SECCOMP_BASE = MANIFESTS / "seccomp" / "containers-common-0.50.1.json"
@@ -184,7 +187,7 @@ def test_token_is_mounted_only_where_pod_names_come_from_the_api_server(item: tu
     expected = "metaserver" if "kubeedge" in path.parts else "apiserver"
     assert env["KEPLER_BRIDGE_KUBE_SOURCE"] == expected
     assert pod["automountServiceAccountToken"] is (expected == "apiserver")
-    folder = path.parent.parent if path.parent.name == "hardened" else path.parent
+    folder = path.parent.parent if path.parent.name in SUBFOLDERS else path.parent
     has_rbac = (folder / "20-rbac.yaml").exists()
     assert has_rbac is (expected == "apiserver"), "grant pod reads exactly where the token is used"
 
@@ -202,16 +205,17 @@ def test_rbac_is_read_only_on_pods() -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kepler-bridge", "namespace": "kepler-bridge"}]
 
 
-def test_network_policy_admits_only_the_metrics_port() -> None:
-    (policy,) = _docs(MANIFESTS / "kubernetes" / "50-networkpolicy.yaml")
+@pytest.mark.parametrize("folder", ["kubernetes", "kubernetes/ascend"])
+def test_network_policy_admits_only_the_metrics_port(folder: str) -> None:
+    (policy,) = _docs(MANIFESTS / folder / "50-networkpolicy.yaml")
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["ingress"] == [{"ports": [{"port": PORT, "protocol": "TCP"}]}]
-    (daemonset,) = _docs(MANIFESTS / "kubernetes" / "30-daemonset.yaml")
+    (daemonset,) = _docs(MANIFESTS / folder / "30-daemonset.yaml")
     pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
 
 
-@pytest.mark.parametrize("folder", ["kubernetes", "kubeedge"])
+@pytest.mark.parametrize("folder", ["kubernetes", "kubeedge", "kubernetes/ascend"])
 def test_servicemonitor_scrapes_the_service(folder: str) -> None:
     (service,) = _docs(MANIFESTS / folder / "40-service.yaml")
     (monitor,) = _docs(MANIFESTS / folder / "60-servicemonitor.yaml")
@@ -240,7 +244,33 @@ def test_kubeedge_runs_only_on_edge_gpu_nodes_and_survives_disconnection() -> No
     (cloud,) = _docs(MANIFESTS / "kubernetes" / "30-daemonset.yaml")
     terms = cloud["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     assert terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
-        {"matchExpressions": [{"key": "node-role.kubernetes.io/edge", "operator": "DoesNotExist"}]}]
+        {"matchExpressions": [{"key": "node-role.kubernetes.io/edge", "operator": "DoesNotExist"},
+                              {"key": ASCEND_NODE_LABEL, "operator": "DoesNotExist"}]}]
+
+
+def test_ascend_variant_gives_npu_smi_the_host_driver_on_ascend_nodes_only() -> None:
+    (workload,) = _docs(MANIFESTS / "kubernetes" / "ascend" / "30-daemonset.yaml")
+    pod = workload["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    host = {m["mountPath"]: volumes[m["name"]]["hostPath"] for m in container["volumeMounts"]
+            if "hostPath" in volumes[m["name"]] and m.get("readOnly")}
+    # The ascend source runs --npu-smi: the host's own npu-smi, with the driver, DCMI and install record it reads.
+    assert host[env["KEPLER_BRIDGE_NPU_SMI"]] == {"path": "/usr/local/sbin/npu-smi", "type": "File"}
+    assert host["/usr/local/Ascend/driver"] == {"path": "/usr/local/Ascend/driver", "type": "Directory"}
+    assert host["/usr/local/dcmi"]["path"] == "/usr/local/dcmi"
+    assert host["/etc/ascend_install.info"] == {"path": "/etc/ascend_install.info", "type": "File"}
+    libraries = env["LD_LIBRARY_PATH"].split(":")
+    assert {"/usr/local/Ascend/driver/lib64/driver", "/usr/local/Ascend/driver/lib64/common"} <= set(libraries)
+    for directory in libraries:
+        assert any(directory == path or directory.startswith(path + "/") for path in host), directory
+    # One agent per node: the Ascend DaemonSet where NFD labels Huawei NPUs, the other one everywhere else.
+    assert pod["nodeSelector"][ASCEND_NODE_LABEL] == "true"
+    (other,) = _docs(MANIFESTS / "kubernetes" / "30-daemonset.yaml")
+    affinity = other["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": ASCEND_NODE_LABEL, "operator": "DoesNotExist"} in term["matchExpressions"]
 
 
 @pytest.mark.parametrize("folder,kind", [("baetyl/single-node", "Deployment"), ("baetyl/cluster", "DaemonSet")])

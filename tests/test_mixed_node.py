@@ -88,11 +88,15 @@ def test_doctor_reports_each_vendor_it_found(node: tuple[FakeNvml, list[str]]) -
     assert lines["ascend"].startswith("no ") and "npu-smi not found" in lines["ascend"]
 
 
-def test_auto_drops_the_accelerators_this_node_does_not_have(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_marks_the_accelerators_this_node_does_not_have_absent(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.amd_mi210(0, "0000:43:00.0")
     monkeypatch.setattr(sources, "AUTO", (("amdgpu",), ("intel",), ("jetson",), ("ascend",)))
     monkeypatch.setenv("PATH", str(tmp_path))  # no npu-smi
     config = load({"sysfs": str(sysfs.root), "procfs": str(tmp_path / "proc"), "npu_smi": "npu-smi"}, {})
-    assert [slot.name for slot in build_slots(config)] == ["amdgpu"]
+    slots = build_slots(config)
+    assert [slot.name for slot in slots if slot.started] == ["amdgpu"]
+    absent = {slot.name: slot.error for slot in slots if slot.unused == "absent"}
+    assert set(absent) == {"intel", "jetson", "ascend"} and "npu-smi not found" in absent["ascend"]
+    assert not any(slot.errors_total for slot in slots), "absent hardware is no error"

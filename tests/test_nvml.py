@@ -12,6 +12,7 @@ import requests
 
 from agent import KEPLER_BRIDGE, Agent
 from fakenvml import FakeNvml
+from fixtures.sysfs import FakeSysfs
 
 GIB = 1024**3
 SENTINELS = ("4294967295", "4.294967295e+09", "1.8446744073709552e+19", "-1.0")
@@ -134,9 +135,11 @@ def test_driver_failing_every_call_keeps_the_agent_serving(fake_nvml: FakeNvml) 
         assert agent.samples("kepler_bridge_source_up") == {"": 1.0}
 
 
-def test_init_failure_leaves_source_down_with_reason_then_recovers(fake_nvml: FakeNvml) -> None:
+def test_init_failure_leaves_source_down_with_reason_then_recovers(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    sysfs = FakeSysfs(tmp_path / "sys")
+    sysfs.nvidia_pci("0000:17:00.0")  # NVIDIA GPUs are there, so a driver that does not load is a failure
     fake_nvml.set(init_error=9)
-    with nvml_agent(fake_nvml, ready=False) as agent:
+    with nvml_agent(fake_nvml, "--sysfs", str(sysfs.root), ready=False) as agent:
         assert agent.samples("kepler_bridge_source_up") == {"": 0.0}
         ready = agent.get("/readyz")
         assert ready.status_code == 503 and "driver is not loaded" in ready.json()["reason"]

@@ -105,7 +105,7 @@ def test_an_installed_plugin_serves_like_a_builtin(example_site: Path, tmp_path:
 def test_auto_takes_the_plugins_that_ask_for_it_after_the_builtins(example_site: Path, fake_site: Path) -> None:
     groups = python("from kepler_bridge.config import load\n"
                     "from kepler_bridge.sources import AUTO, selected_groups\n"
-                    "groups, _ = selected_groups(load({}, {}))\n"
+                    "groups = selected_groups(load({}, {}))\n"
                     "print(groups[:len(AUTO)] == list(AUTO), groups[len(AUTO):])", example_site, fake_site)
     # rknpu says auto = True, explicit does not; the broken ones cannot say, and are shown (down), not hidden.
     assert "True [('rknpu',), ('notsource',), ('broken',)]" in groups

@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from kepler_bridge import __version__
-from kepler_bridge.model import GpuProcess, PodRef, Snapshot, WorkloadEnergy
+from kepler_bridge.model import SOURCE_STATES, GpuProcess, PodRef, Snapshot, WorkloadEnergy
 from kepler_bridge.top import top
 
 GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
@@ -72,15 +72,16 @@ METRICS: dict[str, str] = {
     "kepler_bridge_pod_cpu_joules_total": "CPU energy attributed to the processes of a pod.",
     "kepler_bridge_pod_gpu_joules_total": "Accelerator energy attributed to the processes of a pod.",
     "kepler_bridge_build_info": "Agent build metadata; value 1.",
-    "kepler_bridge_source_up": "1 when the source was read in the last sample.",
-    "kepler_bridge_source_errors_total": "Failed reads or starts of the source.",
+    "kepler_bridge_source_up": "1 when the source was read in the last sample, 0 when it failed; sources in use only.",
+    "kepler_bridge_source_state": "1 for the source's state (up, down, standby, absent), 0 for the others.",
+    "kepler_bridge_source_errors_total": "Failed reads or starts of the source; sources in use only.",
     "kepler_bridge_sample_duration_seconds": "Time the last sample took to read every source.",
     "kepler_bridge_last_sample_timestamp_seconds": "Unix time of the last published sample.",
     "kepler_bridge_ebpf_programs_attached": "eBPF programs attached by the agent.",
 }
 
 # Exported whatever the allow/deny lists say: alerts and dashboards need them to tell "down" from "filtered".
-HEALTH = frozenset({"gpu_up", "kepler_bridge_source_up", "kepler_bridge_build_info",
+HEALTH = frozenset({"gpu_up", "kepler_bridge_source_up", "kepler_bridge_source_state", "kepler_bridge_build_info",
                     "kepler_bridge_last_sample_timestamp_seconds"})
 
 
@@ -199,14 +200,19 @@ class SnapshotCollector(Collector):
         build.add_metric([snap.node], {"version": __version__})
         up = _gauge("kepler_bridge_source_up", ("node", "source"))
         errors = _counter("kepler_bridge_source_errors_total", ("node", "source"))
+        # A source that is absent or stands by for its fallback is not down: it has a state, but no up series.
+        state = _gauge("kepler_bridge_source_state", ("node", "source", "state"))
         for status in snap.sources:
-            up.add_metric([snap.node, status.name], 1.0 if status.up else 0.0)
-            errors.add_metric([snap.node, status.name], float(status.errors_total))
+            if not status.unused:
+                up.add_metric([snap.node, status.name], 1.0 if status.up else 0.0)
+                errors.add_metric([snap.node, status.name], float(status.errors_total))
+            for name in SOURCE_STATES:
+                state.add_metric([snap.node, status.name, name], 1.0 if name == status.state else 0.0)
         duration = _gauge("kepler_bridge_sample_duration_seconds", ("node",))
         duration.add_metric([snap.node], snap.duration_seconds)
         timestamp = _gauge("kepler_bridge_last_sample_timestamp_seconds", ("node",))
         timestamp.add_metric([snap.node], snap.timestamp)
-        yield from (build, up, errors, duration, timestamp)
+        yield from (build, up, state, errors, duration, timestamp)
         if snap.ebpf_programs_attached is not None:
             attached = _gauge("kepler_bridge_ebpf_programs_attached", ("node",))
             attached.add_metric([snap.node], float(snap.ebpf_programs_attached))

@@ -36,7 +36,7 @@ REGISTRY: dict[str, str] = {
 }
 
 # `auto` tries each group in order; within a group the first alternative that
-# starts wins and the ones before it are reported down with their reason.
+# starts wins and the ones before it stand by (state "standby", or "absent"), with their reason.
 # Plug-ins whose class says `auto = True` follow; `command` joins when --command is set,
 # `simulated` when --simulate > 0. The order is the order of node-wide device indexes.
 AUTO: tuple[tuple[str, ...], ...] = (("nvml",), ("amdgpu",), ("intel",), ("jetson",), ("ascend",),
@@ -96,8 +96,8 @@ def _unloadable(name: str, target: str, reason: str) -> type[Source]:
     return Unloadable
 
 
-def selected_groups(config: Config) -> tuple[list[tuple[str, ...]], bool]:
-    """Groups of alternative source names this config asks for, and whether `auto` picked them."""
+def selected_groups(config: Config) -> list[tuple[str, ...]]:
+    """Groups of alternative source names this config asks for."""
     auto = "auto" in config.sources
     groups = list(AUTO) if auto else []
     if auto:
@@ -111,4 +111,4 @@ def selected_groups(config: Config) -> tuple[list[tuple[str, ...]], bool]:
         groups.append(("command",))
     if config.simulate and "simulated" not in chosen:
         groups.append(("simulated",))
-    return groups, auto
+    return groups

@@ -10,12 +10,11 @@ from __future__ import annotations
 import re
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges, runner
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
-from kepler_bridge.sources.sysfs import read_text
+from kepler_bridge.sources.sysfs import on_pci_bus
 
 VENDOR = "huawei"
 MIB = 1024 * 1024
@@ -61,7 +60,7 @@ class AscendSource(Source):
             where = "" if "/" in configured else f" in PATH or {', '.join(SEARCH_DIRS)}"
             message = (f"{configured} not found{where}: install the Ascend driver, mount the host's npu-smi and "
                        "driver libraries into the pod, or pass --npu-smi PATH")
-            if _ascend_on_pci(self.config.sysfs):
+            if on_pci_bus(self.config.sysfs, HUAWEI_PCI_VENDOR, PROCESSING_ACCELERATOR_CLASS):
                 raise SourceUnavailable(f"Huawei NPUs are on the PCI bus but {message}")
             raise SourceAbsent(message)
         self.npu_smi = found
@@ -156,12 +155,3 @@ def _number(text: str | None) -> float | None:
         return float(text) if text is not None else None
     except ValueError:
         return None
-
-
-def _ascend_on_pci(sysfs: str) -> bool:
-    """Whether a Huawei processing accelerator is on the PCI bus, so a missing npu-smi is a mistake."""
-    for device in Path(sysfs, "bus", "pci", "devices").glob("*"):
-        if (read_text(device / "vendor") == HUAWEI_PCI_VENDOR
-                and (read_text(device / "class") or "").startswith(PROCESSING_ACCELERATOR_CLASS)):
-            return True
-    return False

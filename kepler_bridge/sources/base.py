@@ -23,7 +23,7 @@ class Source(abc.ABC):
 
     name: ClassVar[str]
     # Plug-ins only (built-ins are listed in sources.AUTO): True joins `auto`; start() must then raise
-    # SourceAbsent where its hardware does not exist, so `auto` drops it silently there.
+    # SourceAbsent where its hardware does not exist, so it is shown absent there, not down.
     auto: ClassVar[bool] = False
 
     def __init__(self, config: Config) -> None:

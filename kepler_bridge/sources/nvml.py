@@ -17,6 +17,7 @@ from kepler_bridge.model import GpuProcess, GpuReading, SourceReading
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
 from kepler_bridge.sources.procfs import read_stat
+from kepler_bridge.sources.sysfs import on_pci_bus
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,8 @@ MAX_DEVICE_BACKOFF_SECONDS = 30.0
 EVENT_WAIT_MS = 250
 MAX_XID_CODES = 64  # distinct xid label values per GPU, besides "other"
 MIB = 1024 * 1024
+NVIDIA_PCI_VENDOR = "0x10de"
+DISPLAY_CLASS = "0x03"  # PCI class 03h: VGA and 3D controllers, not the cards' audio or USB functions
 # Where driver packages put libnvidia-ml.so.1 under a /usr tree, searched when --nvml-library is a directory:
 # Debian/Ubuntu amd64 and arm64 (Grace), Jetson (JetPack's tegra/), RHEL/SUSE, NVIDIA's container images.
 LIBRARY = "libnvidia-ml.so.1"
@@ -113,6 +116,23 @@ def _search_library(directory: Path) -> ctypes.CDLL:
     raise SourceUnavailable(f"no {LIBRARY} under {directory} can be loaded: {'; '.join(failures)}")
 
 
+def _init() -> None:
+    """nvmlInit, its failures as SourceUnavailable saying what to fix."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        raise SourceUnavailable("libnvidia-ml.so.1 not found: install the NVIDIA driver, mount the host's "
+                                "driver libraries, or pass --nvml-library PATH") from None
+    except pynvml.NVMLError_LibRmVersionMismatch:
+        raise SourceUnavailable("NVML library and kernel driver versions differ: reboot the node or reload "
+                                "the nvidia kernel module after a driver upgrade") from None
+    except pynvml.NVMLError_DriverNotLoaded:
+        raise SourceUnavailable("the NVIDIA kernel driver is not loaded: check `nvidia-smi` on the host "
+                                "and load the driver (modprobe nvidia)") from None
+    except pynvml.NVMLError as err:
+        raise SourceUnavailable(f"nvmlInit failed: {err}; check `nvidia-smi` on the host") from None
+
+
 class NvmlSource(Source):
     """Reads every NVIDIA GPU; a failing GPU is reported down alone and retried with backoff."""
 
@@ -127,20 +147,15 @@ class NvmlSource(Source):
         self._events: threading.Thread | None = None
 
     def start(self) -> None:
-        self._load_library()
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError_LibraryNotFound:
-            raise SourceAbsent("libnvidia-ml.so.1 not found: install the NVIDIA driver, mount the host's "
-                               "driver libraries, or pass --nvml-library PATH") from None
-        except pynvml.NVMLError_LibRmVersionMismatch:
-            raise SourceUnavailable("NVML library and kernel driver versions differ: reboot the node or reload "
-                                    "the nvidia kernel module after a driver upgrade") from None
-        except pynvml.NVMLError_DriverNotLoaded:
-            raise SourceUnavailable("the NVIDIA kernel driver is not loaded: check `nvidia-smi` on the host "
-                                    "and load the driver (modprobe nvidia)") from None
-        except pynvml.NVMLError as err:
-            raise SourceUnavailable(f"nvmlInit failed: {err}; check `nvidia-smi` on the host") from None
+            self._load_library()
+            _init()
+        except (SourceAbsent, SourceUnavailable) as err:
+            # A driver library without NVIDIA hardware (preinstalled images, Jetson's limited NVML) is no failure.
+            if on_pci_bus(self.config.sysfs, NVIDIA_PCI_VENDOR, DISPLAY_CLASS):
+                raise SourceUnavailable(str(err)) from None
+            raise SourceAbsent(f"no NVIDIA GPU on the PCI bus ({self.config.sysfs}/bus/pci/devices); "
+                               f"NVML: {err}") from None
         try:
             self.driver_version = _text(pynvml.nvmlSystemGetDriverVersion())
             self.devices = [_Device(i) for i in range(pynvml.nvmlDeviceGetCount())]

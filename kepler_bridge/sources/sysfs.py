@@ -69,6 +69,14 @@ def drm_cards(sysfs: str, drivers: tuple[str, ...]) -> list[DrmCard]:
     return cards
 
 
+def on_pci_bus(sysfs: str, vendor: str, class_prefix: str) -> bool:
+    """Whether a PCI function of this vendor (e.g. "0x10de") whose class code starts with class_prefix is present."""
+    for device in Path(sysfs, "bus", "pci", "devices").glob("*"):
+        if read_text(device / "vendor") == vendor and (read_text(device / "class") or "").startswith(class_prefix):
+            return True
+    return False
+
+
 def _card_number(name: str) -> int:
     match = _CARD.fullmatch(name)
     return int(match.group(1)) if match else -1
