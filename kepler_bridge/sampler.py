@@ -19,7 +19,7 @@ from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.reload import KUBE, ConfigFileWatch, reread
 from kepler_bridge.model import CpuTimes, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading, SourceStatus
 from kepler_bridge.sources import selected_groups, source_class
-from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
+from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, retry_delay
 from kepler_bridge.store import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class _Slot:
         self._retry(interval, now)
 
     def _retry(self, interval: float, now: float) -> None:
-        self.backoff = min(MAX_BACKOFF_SECONDS, max(interval, self.backoff * 2))
+        self.backoff = retry_delay(self.backoff, interval, MAX_BACKOFF_SECONDS)
         self.retry_at = now + self.backoff
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges
-from kepler_bridge.sources.base import Source, SourceAbsent
+from kepler_bridge.sources.base import Source, SourceAbsent, device_reading
 from kepler_bridge.sources.sysfs import DrmCard, Hwmon, device_hwmon, drm_cards, read_int, read_text, scaled
 
 VENDOR = "amd"
@@ -39,9 +39,7 @@ class AmdgpuSource(Source):
 
     def read(self) -> SourceReading:
         gpus = tuple(self._read_card(index, card) for index, card in enumerate(self.cards))
-        if not any(gpu.up for gpu in gpus):
-            raise RuntimeError(f"every AMD GPU failed; first error: {gpus[0].error}")
-        return SourceReading(gpus=gpus)
+        return device_reading(gpus, "AMD GPU")
 
     def _read_card(self, index: int, card: _Card) -> GpuReading:
         identity = dict(index=index, uuid=card.uuid, vendor=VENDOR, model=card.model,
@@ -60,7 +58,7 @@ class AmdgpuSource(Source):
             utilization=ranges.ratio_from_percent(read_int(device / "gpu_busy_percent")),
             memory_utilization=ranges.ratio_from_percent(read_int(device / "mem_busy_percent")),
             memory_used_bytes=used, memory_total_bytes=total,
-            memory_free_bytes=total - used if used is not None and total is not None and used <= total else None,
+            memory_free_bytes=ranges.free_bytes(total, used),
             ecc_corrected_total=corrected, ecc_uncorrected_total=uncorrected,
             **(_sensors(hwmon) if hwmon else {}),
         )

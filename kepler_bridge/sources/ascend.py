@@ -87,7 +87,7 @@ class AscendSource(Source):
             error=f"npu-smi health {chip.health}: see `npu-smi info -t health -i {chip.npu}`" if down else "",
             utilization=ranges.ratio_from_percent(chip.aicore_percent),
             memory_used_bytes=used, memory_total_bytes=total,
-            memory_free_bytes=total - used if used is not None and total is not None and used <= total else None,
+            memory_free_bytes=ranges.free_bytes(total, used),
             temperature_celsius=ranges.celsius(chip.temperature_celsius),
             power_watts=ranges.watts(chip.power_watts),
         )

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import ClassVar
 
 from kepler_bridge.config import Config
-from kepler_bridge.model import SourceReading
+from kepler_bridge.model import GpuReading, SourceReading
 
 
 class SourceAbsent(Exception):
@@ -16,6 +16,18 @@ class SourceAbsent(Exception):
 
 class SourceUnavailable(Exception):
     """The source exists but cannot be read now; the message says why and how to fix it."""
+
+
+def retry_delay(previous: float, interval: float, cap: float) -> float:
+    """Wait before the next retry of something that failed again: one interval, doubling, at most `cap` seconds."""
+    return min(cap, max(interval, previous * 2))
+
+
+def device_reading(gpus: tuple[GpuReading, ...], what: str) -> SourceReading:
+    """A source's devices as its reading; when every one is down the source is down, with the first reason."""
+    if gpus and not any(gpu.up for gpu in gpus):
+        raise RuntimeError(f"every {what} failed; first error: {gpus[0].error}")
+    return SourceReading(gpus=gpus)
 
 
 class Source(abc.ABC):

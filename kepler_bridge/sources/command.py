@@ -120,9 +120,9 @@ def _device(index: int, device: Any) -> GpuReading:
     up = device.get("up", True)
     if not isinstance(up, bool):
         raise OutputError(f"{where}.up", f"expected true or false, got {up!r}")
-    used, total = values.get("memory_used_bytes"), values.get("memory_total_bytes")
-    if "memory_free_bytes" not in values and used is not None and total is not None and used <= total:
-        values["memory_free_bytes"] = total - used
+    if "memory_free_bytes" not in values:
+        values["memory_free_bytes"] = ranges.free_bytes(values.get("memory_total_bytes"),
+                                                        values.get("memory_used_bytes"))
     vendor = values.pop("vendor", "") or DEFAULT_VENDOR
     return GpuReading(index=index, uuid=values.pop("uuid", "") or f"{vendor}-{index}", vendor=vendor,
                       model=values.pop("model", ""), up=up, lists_processes=False, **values)

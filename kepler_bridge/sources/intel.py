@@ -14,7 +14,7 @@ from pathlib import Path
 from kepler_bridge.config import Config
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges
-from kepler_bridge.sources.base import Source, SourceAbsent
+from kepler_bridge.sources.base import Source, SourceAbsent, device_reading
 from kepler_bridge.sources.sysfs import DrmCard, Hwmon, device_hwmon, drm_cards, read_int, read_text, scaled
 
 VENDOR = "intel"
@@ -61,9 +61,7 @@ class IntelSource(Source):
     def read(self) -> SourceReading:
         now = time.monotonic()
         gpus = tuple(self._read_card(index, card, now) for index, card in enumerate(self.cards))
-        if not any(gpu.up for gpu in gpus):
-            raise RuntimeError(f"every Intel GPU failed; first error: {gpus[0].error}")
-        return SourceReading(gpus=gpus)
+        return device_reading(gpus, "Intel GPU")
 
     def _read_card(self, index: int, card: _Card, now: float) -> GpuReading:
         drm = card.drm
@@ -84,7 +82,7 @@ class IntelSource(Source):
         return GpuReading(
             **identity,
             memory_used_bytes=used, memory_total_bytes=total,
-            memory_free_bytes=total - used if used is not None and total is not None else None,
+            memory_free_bytes=ranges.free_bytes(total, used),
             energy_joules=energy,
             power_watts=card.power(energy, now),
             sm_clock_hertz=ranges.hertz(mhz * MHZ if mhz is not None else None),

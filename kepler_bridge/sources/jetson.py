@@ -76,7 +76,7 @@ class JetsonSource(Source):
             utilization=ranges.ratio(load / LOAD_FULL_SCALE if load is not None else None),
             sm_clock_hertz=ranges.hertz(read_int(self.devfreq / "cur_freq")),
             memory_used_bytes=used, memory_total_bytes=total,
-            memory_free_bytes=total - used if used is not None and total is not None else None,
+            memory_free_bytes=ranges.free_bytes(total, used),
             power_watts=ranges.watts(self.rail.watts()) if self.rail else None,
             temperature_celsius=ranges.celsius(scaled(read_int(self.thermal / "temp"), 1000))
             if self.thermal else None,

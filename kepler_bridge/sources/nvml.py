@@ -15,7 +15,7 @@ import pynvml
 from kepler_bridge.cgroup import read_container_id
 from kepler_bridge.model import GpuProcess, GpuReading, SourceReading
 from kepler_bridge.sources import ranges
-from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
+from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading, retry_delay
 from kepler_bridge.sources.procfs import read_stat
 from kepler_bridge.sources.sysfs import on_pci_bus
 
@@ -67,7 +67,7 @@ class _Device:
 
     def fail(self, message: str, interval: float, now: float) -> None:
         self.handle, self.error = None, message
-        self.backoff = min(MAX_DEVICE_BACKOFF_SECONDS, max(interval, self.backoff * 2))
+        self.backoff = retry_delay(self.backoff, interval, MAX_DEVICE_BACKOFF_SECONDS)
         self.retry_at = now + self.backoff
 
 
@@ -192,9 +192,7 @@ class NvmlSource(Source):
     def read(self) -> SourceReading:
         now = time.monotonic()
         gpus = tuple(self._read_device(device, now) for device in self.devices)
-        if gpus and not any(gpu.up for gpu in gpus):
-            raise RuntimeError(f"every GPU failed; first error: {gpus[0].error}")
-        return SourceReading(gpus=gpus)
+        return device_reading(gpus, "GPU")
 
     def describe(self, reading: SourceReading) -> str:
         models = sorted({gpu.model for gpu in reading.gpus})

@@ -37,6 +37,13 @@ def hertz(value: float | None) -> float | None:
     return bounded(value, 1, MAX_HERTZ)
 
 
+def free_bytes(total: int | None, used: int | None) -> int | None:
+    """Free memory as total − used, where both are known and used fits in total."""
+    if total is None or used is None or used > total:
+        return None
+    return total - used
+
+
 def byte_count(value: int | None) -> int | None:
     """Byte quantities (memory, counters of bytes) below 2**53."""
     return None if value is None or not 0 <= value < MAX_BYTES else int(value)
