@@ -162,7 +162,7 @@ class Sampler:
             for slot in [slot for slot in self.slots if slot.name == "command"]:
                 _stop_source(slot)
                 self.slots.remove(slot)
-            if new.command:
+            if ("command",) in selected_groups(new):
                 self.slots.append(_open("command", new))
         if any(getattr(old, name) != getattr(new, name) for name in KUBE):
             self.kube.stop(1.0)
