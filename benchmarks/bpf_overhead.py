@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 from agent import Agent  # noqa: E402
 from cpu_helpers import Burner, loopback_flood, net_rx_softirqs, short_lived  # noqa: E402
 from kepler_bridge import config  # noqa: E402
-from kepler_bridge.sources.bpf_syscall import prog_stats  # noqa: E402
-from kepler_bridge.sources.ebpf import EbpfSource  # noqa: E402
+from kepler_bridge.sources.ebpf.bpf_syscall import prog_stats  # noqa: E402
+from kepler_bridge.sources.ebpf.source import EbpfSource  # noqa: E402
 from kepler_bridge.sources.procfs import ProcfsSource  # noqa: E402
 
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")

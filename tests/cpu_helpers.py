@@ -14,9 +14,9 @@ from typing import Iterator
 
 import pytest
 
-from kepler_bridge import kernel_headers
-from kepler_bridge.sources.ebpf import btf_problem
-from kepler_bridge.sources.ebpf_loader import BCC_DIRS
+from kepler_bridge.sources.ebpf import kernel_headers
+from kepler_bridge.sources.ebpf.source import btf_problem
+from kepler_bridge.sources.ebpf.loader import BCC_DIRS
 from kepler_bridge.sources.procfs import read_stat
 
 # Burns the CPU seconds named on each stdin line (summed over argv[1] threads), then answers "done" and the

@@ -19,13 +19,15 @@ from pathlib import Path
 import pytest
 
 from cpu_helpers import Burner, container_cgroup, loopback_flood, net_rx_softirqs, require_bpf, short_lived
-from kepler_bridge import config, kernel_headers
+from kepler_bridge import config
 from kepler_bridge.sampler import Sampler, check_source
 from kepler_bridge.store import SnapshotStore
 from kepler_bridge.sources.base import SourceUnavailable
-from kepler_bridge.sources.bpf_syscall import prog_stats
-from kepler_bridge.sources.btf import BTF_PATH, Btf, BtfError
-from kepler_bridge.sources.ebpf import EbpfSource, btf_problem, group_records, load_program, pid_namespace_problem
+from kepler_bridge.sources.ebpf import kernel_headers
+from kepler_bridge.sources.ebpf.bpf_syscall import prog_stats
+from kepler_bridge.sources.ebpf.btf import BTF_PATH, Btf, BtfError
+from kepler_bridge.sources.ebpf.source import (EbpfSource, btf_problem, group_records, load_program,
+                                               pid_namespace_problem)
 
 ROOT = Path(__file__).resolve().parents[1]
 ID = "e" * 64
@@ -243,7 +245,7 @@ def test_agent_process_never_holds_bcc_and_stays_small(bpf_host: None) -> None:
     script = textwrap.dedent("""
         import json, sys, time
         from kepler_bridge import config
-        from kepler_bridge.sources.ebpf import EbpfSource
+        from kepler_bridge.sources.ebpf.source import EbpfSource
         source = EbpfSource(config.load({}, {}))
         source.start()
         for _ in range(3):
@@ -330,7 +332,7 @@ def test_headers_from_a_host_mount(bpf_host: None, tmp_path: Path) -> None:
 
 
 def test_unprivileged_agent_is_told_to_run_as_root(bpf_host: None) -> None:
-    script = ("from kepler_bridge import config\nfrom kepler_bridge.sources.ebpf import EbpfSource\n"
+    script = ("from kepler_bridge import config\nfrom kepler_bridge.sources.ebpf.source import EbpfSource\n"
               "try:\n    EbpfSource(config.load({}, {})).start()\nexcept Exception as err:\n    print(err)\n")
     # Root without CAP_SYS_ADMIN, CAP_BPF and CAP_PERFMON, as in an unprivileged container.
     dropped = ["setpriv", "--bounding-set", "-sys_admin,-bpf,-perfmon", "--"]

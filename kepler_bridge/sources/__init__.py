@@ -25,7 +25,7 @@ ENTRY_POINT_GROUP = "kepler_bridge.sources"
 REGISTRY: dict[str, str] = {
     "nvml": "kepler_bridge.sources.nvml:NvmlSource",
     "simulated": "kepler_bridge.sources.simulated:SimulatedSource",
-    "ebpf": "kepler_bridge.sources.ebpf:EbpfSource",
+    "ebpf": "kepler_bridge.sources.ebpf.source:EbpfSource",
     "procfs": "kepler_bridge.sources.procfs:ProcfsSource",
     "rapl": "kepler_bridge.sources.rapl:RaplSource",
     "amdgpu": "kepler_bridge.sources.amdgpu:AmdgpuSource",

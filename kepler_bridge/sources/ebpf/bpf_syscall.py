@@ -1,7 +1,7 @@
 """The few bpf(2) commands the agent needs: read maps and run iterators it holds by file descriptor.
 
 No bcc or LLVM here: the agent process keeps only program, map and attachment
-descriptors (see ebpf_loader) and drains maps with these calls.
+descriptors (see loader.py) and drains maps with these calls.
 """
 
 from __future__ import annotations

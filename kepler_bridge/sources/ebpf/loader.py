@@ -1,6 +1,6 @@
 """Short-lived child that compiles and loads the BPF programs with bcc, then hands over their fds.
 
-Run by the ebpf source as ``python -I ebpf_loader.py FD``: it reads one JSON
+Run by the ebpf source as ``python -I loader.py FD``: it reads one JSON
 request from the unix socket FD, loads ``bpf/cpu_account.c`` with bcc (member
 offsets from the running kernel's BTF), attaches the task iterator (a BPF link)
 and the sched_process_free raw tracepoint, and sends back one JSON reply with

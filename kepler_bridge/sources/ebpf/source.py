@@ -1,6 +1,6 @@
 """CPU time per process and container from the kernel's own runtime counters, read with eBPF (bpf/cpu_account.c).
 
-start() has a short-lived child (ebpf_loader) compile and load the programs
+start() has a short-lived child (loader.py) compile and load the programs
 with bcc and pass back the descriptors, so bcc and LLVM never stay resident
 here. Each read() drains the groups that ended since the last one (their final
 runtime, recorded at sched_process_free), then runs one pass of the task
@@ -23,19 +23,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kepler_bridge import kernel_headers
 from kepler_bridge.cgroup import CgroupIdIndex, read_container_id
 from kepler_bridge.config import Config
 from kepler_bridge.model import SourceReading
 from kepler_bridge.process_table import ProcessTable, TrackedProcess
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
-from kepler_bridge.sources.bpf_syscall import BpfMap, possible_cpus, read_iterator
-from kepler_bridge.sources.btf import BTF_PATH
+from kepler_bridge.sources.ebpf import kernel_headers
+from kepler_bridge.sources.ebpf.bpf_syscall import BpfMap, possible_cpus, read_iterator
+from kepler_bridge.sources.ebpf.btf import BTF_PATH
 
 log = logging.getLogger(__name__)
 
 PROGRAM = "cpu_account.c"
-LOADER = str(Path(__file__).with_name("ebpf_loader.py"))
+LOADER = str(Path(__file__).with_name("loader.py"))
 LOAD_TIMEOUT = 120.0
 # PROC_PID_INIT_INO: the initial pid namespace, whose pids BPF helpers return.
 INIT_PID_NS = "pid:[4026531836]"
@@ -53,7 +53,7 @@ _ZERO = struct.pack("<I", 0)
 
 def program_path() -> str:
     """bpf/cpu_account.c from a source checkout, or as installed under <prefix>/share/kepler-bridge/bpf."""
-    candidates = (Path(__file__).resolve().parents[2] / "bpf" / PROGRAM,
+    candidates = (Path(__file__).resolve().parents[3] / "bpf" / PROGRAM,
                   Path(sys.prefix) / "share" / "kepler-bridge" / "bpf" / PROGRAM)
     for candidate in candidates:
         if candidate.is_file():
