@@ -270,7 +270,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ebpf_map_entries", ("KEPLER_BRIDGE_EBPF_MAP_ENTRIES",),
             _bounded(_count, 64, 1 << 22), 16384,
             "expected a whole number from 64 to 4194304",
-            "size of the eBPF per-process maps: thread groups that may run within one interval"),
+            "size of the eBPF map of ended processes: thread groups that may end within one interval"),
     Setting("command", ("KEPLER_BRIDGE_COMMAND",), _argv, (),
             "expected an executable that exists, with its arguments: a list in the config file, a string split "
             "like a shell would on the flag or env (no shell runs it)",

@@ -122,8 +122,7 @@ def container(hardened: bool, extra_env: list[dict[str, Any]]) -> dict[str, Any]
         {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
     ]
     mounts = [mount("proc", "/host/proc"), mount("sys", "/host/sys"), mount("lib-modules", "/lib/modules"),
-              mount("usr-src", "/usr/src"), mount("debugfs", "/sys/kernel/debug"),
-              mount("tracefs", "/sys/kernel/tracing"), mount("pod-resources", POD_RESOURCES),
+              mount("usr-src", "/usr/src"), mount("pod-resources", POD_RESOURCES),
               {"name": "tmp", "mountPath": "/tmp"}]
     if hardened:
         security: dict[str, Any] = {
@@ -155,8 +154,7 @@ def container(hardened: bool, extra_env: list[dict[str, Any]]) -> dict[str, Any]
 def pod_spec(hardened: bool, kube_source: str, edge: bool = False) -> dict[str, Any]:
     """The pod: host PID namespace, read-only host trees; pod names from `kube_source`."""
     volumes = [host_path("proc", "/proc"), host_path("sys", "/sys"), host_path("lib-modules", "/lib/modules"),
-               host_path("usr-src", "/usr/src", "DirectoryOrCreate"), host_path("debugfs", "/sys/kernel/debug"),
-               host_path("tracefs", "/sys/kernel/tracing"),
+               host_path("usr-src", "/usr/src", "DirectoryOrCreate"),
                host_path("pod-resources", POD_RESOURCES, "DirectoryOrCreate"),
                {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}]
     if not hardened:

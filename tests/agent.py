@@ -54,7 +54,7 @@ class Agent:
                 if requests.get(self.url + path, timeout=1, verify=self.verify,
                                 cert=self.client_cert).status_code == 200:
                     return self
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or too busy to answer within the second
                 pass
             time.sleep(0.1)
         self.stop()
