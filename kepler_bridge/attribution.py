@@ -28,30 +28,28 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from kepler_bridge.counters import ProcessKey, increase
-from kepler_bridge.model import (CpuTimes, CpuZoneEnergy, Energy, GpuProcess, GpuReading, PodRef, RaplZone,
-                                 WorkloadEnergy)
+from kepler_bridge.model import (NO_POD, CpuTimes, CpuZoneEnergy, Energy, GpuProcess, GpuReading, Holder, PodRef,
+                                 RaplZone, WorkloadEnergy)
 from kepler_bridge.top import TopCounter
 
 # Zone kinds that measure the CPU as a whole, best first.
 PRIMARY_ZONES = ("package", "psys", "core")
 # A wrap-around implying more than this per zone is a counter reset instead.
 MAX_ZONE_WATTS = 5000.0
-NO_POD = PodRef()
 # Why a device's active energy went to no container: several hold it, or none does.
 UNATTRIBUTED_REASONS = ("no_owner", "shared")
 
 
 @dataclass(frozen=True)
 class Inputs:
-    """One sample's readings as the sampler gathered them."""
+    """One sample's readings as the sampler gathered them, with the Kubernetes owners it joined."""
 
     now: float  # monotonic seconds
     rapl_zones: tuple[RaplZone, ...] = ()
     cpu_times: CpuTimes | None = None
-    gpus: tuple[GpuReading, ...] = ()  # node-wide, counters already monotonic, processes pod-labelled
+    gpus: tuple[GpuReading, ...] = ()  # node-wide, counters already monotonic, holders and process owners set
     cpu_increases: Mapping[ProcessKey, float] = field(default_factory=dict)
-    pods: Mapping[str, PodRef] = field(default_factory=dict)  # container id -> container
-    gpu_owners: Mapping[str, tuple[PodRef, ...]] = field(default_factory=dict)  # uuid -> containers assigned it
+    owners: Mapping[ProcessKey, PodRef] = field(default_factory=dict)  # of cpu_increases' processes; NO_POD if absent
 
 
 @dataclass
@@ -85,11 +83,12 @@ def gpu_shares(processes: tuple[GpuProcess, ...]) -> list[float]:
 class Attribution:
     """Keeps the previous sample's counters and the accumulated joules of every level."""
 
-    def __init__(self, cpu_tdp_watts: float = 0.0, gpu_idle_watts: float | None = None,
+    def __init__(self, *, cpu_tdp_watts: float = 0.0, gpu_idle_watts: float | None = None,
                  process_limit: int | None = 50, grace: float = 30.0, max_processes: int = 0) -> None:
         self._families: dict[str, TopCounter[WorkloadEnergy]] = {kind: TopCounter(process_limit)
                                                                   for kind in ("cpu", "gpu")}
-        self.configure(cpu_tdp_watts, gpu_idle_watts, process_limit, grace, max_processes)
+        self.configure(cpu_tdp_watts=cpu_tdp_watts, gpu_idle_watts=gpu_idle_watts, process_limit=process_limit,
+                       grace=grace, max_processes=max_processes)
         self._last_now: float | None = None
         self._last_cpu: CpuTimes | None = None
         self._last_uj: dict[str, int] = {}
@@ -102,7 +101,7 @@ class Attribution:
         self._containers: dict[tuple[str, str, str, str], _Tally] = {}
         self._pods: dict[tuple[str, str], _Tally] = {}
 
-    def configure(self, cpu_tdp_watts: float, gpu_idle_watts: float | None, process_limit: int | None,
+    def configure(self, *, cpu_tdp_watts: float, gpu_idle_watts: float | None, process_limit: int | None,
                   grace: float, max_processes: int) -> None:
         """Set the settings; called again on reload, when the accumulated joules stay."""
         self.cpu_tdp_watts = cpu_tdp_watts
@@ -119,25 +118,24 @@ class Attribution:
         self._last_now = now
         usage, cpu_capacity = self._usage(inputs.cpu_times)
         increments: dict[ProcessKey, list[float]] = {}
-        owners: dict[ProcessKey, PodRef] = {key: inputs.pods.get(key[2], NO_POD) for key in inputs.cpu_increases}
+        owners: dict[ProcessKey, PodRef] = {key: inputs.owners.get(key, NO_POD) for key in inputs.cpu_increases}
         self._share_cpu(self._cpu_active(inputs.rapl_zones, usage, seconds), inputs.cpu_increases, cpu_capacity,
                         increments)
-        owned: dict[PodRef, float] = {}
+        owned: dict[Holder, float] = {}
         for gpu in inputs.gpus:
             for proc in gpu.processes:
                 key = (proc.pid, proc.comm, proc.container_id)
-                labelled = PodRef(proc.namespace, proc.pod, proc.container)
-                if labelled != NO_POD or key not in owners:
-                    owners[key] = labelled
+                if proc.owner != NO_POD or key not in owners:
+                    owners[key] = proc.owner
             active = self._gpu_active(gpu, seconds) if gpu.up else None
             if active is None:
                 continue
             for proc, share in zip(gpu.processes, gpu_shares(gpu.processes)):
                 increments.setdefault((proc.pid, proc.comm, proc.container_id), [0.0, 0.0])[1] += active * share
             if not gpu.processes and not gpu.lists_processes:
-                self._share_unlisted(gpu.uuid, active, inputs.gpu_owners.get(gpu.uuid, ()), owned)
+                self._share_unlisted(gpu.uuid, active, gpu.holders, owned)
         self._accumulate(owners, increments, now)
-        self._accumulate_owned(owned, inputs.pods, now)
+        self._accumulate_owned(owned, now)
         self._expire(now, owners)
         return Energy(
             cpu_zones=tuple(CpuZoneEnergy(zone, source, joules)
@@ -217,8 +215,8 @@ class Attribution:
         self._gpu_idle[gpu.uuid] = self._gpu_idle.get(gpu.uuid, 0.0) + idle
         return joules - idle
 
-    def _share_unlisted(self, uuid: str, active: float, holders: tuple[PodRef, ...],
-                        owned: dict[PodRef, float]) -> None:
+    def _share_unlisted(self, uuid: str, active: float, holders: tuple[Holder, ...],
+                        owned: dict[Holder, float]) -> None:
         """A device without process data: its active energy to its one owner, else unattributed with the reason."""
         for reason in UNATTRIBUTED_REASONS:
             self._gpu_unattributed.setdefault((uuid, reason), 0.0)
@@ -231,11 +229,9 @@ class Attribution:
                     now: float) -> None:
         for key, owner in owners.items():
             pid, comm, container_id = key
-            namespace, pod, container = owner.namespace, owner.pod, owner.container
             process = self._processes.get(key)
-            if process is None or (process.labels.namespace, process.labels.pod,
-                                   process.labels.container) != (namespace, pod, container):
-                labels = WorkloadEnergy(str(pid), comm, container_id, namespace, pod, container)
+            if process is None or process.labels.owner != owner:
+                labels = WorkloadEnergy(str(pid), comm, container_id, owner)
                 process = self._processes.setdefault(key, _Tally(labels, now))
                 process.labels = labels
             cpu, gpu = increments.get(key, (0.0, 0.0))
@@ -244,24 +240,22 @@ class Attribution:
                 tally.cpu += cpu
                 tally.gpu += gpu
 
-    def _accumulate_owned(self, owned: Mapping[PodRef, float], pods: Mapping[str, PodRef], now: float) -> None:
-        """Adds device energy booked to its owner to that container (by its id where the pod list names it) and pod."""
-        ids = {owner: container_id for container_id, owner in pods.items()} if owned else {}
-        for owner, joules in owned.items():
-            for tally in self._levels(ids.get(owner, ""), owner, now):
+    def _accumulate_owned(self, owned: Mapping[Holder, float], now: float) -> None:
+        """Adds device energy booked to its holder to that container and its pod."""
+        for holder, joules in owned.items():
+            for tally in self._levels(holder.container_id, holder.owner, now):
                 tally.seen = now
                 tally.gpu += joules
 
     def _levels(self, container_id: str, owner: PodRef, now: float) -> tuple[_Tally, _Tally]:
         """The tallies of a container and of its pod, made on first use."""
-        namespace, pod, container = owner.namespace, owner.pod, owner.container
-        container_key = (container_id, namespace, pod, container)
+        container_key = (container_id, owner.namespace, owner.pod, owner.container)
+        pod_key = (owner.namespace, owner.pod)
         if container_key not in self._containers:
-            self._containers[container_key] = _Tally(WorkloadEnergy(
-                container_id=container_id, namespace=namespace, pod=pod, container=container), now)
-        if (namespace, pod) not in self._pods:
-            self._pods[(namespace, pod)] = _Tally(WorkloadEnergy(namespace=namespace, pod=pod), now)
-        return self._containers[container_key], self._pods[(namespace, pod)]
+            self._containers[container_key] = _Tally(WorkloadEnergy(container_id=container_id, owner=owner), now)
+        if pod_key not in self._pods:
+            self._pods[pod_key] = _Tally(WorkloadEnergy(owner=PodRef(*pod_key)), now)
+        return self._containers[container_key], self._pods[pod_key]
 
     def _expire(self, now: float, present: Mapping[ProcessKey, PodRef]) -> None:
         for tallies in (self._processes, self._containers, self._pods):

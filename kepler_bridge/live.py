@@ -92,7 +92,7 @@ def history_json(history: History, snapshot: Snapshot) -> bytes:
         "sources": [{"name": s.name, "up": s.up, "state": s.state, "error": s.error, "errors_total": s.errors_total}
                     for s in snapshot.sources],
         "devices": devices,
-        "pods": [{"namespace": p.namespace, "pod": p.pod, "cpu_joules": round(p.cpu_joules, 3),
+        "pods": [{"namespace": p.owner.namespace, "pod": p.owner.pod, "cpu_joules": round(p.cpu_joules, 3),
                   "gpu_joules": round(p.gpu_joules, 3)} for p in pods],
     }, separators=(",", ":")).encode()
 

@@ -11,6 +11,26 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class PodRef:
+    """The Kubernetes container a row belongs to: its namespace, pod and container labels; empty outside Kubernetes."""
+
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+
+
+NO_POD = PodRef()
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A container the kubelet assigned a device to; `container_id` where the pod list names it, else ''."""
+
+    container_id: str
+    owner: PodRef
+
+
+@dataclass(frozen=True)
 class GpuProcess:
     """One process using an accelerator."""
 
@@ -18,10 +38,8 @@ class GpuProcess:
     comm: str = ""
     memory_used_bytes: int | None = None
     utilization: float | None = None
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
     container_id: str = ""
+    owner: PodRef = NO_POD  # set by the sampler
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,13 @@ class GpuReading:
     device_ids: tuple[str, ...] = ()
     # False where the source cannot list the device's processes: no process then means unknown, not none running.
     lists_processes: bool = True
+    # Set by the sampler: the containers the kubelet assigned the device (or a MIG instance, replica, slice) to.
+    holders: tuple[Holder, ...] = ()
+
+    @property
+    def holder(self) -> Holder | None:
+        """The one container holding the device (gpu_pod_info); None when none or several do."""
+        return self.holders[0] if len(self.holders) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -128,12 +153,12 @@ class SourceStatus:
 
 
 @dataclass(frozen=True)
-class PodRef:
-    """The Kubernetes container a process or device belongs to; empty outside Kubernetes."""
+class ContainerCpu:
+    """CPU seconds of a container's processes, as a monotonic counter, and the container's owner."""
 
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
+    container_id: str
+    cpu_seconds: float
+    owner: PodRef = NO_POD
 
 
 @dataclass(frozen=True)
@@ -152,9 +177,7 @@ class WorkloadEnergy:
     pid: str = ""
     comm: str = ""
     container_id: str = ""
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
+    owner: PodRef = NO_POD  # a pod's row: its namespace and pod only
     cpu_joules: float = 0.0
     gpu_joules: float = 0.0
 
@@ -187,9 +210,6 @@ class Snapshot:
     processes: tuple[ProcessCpu, ...] = ()
     process_cpu_other: float | None = None
     process_limit: int | None = None  # top N of each per-process family (process_metrics); None: all, 0: none
-    containers: tuple[tuple[str, float], ...] = ()
+    containers: tuple[ContainerCpu, ...] = ()
     ebpf_programs_attached: int | None = None
     energy: Energy = Energy()
-    # Kubernetes owners: container id -> container, and GPU uuid -> the one container the kubelet assigned it to.
-    container_pods: tuple[tuple[str, PodRef], ...] = ()
-    gpu_pods: tuple[tuple[str, PodRef], ...] = ()

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from kepler_bridge import sanitize
 from kepler_bridge import carry
@@ -16,8 +16,10 @@ from kepler_bridge.config import Config
 from kepler_bridge.counters import CounterGuard
 from kepler_bridge.device_index import DeviceIndexes
 from kepler_bridge.kube.metadata import KubeMetadata
+from kepler_bridge.kube.view import KubeView
 from kepler_bridge.reload import KUBE, ConfigFileWatch, reread
-from kepler_bridge.model import CpuTimes, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading, SourceStatus
+from kepler_bridge.model import (NO_POD, ContainerCpu, CpuTimes, GpuReading, ProcessCpu, RaplZone, Snapshot,
+                                 SourceReading, SourceStatus)
 from kepler_bridge.sources import selected_groups, source_class
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, retry_delay
 from kepler_bridge.store import SnapshotStore
@@ -121,8 +123,7 @@ class Sampler:
         self.slots = build_slots(config) if slots is None else slots
         self._counters = CounterGuard(config.process_metrics)
         self._devices = DeviceIndexes()
-        self._attribution = Attribution(config.cpu_tdp_watts, config.gpu_idle_watts, config.process_metrics,
-                                        config.process_grace, config.max_processes)
+        self._attribution = Attribution(**_attribution_settings(config))
         self._state_dir = state_dir
         self._save_failed = False
         if state_dir:
@@ -153,8 +154,7 @@ class Sampler:
             return
         old, self.config = self.config, new
         self._counters.set_process_limit(new.process_metrics)
-        self._attribution.configure(new.cpu_tdp_watts, new.gpu_idle_watts, new.process_metrics, new.process_grace,
-                                    new.max_processes)
+        self._attribution.configure(**_attribution_settings(new))
         for slot in self.slots:
             if slot.source is not None:
                 slot.source.config = new
@@ -232,16 +232,18 @@ class Sampler:
             cpu_times = reading.cpu_times or cpu_times
             if reading.ebpf_programs_attached is not None:
                 attached = (attached or 0) + reading.ebpf_programs_attached
+        # Kubernetes owners are joined here, once per sample: every output reads them from the rows.
         kube = self.kube.view()
-        node_gpus = tuple(kube.label(self._counters.gpu(gpu)) for gpu in self._devices.number(gpus))
+        node_gpus = tuple(join_owners(self._counters.gpu(gpu), kube) for gpu in self._devices.number(gpus))
         increases = self._counters.cpu_increases(processes)
         shown, other_seconds = self._counters.process_seconds(increases)
         self.kube.notice({key[2] for key in increases if key[2]} |
                          {proc.container_id for gpu in node_gpus for proc in gpu.processes if proc.container_id})
-        gpu_owners = {gpu.uuid: kube.gpu_owners(gpu) for gpu in node_gpus}
-        energy = self._attribution.update(Inputs(started, tuple(zones), cpu_times, node_gpus, increases,
-                                                 kube.containers, gpu_owners))
-        containers = self._counters.containers(increases)
+        energy = self._attribution.update(Inputs(
+            now=started, rapl_zones=tuple(zones), cpu_times=cpu_times, gpus=node_gpus, cpu_increases=increases,
+            owners={key: kube.containers.get(key[2], NO_POD) for key in increases}))
+        containers = tuple(ContainerCpu(container_id, seconds, kube.containers.get(container_id, NO_POD))
+                           for container_id, seconds in self._counters.containers(increases))
         return Snapshot(
             node=self.config.node_name,
             timestamp=time.time(),
@@ -256,9 +258,6 @@ class Sampler:
             containers=containers,
             ebpf_programs_attached=attached,
             energy=energy,
-            container_pods=tuple((container_id, kube.containers[container_id]) for container_id, _ in containers
-                                 if container_id in kube.containers),
-            gpu_pods=tuple((uuid, owners[0]) for uuid, owners in gpu_owners.items() if len(owners) == 1),
         )
 
     def _read(self, slot: _Slot, now: float) -> SourceReading:
@@ -287,6 +286,27 @@ class Sampler:
         slot.error = ""
         slot.last = reading
         return reading
+
+
+def _attribution_settings(config: Config) -> dict[str, Any]:
+    return {"cpu_tdp_watts": config.cpu_tdp_watts, "gpu_idle_watts": config.gpu_idle_watts,
+            "process_limit": config.process_metrics, "grace": config.process_grace,
+            "max_processes": config.max_processes}
+
+
+def join_owners(gpu: GpuReading, kube: KubeView) -> GpuReading:
+    """The reading with the containers holding it and each process's owner."""
+    held = dataclasses.replace(gpu, holders=kube.holders(gpu))
+    fallback = held.holder.owner if held.holder is not None else NO_POD
+    processes = []
+    for proc in gpu.processes:
+        # A process's own container decides. One in a container the pod list does not name, or one the agent
+        # cannot see in /proc (no comm: another pid namespace), gets the GPU's one holder; a host process none.
+        owner = kube.containers.get(proc.container_id) if proc.container_id else None
+        if owner is None:
+            owner = fallback if proc.container_id or not proc.comm else NO_POD
+        processes.append(dataclasses.replace(proc, owner=owner))
+    return dataclasses.replace(held, processes=tuple(processes))
 
 
 def _read_clean(source: Source) -> SourceReading:

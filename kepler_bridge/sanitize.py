@@ -11,7 +11,7 @@ import dataclasses
 import numbers
 from typing import Any, Callable
 
-from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, SourceReading
+from kepler_bridge.model import NO_POD, CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, SourceReading
 
 MAX_DEVICES = 256  # per source; more is refused: each device costs dozens of series and a /v1/collect entry
 # Above any physical reading. Below it whole numbers stay exact as floats, 256 devices' memory sums below Go's
@@ -120,6 +120,8 @@ _RULES: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "tuple[ProcessCpu, ...]": (_items(_nested(ProcessCpu)), False),
     "tuple[RaplZone, ...]": (_items(_nested(RaplZone)), False),
     "CpuTimes | None": (_optional(CpuTimes), False),
+    # Kubernetes owners, which the sampler joins after this check: what a source put there is dropped.
+    "PodRef": (lambda _: NO_POD, False), "tuple[Holder, ...]": (lambda _: (), False),
 }
 
 

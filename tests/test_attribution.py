@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kepler_bridge.attribution import Attribution, Inputs, gpu_shares
 from kepler_bridge.counters import CounterGuard
-from kepler_bridge.model import CpuTimes, Energy, GpuProcess, GpuReading, PodRef, ProcessCpu, RaplZone
+from kepler_bridge.model import NO_POD, CpuTimes, Energy, GpuProcess, GpuReading, Holder, PodRef, ProcessCpu, RaplZone
 
 REAL_MAX_UJ = 262143328850
 PODS = {"c1": PodRef("shop", "web-1", "nginx"), "c2": PodRef("shop", "web-1", "sidecar"),
@@ -21,6 +19,17 @@ SLOTS = [(100 + i, f"p{i}", cid) for i, cid in enumerate(["", "c1", "c2", "c3", 
 
 def gpu(uuid: str, **values) -> GpuReading:
     return GpuReading(index=0, uuid=uuid, vendor="nvidia", model="A100", **values)
+
+
+def owners(cpu_increases: dict[tuple, float]) -> dict[tuple, PodRef]:
+    """Each process's container, as the sampler joins it from the pod list."""
+    return {key: PODS.get(key[2], NO_POD) for key in cpu_increases}
+
+
+def holders(*owners: PodRef, pods: dict[str, PodRef] = PODS) -> tuple[Holder, ...]:
+    """A device's holders, as the sampler joins them: each with its container id where the pod list names it."""
+    ids = {owner: container_id for container_id, owner in pods.items()}
+    return tuple(Holder(ids.get(owner, ""), owner) for owner in owners)
 
 
 def identities(energy: Energy) -> dict[tuple, float]:
@@ -36,7 +45,7 @@ def identities(energy: Energy) -> dict[tuple, float]:
                               ("container", "cpu", energy.containers), ("container", "gpu", energy.containers),
                               ("pod", "cpu", energy.pods), ("pod", "gpu", energy.pods)):
         for row in rows:
-            labels = (row.pid, row.comm, row.container_id, row.namespace, row.pod, row.container)
+            labels = (row.pid, row.comm, row.container_id, row.owner.namespace, row.owner.pod, row.owner.container)
             found[(level, kind) + labels] = getattr(row, f"{kind}_joules")
     return found
 
@@ -118,12 +127,12 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
             gpu_joules = watts * dt
         processes = tuple(
             GpuProcess(pid, comm, utilization=draw(st.none() | st.floats(0, 1)), container_id=cid,
-                       **dataclasses.asdict(PODS.get(cid, PodRef())))
+                       owner=PODS.get(cid, NO_POD))
             for pid, comm, cid in draw(st.lists(st.sampled_from(SLOTS + [(900, "", ""), (901, "", "")]),
                                                 max_size=3, unique=True)))
         reading = guard.gpu(gpu("GPU-0", up=up, processes=processes, power_watts=watts,
                                 energy_joules=gpu_raw if counter_gpu else None))
-        inputs = Inputs(now, zones, CpuTimes(busy, total), (reading,), cpu_increases, PODS)
+        inputs = Inputs(now, zones, CpuTimes(busy, total), (reading,), cpu_increases, owners(cpu_increases))
         after_full, after_top = identities(full.update(inputs)), identities(top.update(inputs))
 
         for before, after in ((previous_full, after_full), (previous_top, after_top)):
@@ -153,16 +162,16 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
 def test_cpu_active_energy_is_shared_by_cpu_time() -> None:
     attribution = Attribution(process_limit=None)
     zones = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
-    attribution.update(Inputs(0.0, zones(0), CpuTimes(0, 0), pods=PODS,
-                              cpu_increases={(1, "a", ""): 0.0, (2, "b", "c1"): 0.0}))
-    energy = attribution.update(Inputs(1.0, zones(100_000_000), CpuTimes(1.0, 4.0), pods=PODS,
-                                       cpu_increases={(1, "a", ""): 0.75, (2, "b", "c1"): 0.25}))
+    before, after = {(1, "a", ""): 0.0, (2, "b", "c1"): 0.0}, {(1, "a", ""): 0.75, (2, "b", "c1"): 0.25}
+    attribution.update(Inputs(0.0, zones(0), CpuTimes(0, 0), cpu_increases=before, owners=owners(before)))
+    energy = attribution.update(Inputs(1.0, zones(100_000_000), CpuTimes(1.0, 4.0), cpu_increases=after,
+                                       owners=owners(after)))
     # 100 J at 25 % usage: 25 J active, 3:1.
     assert {row.pid: row.cpu_joules for row in energy.cpu_processes} == {"1": pytest.approx(18.75),
                                                                       "2": pytest.approx(6.25)}
-    assert {(row.namespace, row.pod): row.cpu_joules for row in energy.pods} == {
+    assert {(row.owner.namespace, row.owner.pod): row.cpu_joules for row in energy.pods} == {
         ("", ""): pytest.approx(18.75), ("shop", "web-1"): pytest.approx(6.25)}
-    assert [(row.container_id, row.container) for row in energy.containers] == [("", ""), ("c1", "nginx")]
+    assert [(row.container_id, row.owner.container) for row in energy.containers] == [("", ""), ("c1", "nginx")]
 
 
 def test_psys_then_core_where_no_package_zone() -> None:
@@ -270,25 +279,25 @@ def test_off_and_all() -> None:
         attribution = Attribution(process_limit=limit)
         energy = attribution.update(Inputs(0.0, cpu_increases={(pid, "x", ""): 1.0 for pid in (1, 2, 3)}))
         assert {row.pid for row in energy.cpu_processes} == {row.pid for row in energy.gpu_processes} == expected
-        assert [row.pod for row in energy.pods] == [""]
+        assert [row.owner.pod for row in energy.pods] == [""]
 
 
 def test_ended_processes_expire_after_the_grace_period() -> None:
     attribution = Attribution(grace=5.0, process_limit=None)
-    attribution.update(Inputs(0.0, cpu_increases={(1, "a", "c1"): 1.0}, pods=PODS))
-    assert len(attribution.update(Inputs(5.0, pods=PODS)).cpu_processes) == 1
-    energy = attribution.update(Inputs(5.5, pods=PODS))
+    attribution.update(Inputs(0.0, cpu_increases={(1, "a", "c1"): 1.0}, owners=owners({(1, "a", "c1"): 1.0})))
+    assert len(attribution.update(Inputs(5.0)).cpu_processes) == 1
+    energy = attribution.update(Inputs(5.5))
     assert energy.cpu_processes == energy.gpu_processes == () and energy.containers == () and energy.pods == ()
 
 
 def test_gpu_process_labels_win_for_processes_the_pod_list_does_not_know() -> None:
     attribution = Attribution(gpu_idle_watts=0.0, process_limit=None)
-    procs = (GpuProcess(900, "", utilization=1.0, namespace="ml", pod="train-0", container="main"),)
+    procs = (GpuProcess(900, "", utilization=1.0, owner=PodRef("ml", "train-0", "main")),)
     attribution.update(Inputs(0.0, gpus=(gpu("G", energy_joules=0.0, processes=procs),)))
     energy = attribution.update(Inputs(1.0, gpus=(gpu("G", energy_joules=100.0, processes=procs),)))
-    assert [(row.pid, row.namespace, row.pod, row.gpu_joules) for row in energy.gpu_processes] == [
+    assert [(row.pid, row.owner.namespace, row.owner.pod, row.gpu_joules) for row in energy.gpu_processes] == [
         ("900", "ml", "train-0", 100.0)]
-    assert [(row.namespace, row.pod, row.gpu_joules) for row in energy.pods] == [("ml", "train-0", 100.0)]
+    assert [(row.owner.namespace, row.owner.pod, row.gpu_joules) for row in energy.pods] == [("ml", "train-0", 100.0)]
 
 
 # One device per source that cannot list processes, named as that source names it (vendor, uuid).
@@ -323,7 +332,7 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(d
     for step in range(draw(st.integers(2, 12), label="samples")):
         dt = draw(st.floats(0.05, 5.0), label="interval")
         now += dt
-        readings, expected, holders = [], {}, {}
+        readings, expected, assigned = [], {}, {}
         for vendor, uuid, lists in devices:
             up = draw(st.integers(0, 4)) > 0
             watts = draw(st.floats(0, 700))
@@ -339,15 +348,16 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(d
             elif up and step:
                 expected[uuid] = watts * dt
             # The kubelet's assignment changes now and then: nobody, one container, or several.
-            holders[uuid] = tuple(draw(st.lists(st.sampled_from(candidates(uuid)), max_size=3, unique=True)))
+            assigned[uuid] = tuple(draw(st.lists(st.sampled_from(candidates(uuid)), max_size=3, unique=True)))
             processes = tuple(GpuProcess(pid, comm, utilization=draw(st.none() | st.floats(0, 1)), container_id=cid,
-                                         **dataclasses.asdict(PODS.get(cid, PodRef())))
+                                         owner=PODS.get(cid, NO_POD))
                               for pid, comm, cid in draw(st.lists(st.sampled_from(SLOTS), max_size=2, unique=True))
                               ) if lists else ()
             readings.append(guard.gpu(GpuReading(index=len(readings), uuid=uuid, vendor=vendor, model="m", up=up,
                                                  power_watts=watts, processes=processes, lists_processes=lists,
-                                                 energy_joules=raw[uuid] if with_counter[uuid] else None)))
-        after = identities(attribution.update(Inputs(now, gpus=tuple(readings), pods=pods, gpu_owners=holders)))
+                                                 energy_joules=raw[uuid] if with_counter[uuid] else None,
+                                                 holders=holders(*assigned[uuid], pods=pods))))
+        after = identities(attribution.update(Inputs(now, gpus=tuple(readings))))
 
         assert_monotonic(before, after)
         assert all(value >= 0 for value in after.values())
@@ -365,7 +375,7 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(d
                             for reason in ("shared", "no_owner")}
             idle = gain(before, after, ("idle", uuid))
             assert idle + attributed + sum(unattributed.values()) == pytest.approx(expected[uuid], rel=0.01, abs=1e-6)
-            owners = holders[uuid]
+            owners = assigned[uuid]
             # Only the reason that applies grows, and a device with one owner gives that container everything.
             assert unattributed["shared"] == 0 or len(owners) > 1
             assert unattributed["no_owner"] == 0 or not owners
@@ -384,26 +394,27 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(d
 
 def test_an_unlisted_device_gives_its_active_energy_to_its_one_owner() -> None:
     attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
-    amd = GpuReading(index=0, uuid="AMD-1", vendor="amd", model="MI210", power_watts=250.0, lists_processes=False)
-    owner = {"AMD-1": (PODS["c3"],)}
-    attribution.update(Inputs(0.0, gpus=(amd,), pods=PODS, gpu_owners=owner))
-    energy = attribution.update(Inputs(2.0, gpus=(amd,), pods=PODS, gpu_owners=owner))
+    amd = GpuReading(index=0, uuid="AMD-1", vendor="amd", model="MI210", power_watts=250.0, lists_processes=False,
+                     holders=holders(PODS["c3"]))
+    attribution.update(Inputs(0.0, gpus=(amd,)))
+    energy = attribution.update(Inputs(2.0, gpus=(amd,)))
     # 500 J in 2 s: 100 J idle, the 400 J above it to the container the kubelet assigned the card to.
     assert energy.gpu_idle == (("AMD-1", pytest.approx(100.0)),)
-    assert [(row.container_id, row.pod, row.container, row.gpu_joules) for row in energy.containers] == [
+    assert [(row.container_id, row.owner.pod, row.owner.container, row.gpu_joules) for row in energy.containers] == [
         ("c3", "train-0", "main", pytest.approx(400.0))]
-    assert [(row.pod, row.gpu_joules) for row in energy.pods] == [("train-0", pytest.approx(400.0))]
+    assert [(row.owner.pod, row.gpu_joules) for row in energy.pods] == [("train-0", pytest.approx(400.0))]
     assert energy.gpu_processes == ()
     assert energy.gpu_unattributed == (("AMD-1", "no_owner", 0.0), ("AMD-1", "shared", 0.0))
 
 
 def test_shared_and_unowned_unlisted_devices_are_unattributed_by_reason() -> None:
     attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
+    # Two replicas of card a; card b is nobody's.
     cards = tuple(GpuReading(index=i, uuid=uuid, vendor="intel", model="Arc", power_watts=150.0,
-                             lists_processes=False) for i, uuid in enumerate(("INTEL-a", "INTEL-b")))
-    owners = {"INTEL-a": (PODS["c1"], PODS["c3"])}  # two replicas of card a; card b is nobody's
-    attribution.update(Inputs(0.0, gpus=cards, pods=PODS, gpu_owners=owners))
-    energy = attribution.update(Inputs(1.0, gpus=cards, pods=PODS, gpu_owners=owners))
+                             lists_processes=False, holders=held) for i, (uuid, held) in
+                  enumerate((("INTEL-a", holders(PODS["c1"], PODS["c3"])), ("INTEL-b", ()))))
+    attribution.update(Inputs(0.0, gpus=cards))
+    energy = attribution.update(Inputs(1.0, gpus=cards))
     assert energy.gpu_unattributed == (("INTEL-a", "no_owner", 0.0), ("INTEL-a", "shared", pytest.approx(100.0)),
                                        ("INTEL-b", "no_owner", pytest.approx(100.0)), ("INTEL-b", "shared", 0.0))
     assert energy.containers == () and energy.pods == ()
@@ -411,9 +422,8 @@ def test_shared_and_unowned_unlisted_devices_are_unattributed_by_reason() -> Non
 
 def test_a_device_that_lists_processes_is_idle_without_one_whoever_holds_it() -> None:
     attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
-    nvidia = gpu("G", power_watts=250.0)
-    owner = {"G": (PODS["c3"],)}
-    attribution.update(Inputs(0.0, gpus=(nvidia,), pods=PODS, gpu_owners=owner))
-    energy = attribution.update(Inputs(2.0, gpus=(nvidia,), pods=PODS, gpu_owners=owner))
+    nvidia = gpu("G", power_watts=250.0, holders=holders(PODS["c3"]))
+    attribution.update(Inputs(0.0, gpus=(nvidia,)))
+    energy = attribution.update(Inputs(2.0, gpus=(nvidia,)))
     assert energy.gpu_idle == (("G", pytest.approx(500.0)),)
     assert energy.gpu_unattributed == () and energy.pods == ()

@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kepler_bridge import cli, model
 from kepler_bridge.config import load
 from kepler_bridge.exposition import baetyl, prometheus
-from kepler_bridge.model import (CpuZoneEnergy, Energy, GpuProcess, GpuReading, PodRef, ProcessCpu, Snapshot,
-                                 SourceStatus, WorkloadEnergy)
+from kepler_bridge.model import (ContainerCpu, CpuZoneEnergy, Energy, GpuProcess, GpuReading, Holder, PodRef,
+                                 ProcessCpu, Snapshot, SourceStatus, WorkloadEnergy)
 from kepler_bridge.store import SnapshotStore
 from kepler_bridge.web import create_app
 
@@ -158,19 +158,18 @@ def _filled(cls: type, **given: object) -> object:
 def full_snapshot() -> Snapshot:
     """A snapshot in which every metric family of the catalogue has at least one series."""
     owner = PodRef("ml", "train-0", "main")
-    row = WorkloadEnergy(pid="7", comm="python3", container_id="c1", namespace="ml", pod="train-0",
-                         container="main", cpu_joules=1.0, gpu_joules=1.0)
+    row = WorkloadEnergy(pid="7", comm="python3", container_id="c1", owner=owner, cpu_joules=1.0, gpu_joules=1.0)
     gpu = _filled(GpuReading, index=0, uuid="GPU-0", vendor="nvidia", model="A100",
                   throttled=(("sw_power_cap", True),), xid_errors=((79, 1),),
-                  processes=(GpuProcess(pid=7, comm="python3", memory_used_bytes=1, utilization=0.5),))
+                  processes=(GpuProcess(pid=7, comm="python3", memory_used_bytes=1, utilization=0.5),),
+                  holders=(Holder("c1", owner),))
     return Snapshot(
         node="n1", timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0, sources=(SourceStatus("nvml", True),),
         gpus=(gpu,), processes=(ProcessCpu(7, "python3", 2.0, "c1"),), process_cpu_other=1.0,
-        containers=(("c1", 2.0),), ebpf_programs_attached=1,
+        containers=(ContainerCpu("c1", 2.0, owner),), ebpf_programs_attached=1,
         energy=Energy(cpu_zones=(CpuZoneEnergy("package", "rapl", 1.0),), gpu_idle=(("GPU-0", 1.0),),
                       gpu_unattributed=(("GPU-0", "shared", 1.0),), cpu_processes=(row,), gpu_processes=(row,),
-                      containers=(row,), pods=(row,)),
-        container_pods=(("c1", owner),), gpu_pods=(("GPU-0", owner),))
+                      containers=(row,), pods=(row,)))
 
 
 def catalogue() -> dict[str, tuple[str, set[str]]]:

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kepler_bridge.counters import CounterGuard
 from kepler_bridge.exposition import baetyl, prometheus
-from kepler_bridge.model import GpuProcess, GpuReading, PodRef, ProcessCpu, Snapshot, SourceStatus
+from kepler_bridge.model import ContainerCpu, GpuProcess, GpuReading, Holder, PodRef, ProcessCpu, Snapshot, SourceStatus
 
 GIB = 1024**3
 
@@ -45,7 +45,8 @@ def test_lost_gpu_has_up_0_and_info_only() -> None:
 def test_device_series_keep_their_labels_and_the_owner_is_a_series_of_its_own() -> None:
     gpus = (gpu(0, utilization=0.5, energy_joules=10.0), gpu(1, up=False))
     unowned = families(snapshot(*gpus))
-    owned = families(dataclasses.replace(snapshot(*gpus), gpu_pods=(("GPU-0", PodRef("ml", "train-0", "main")),)))
+    held = dataclasses.replace(gpus[0], holders=(Holder("", PodRef("ml", "train-0", "main")),))
+    owned = families(snapshot(held, *gpus[1:]))
     assert set(owned) - set(unowned) == {"gpu_pod_info"}
     for name, samples in unowned.items():
         assert [sample.labels for sample in owned[name]] == [sample.labels for sample in samples], name
@@ -89,7 +90,7 @@ def test_health_series_are_exported_whatever_the_lists_say() -> None:
 def test_every_emitted_family_is_declared() -> None:
     snap = Snapshot(node="n1", timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0,
                     sources=(SourceStatus("ebpf", True),), processes=(ProcessCpu(1, "init", 2.0, "abc"),),
-                    containers=(("abc", 2.0),), ebpf_programs_attached=1,
+                    containers=(ContainerCpu("abc", 2.0),), ebpf_programs_attached=1,
                     gpus=(gpu(0, utilization=0.1, energy_joules=1.0, ecc_corrected_total=0,
                               throttled=(("gpu_idle", True),), xid_errors=((13, 1),)),))
     text = prometheus.render(snap, lambda name: True).decode()

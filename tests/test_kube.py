@@ -19,6 +19,7 @@ from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.kube.pods import STATUS_LISTS, containers_of
 from kepler_bridge.kube.view import Assignment, KubeView, device_key, device_owners
 from kepler_bridge.model import GpuProcess, GpuReading, PodRef
+from kepler_bridge.sampler import join_owners
 from kubefakes import FakeKube, pod, pod_list, self_signed
 from powercap import PowercapTree
 
@@ -199,13 +200,14 @@ def test_gpu_process_labels() -> None:
         GpuProcess(2, "Xorg"),  # a host process belongs to no pod
         GpuProcess(3, ""),  # not visible in /proc (no hostPID): the GPU's owner
         GpuProcess(4, "python", container_id=B)))  # a container the pod list does not name: the GPU's owner
-    labelled = {proc.pid: (proc.namespace, proc.pod, proc.container) for proc in view.label(reading).processes}
+    labelled = {proc.pid: (proc.owner.namespace, proc.owner.pod, proc.owner.container)
+                for proc in join_owners(reading, view).processes}
     assert labelled == {1: ("shop", "web-1", "nginx"), 2: ("", "", ""), 3: ("ml", "train-0", "main"),
                         4: ("ml", "train-0", "main")}
     shared = KubeView(devices=device_owners([Assignment(f"{uuid}::0", "nvidia.com/gpu", owner),
                                              Assignment(f"{uuid}::1", "nvidia.com/gpu", PodRef("ml", "b", "x"))]))
     assert len(shared.gpu_owners(reading)) == 2
-    assert {proc.pod for proc in shared.label(reading).processes} == {""}  # two owners: nobody guesses
+    assert {proc.owner.pod for proc in join_owners(reading, shared).processes} == {""}  # two owners: nobody guesses
     mig = GpuReading(index=0, uuid="GPU-x", vendor="nvidia", model="A100", mig_uuids=("MIG-1", "MIG-2"))
     by_mig = KubeView(devices=device_owners([Assignment("MIG-2", "nvidia.com/mig-1g.10gb", owner)]))
     assert by_mig.gpu_owners(mig) == (owner,)

@@ -18,11 +18,11 @@ from kepler_bridge.top import top
 GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
 POD_LABELS = ("namespace", "pod", "container")
 PROCESS_LABELS = GPU_LABELS + ("pid", "comm") + POD_LABELS
-# Labels of the energy levels, in WorkloadEnergy's attribute names.
-ENERGY_LEVELS: dict[str, tuple[str, ...]] = {
-    "process": ("pid", "comm", "container_id") + POD_LABELS,
-    "container": ("container_id",) + POD_LABELS,
-    "pod": ("namespace", "pod"),
+# Labels of the energy levels: WorkloadEnergy's own attribute names, then those of its owner (PodRef).
+ENERGY_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "process": (("pid", "comm", "container_id"), POD_LABELS),
+    "container": (("container_id",), POD_LABELS),
+    "pod": ((), ("namespace", "pod")),
 }
 
 # Plain gauges of a GPU reading: exposed name -> (reading attribute, help).
@@ -113,8 +113,6 @@ class SnapshotCollector(Collector):
 
     def _gpu_families(self) -> Iterator[Metric]:
         snap = self.snapshot
-        # Device series keep one label set for the device's life; its owner is a series of its own.
-        owners = dict(snap.gpu_pods)
         info = InfoMetricFamily("gpu", METRICS["gpu_info"], labels=list(GPU_LABELS))
         pod_info = InfoMetricFamily("gpu_pod", METRICS["gpu_pod_info"], labels=list(GPU_LABELS))
         up = _gauge("gpu_up", GPU_LABELS)
@@ -133,10 +131,9 @@ class SnapshotCollector(Collector):
         for gpu in snap.gpus:
             labels = [snap.node, str(gpu.index), gpu.uuid, gpu.vendor, gpu.model]
             info.add_metric(labels, {"driver_version": gpu.driver_version, "pci_bus_id": gpu.pci_bus_id})
-            if gpu.uuid in owners:
-                owner = owners[gpu.uuid]
-                pod_info.add_metric(labels, {"namespace": owner.namespace, "pod": owner.pod,
-                                             "container": owner.container})
+            # Device series keep one label set for the device's life; its holder is a series of its own.
+            if gpu.holder is not None:
+                pod_info.add_metric(labels, dict(zip(POD_LABELS, _pod_labels(gpu.holder.owner))))
             up.add_metric(labels, 1.0 if gpu.up else 0.0)
             if not gpu.up:
                 continue
@@ -173,10 +170,8 @@ class SnapshotCollector(Collector):
         if snap.process_cpu_other is not None:
             process.add_metric([snap.node, "other", "", ""], snap.process_cpu_other)
         container = _counter("kepler_bridge_container_cpu_seconds_total", ("node", "container_id") + POD_LABELS)
-        pods = dict(snap.container_pods)
-        for container_id, seconds in snap.containers:
-            owner = pods.get(container_id, PodRef())
-            container.add_metric([snap.node, container_id, owner.namespace, owner.pod, owner.container], seconds)
+        for row in snap.containers:
+            container.add_metric([snap.node, row.container_id, *_pod_labels(row.owner)], row.cpu_seconds)
         yield process
         yield container
 
@@ -219,6 +214,11 @@ class SnapshotCollector(Collector):
             yield attached
 
 
+def _pod_labels(owner: PodRef, names: tuple[str, ...] = POD_LABELS) -> list[str]:
+    """The pod labels of a row, read from its owner."""
+    return [getattr(owner, name) for name in names]
+
+
 def _process_gauges(processes: list[tuple[list[str], GpuProcess]], limit: int | None) -> Iterator[Metric]:
     """Each per-process GPU gauge: its top N by value, the rest summed per GPU as pid="other"; none when off."""
     if limit == 0:
@@ -233,8 +233,7 @@ def _process_gauges(processes: list[tuple[list[str], GpuProcess]], limit: int | 
         for row, value in values.items():
             gpu_labels, proc = processes[row]
             if row in shown:
-                family.add_metric(gpu_labels + [str(proc.pid), proc.comm, proc.namespace, proc.pod, proc.container],
-                                  value)
+                family.add_metric(gpu_labels + [str(proc.pid), proc.comm, *_pod_labels(proc.owner)], value)
             else:
                 other[tuple(gpu_labels)] = other.get(tuple(gpu_labels), 0.0) + value
         for gpu_labels, value in other.items():
@@ -244,11 +243,12 @@ def _process_gauges(processes: list[tuple[list[str], GpuProcess]], limit: int | 
 
 def _energy_rows(node: str, level: str, kinds: tuple[str, ...],
                  rows: Mapping[str, tuple[WorkloadEnergy, ...]]) -> Iterator[Metric]:
-    names = ENERGY_LEVELS[level]
+    own, pod = ENERGY_LEVELS[level]
     for kind in kinds:
-        family = _counter(f"kepler_bridge_{level}_{kind}_joules_total", ("node",) + names)
+        family = _counter(f"kepler_bridge_{level}_{kind}_joules_total", ("node",) + own + pod)
         for row in rows[kind]:
-            family.add_metric([node] + [getattr(row, name) for name in names], getattr(row, f"{kind}_joules"))
+            family.add_metric([node, *(getattr(row, name) for name in own), *_pod_labels(row.owner, pod)],
+                              getattr(row, f"{kind}_joules"))
         yield family
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterable, Mapping
 
-from kepler_bridge.model import GpuReading, PodRef
+from kepler_bridge.model import GpuReading, Holder, PodRef
 
-NO_POD = PodRef()
 _PCI = re.compile(r"^(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 _INTEL_REPLICA = re.compile(r"^(card\d+)-\d+$")
 _ASCEND_VNPU = re.compile(r"^(ascend\d{3}[bp]?)-\d+c[a-z0-9.]*-\d+-(\d+)$")
@@ -70,23 +69,10 @@ class KubeView:
                 owners.update(dict.fromkeys(self.devices.get(device_key(name), ())))
         return tuple(owners)
 
-    def label(self, gpu: GpuReading) -> GpuReading:
-        """The reading with its processes' namespace, pod and container.
+    def holders(self, gpu: GpuReading) -> tuple[Holder, ...]:
+        """The containers holding this GPU (`gpu_owners`), each with its id where the pod list names it."""
+        return tuple(Holder(self._ids.get(owner, ""), owner) for owner in self.gpu_owners(gpu))
 
-        A process's own container decides. One in a container the pod list
-        does not name, or one the agent cannot see in /proc (no comm: another
-        pid namespace), gets the GPU's owner when the kubelet assigned the GPU
-        to exactly one container; a host process gets none.
-        """
-        if not gpu.processes:
-            return gpu
-        owners = self.gpu_owners(gpu)
-        fallback = owners[0] if len(owners) == 1 else NO_POD
-        processes = []
-        for proc in gpu.processes:
-            owner = self.containers.get(proc.container_id) if proc.container_id else None
-            if owner is None:
-                owner = fallback if proc.container_id or not proc.comm else NO_POD
-            processes.append(dataclasses.replace(proc, namespace=owner.namespace, pod=owner.pod,
-                                                 container=owner.container))
-        return dataclasses.replace(gpu, processes=tuple(processes))
+    @cached_property
+    def _ids(self) -> dict[PodRef, str]:
+        return {owner: container_id for container_id, owner in self.containers.items()}
