@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _collect(config: Config, form: str) -> int:
-    from kepler_bridge.exposition import baetyl, prometheus
+    from kepler_bridge.exposition import RENDERERS, RenderSettings
     from kepler_bridge.sampler import Sampler
     from kepler_bridge.store import SnapshotStore
 
@@ -74,10 +74,8 @@ def _collect(config: Config, form: str) -> int:
         snapshot = sampler.sample()
     finally:
         sampler.stop()
-    if form == "json":
-        sys.stdout.buffer.write(baetyl.render(snapshot, config.baetyl_memory_unit) + b"\n")
-    else:
-        sys.stdout.buffer.write(prometheus.render(snapshot, config.metric_allowed))
+    body = RENDERERS["baetyl" if form == "json" else "text"](snapshot, RenderSettings.of(config))
+    sys.stdout.buffer.write(body + b"\n" if form == "json" else body)
     return 0
 
 

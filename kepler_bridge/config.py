@@ -364,12 +364,6 @@ class Config:
         host, port = self.listen
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def metric_allowed(self, name: str) -> bool:
-        """Whether a metric name passes the allow/deny prefixes."""
-        if self.metrics_allow and not name.startswith(self.metrics_allow):
-            return False
-        return not (self.metrics_deny and name.startswith(self.metrics_deny))
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per setting, plus --config; defaults stay None so precedence works."""

@@ -13,7 +13,6 @@ from importlib import resources
 from typing import NamedTuple
 
 from kepler_bridge import __version__
-from kepler_bridge.config import Config
 from kepler_bridge.model import GpuReading, Snapshot
 
 MAX_SAMPLES = 300
@@ -114,11 +113,11 @@ def _positions(uuids: tuple[str, ...]) -> dict[tuple[str, int], int]:
     return positions
 
 
-def page(config: Config, snapshot: Snapshot | None) -> bytes:
+def page(node_name: str, interval: float, snapshot: Snapshot | None) -> bytes:
     """The page, with node, version and source status filled in for a first paint; its script does the rest."""
     rows = "".join(
         f"<tr><td>{html.escape(s.name)}</td><td class='{s.state}'>{s.state}</td>"
         f"<td>{html.escape(s.error)}</td></tr>" for s in (snapshot.sources if snapshot else ()))
-    values = {"NODE": html.escape(config.node_name), "VERSION": html.escape(__version__),
-              "INTERVAL": f"{config.interval:g}", "SOURCES": rows}
+    values = {"NODE": html.escape(node_name), "VERSION": html.escape(__version__), "INTERVAL": f"{interval:g}",
+              "SOURCES": rows}
     return re.sub(r"@([A-Z]+)@", lambda match: values[match[1]], _TEMPLATE).encode()

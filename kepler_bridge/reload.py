@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Mapping
+from typing import Callable, Generic, Mapping, TypeVar
 
 from kepler_bridge.config import Config, ConfigError, load
 
@@ -19,6 +19,7 @@ RELOADABLE = frozenset({
     "kube_insecure_skip_tls_verify",
 })
 KUBE = frozenset(name for name in RELOADABLE if name.startswith("kube") or name == "metaserver_url")
+T = TypeVar("T")
 
 
 class ConfigFileWatch:
@@ -44,6 +45,20 @@ class ConfigFileWatch:
             return False
         self._stamp = stamp
         return True
+
+
+class Derived(Generic[T]):
+    """What `derive` makes of the settings in force, made again only when a reload has replaced them."""
+
+    def __init__(self, current: Callable[[], Config], derive: Callable[[Config], T]) -> None:
+        self._current, self._derive = current, derive
+        self._last: tuple[Config, T] | None = None
+
+    def __call__(self) -> T:
+        config, last = self._current(), self._last
+        if last is None or last[0] is not config:
+            last = self._last = (config, self._derive(config))  # one swap: readers on other threads need no lock
+        return last[1]
 
 
 def reread(current: Config, flags: Mapping[str, object], environ: Mapping[str, str] | None = None) -> Config | None:

@@ -77,14 +77,15 @@ class AgentApplication(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
+        from kepler_bridge.reload import Derived
         from kepler_bridge.sampler import Sampler
         from kepler_bridge.store import SnapshotStore
-        from kepler_bridge.web import create_app
+        from kepler_bridge.web import WebSettings, create_app
 
         store = SnapshotStore()
         sampler = self.sampler = Sampler(self.config, store, state_dir=self.state_dir, flags=self.flags)
         sampler.start()
-        return create_app(store, self.config, alive=sampler.alive, web=self.web, settings=lambda: sampler.config)
+        return create_app(store, Derived(lambda: sampler.config, WebSettings.of), alive=sampler.alive, web=self.web)
 
     def run(self) -> None:
         try:

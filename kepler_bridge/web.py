@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 from flask import Flask, Request, Response, request
@@ -13,13 +14,28 @@ from werkzeug.exceptions import HTTPException
 from kepler_bridge import live
 from kepler_bridge.config import Config
 from kepler_bridge.webconfig import PasswordCheck, WebConfigFile
-from kepler_bridge.exposition import RenderCache, baetyl
+from kepler_bridge.exposition import RenderCache, RenderSettings, baetyl
 from kepler_bridge.model import Snapshot
 from kepler_bridge.store import SnapshotStore
 
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 READY_AGE_INTERVALS = 3
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    """What the HTTP layer needs: the node name and interval, the bearer token and the render settings."""
+
+    node_name: str
+    interval: float
+    render: RenderSettings
+    auth_token: bytes = field(repr=False)
+
+    @classmethod
+    def of(cls, config: Config) -> WebSettings:
+        """The web settings within the agent's settings."""
+        return cls(config.node_name, config.interval, RenderSettings.of(config), config.auth_token)
 
 
 def _json(body: bytes, status: int = 200) -> Response:
@@ -47,18 +63,18 @@ def readiness(snapshot: Snapshot | None, now: float) -> tuple[bool, str]:
     return True, "ok"
 
 
-def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] = lambda: True,
-               web: WebConfigFile | None = None, settings: Callable[[], Config] | None = None) -> Flask:
+def create_app(store: SnapshotStore, settings: Callable[[], WebSettings], alive: Callable[[], bool] = lambda: True,
+               web: WebConfigFile | None = None) -> Flask:
     """Build the app serving /metrics, /v1/collect, /healthz, /readyz, / and /api/v1/history; `settings` gives
-    the reloadable settings in force (default: `config` for good)."""
+    the settings in force (they change on reload)."""
     app = Flask("kepler_bridge", static_folder=None)  # no /static route: the page is served filled in, guarded
-    settings = settings or (lambda: config)
-    cache = RenderCache(store, settings, {"history": lambda snap, _: live.history_json(store.history, snap)})
-    token = config.auth_token
+    cache = RenderCache(store, lambda: settings().render,
+                        {"history": lambda snap, _: live.history_json(store.history, snap)})
     passwords = PasswordCheck()
 
     def refused() -> Response | None:
         """None where the request may read guarded data (the bearer token or a basic-auth user), else the answer."""
+        token = settings().auth_token
         users = web.current().users if web is not None else {}
         if not token and not users:
             return None
@@ -104,7 +120,7 @@ def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] =
         if found is None:
             now = settings()
             empty = Snapshot(node=now.node_name, timestamp=0.0, duration_seconds=0.0, interval_seconds=now.interval)
-            return _json(baetyl.render(empty, now.baetyl_memory_unit))
+            return _json(baetyl.render(empty, now.render.memory_unit))
         response = _json(found[1])
         if gzipped:
             response.headers["Content-Encoding"] = "gzip"
@@ -129,7 +145,8 @@ def create_app(store: SnapshotStore, config: Config, alive: Callable[[], bool] =
     def index() -> Response:
         if denied := refused():
             return denied
-        response = Response(live.page(settings(), store.latest()), mimetype="text/html")
+        now = settings()
+        response = Response(live.page(now.node_name, now.interval, store.latest()), mimetype="text/html")
         response.headers["Content-Security-Policy"] = live.CONTENT_SECURITY_POLICY
         response.headers["X-Content-Type-Options"] = "nosniff"
         return response

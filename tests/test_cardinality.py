@@ -8,7 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kepler_bridge import config
-from kepler_bridge.exposition import prometheus
+from kepler_bridge.exposition import RenderSettings, prometheus
 from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, SourceReading
 from kepler_bridge.sampler import Sampler
 from kepler_bridge.store import SnapshotStore
@@ -61,7 +61,7 @@ def sampler(process_metrics: str, monkeypatch: pytest.MonkeyPatch) -> Sampler:
 
 def scrape(many: Sampler) -> dict[str, list]:
     """The /metrics families of the next sample."""
-    text = prometheus.render(many.sample(), many.config.metric_allowed).decode()
+    text = prometheus.render(many.sample(), RenderSettings.of(many.config).metric_allowed).decode()
     return {family.name: family.samples for family in text_string_to_metric_families(text)}
 
 

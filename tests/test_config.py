@@ -10,6 +10,7 @@ import pytest
 
 from agent import KEPLER_BRIDGE
 from kepler_bridge.config import ConfigError, load, parse_duration
+from kepler_bridge.exposition import RenderSettings
 from kubefakes import self_signed
 
 
@@ -62,17 +63,17 @@ def test_node_name_from_kube_node_name_else_hostname() -> None:
 def test_seed_style_metrics_file_is_the_allow_list(tmp_path: Path) -> None:
     file = tmp_path / "metrics.json"
     file.write_text('{"metrics": ["gpu_utilization", "gpu_memory_used", "gpu_temperature"]}')
-    config = load({"config": str(file)}, {})
-    assert config.metric_allowed("gpu_utilization_ratio")
-    assert config.metric_allowed("gpu_memory_used_bytes")
-    assert not config.metric_allowed("gpu_power_watts")
+    allowed = RenderSettings.of(load({"config": str(file)}, {})).metric_allowed
+    assert allowed("gpu_utilization_ratio")
+    assert allowed("gpu_memory_used_bytes")
+    assert not allowed("gpu_power_watts")
 
 
 def test_allow_and_deny_prefixes() -> None:
-    config = load({"metrics_allow": "gpu_", "metrics_deny": "gpu_process"}, {})
-    assert config.metric_allowed("gpu_up")
-    assert not config.metric_allowed("gpu_process_memory_used_bytes")
-    assert not config.metric_allowed("kepler_bridge_build_info")
+    allowed = RenderSettings.of(load({"metrics_allow": "gpu_", "metrics_deny": "gpu_process"}, {})).metric_allowed
+    assert allowed("gpu_up")
+    assert not allowed("gpu_process_memory_used_bytes")
+    assert not allowed("kepler_bridge_build_info")
 
 
 def test_listen_forms() -> None:

@@ -19,7 +19,7 @@ from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.model import (ContainerCpu, CpuZoneEnergy, Energy, GpuProcess, GpuReading, Holder, PodRef,
                                  ProcessCpu, Snapshot, SourceStatus, WorkloadEnergy)
 from kepler_bridge.store import SnapshotStore
-from kepler_bridge.web import create_app
+from kepler_bridge.web import WebSettings, create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
@@ -118,7 +118,8 @@ def test_commands_are_the_subcommands() -> None:
 def test_endpoints_and_who_may_read_them(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    app = create_app(SnapshotStore(), load({"auth_token_file": str(token), "node_name": "n1"}, environ={}))
+    settings = WebSettings.of(load({"auth_token_file": str(token), "node_name": "n1"}, environ={}))
+    app = create_app(SnapshotStore(), lambda: settings)
     table = {quoted(cells[0])[0]: cells[-1] for cells in rows(section("HTTP endpoints"))}
     routes = {rule.rule for rule in app.url_map.iter_rules()}
     assert set(table) == routes

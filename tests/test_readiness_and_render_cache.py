@@ -7,7 +7,7 @@ from pathlib import Path
 
 from agent import Agent
 from kepler_bridge.config import load
-from kepler_bridge.exposition import RenderCache
+from kepler_bridge.exposition import RenderCache, RenderSettings
 from kepler_bridge.model import Snapshot, SourceStatus
 from kepler_bridge.store import SnapshotStore
 
@@ -38,7 +38,7 @@ def test_each_snapshot_is_rendered_once_per_variant_however_many_readers() -> No
         calls.append(snapshot.timestamp)
         return f"{snapshot.timestamp}".encode()
 
-    settings = load({"sources": "simulated"}, environ={})
+    settings = RenderSettings.of(load({"sources": "simulated"}, environ={}))
     cache = RenderCache(store, lambda: settings, {"probe": render})
     assert cache.get("probe") is None
     store.publish(_snapshot(1.0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -9,6 +10,9 @@ from pathlib import Path
 import yaml
 
 from agent import Agent
+from kepler_bridge.config import load
+from kepler_bridge.reload import Derived
+from kepler_bridge.web import WebSettings
 
 COMMAND_DEVICE = {"devices": [{"uuid": "npu-reloaded", "usedMemory": 1, "totalMemory": 4, "percent": 25}]}
 
@@ -90,3 +94,14 @@ def test_a_setting_that_needs_a_restart_is_kept_and_named(tmp_path: Path) -> Non
         agent.wait_for(lambda: agent.get("/v1/collect").json()["test-node"]["deviceNum"] == 3,
                        what="the command source added by the reload")
         assert "except simulate: restart the agent" in agent.output()
+
+
+def test_the_web_settings_are_made_once_per_settings_change() -> None:
+    running = load({"metrics_deny": "gpu_temperature"}, {})
+    made = []
+    settings = Derived(lambda: running, lambda config: made.append(config) or WebSettings.of(config))
+    assert settings() is settings() and made == [running]
+    assert not settings().render.metric_allowed("gpu_temperature_celsius")
+    running = dataclasses.replace(running, metrics_deny=("gpu_power",))  # what a reload does
+    assert settings().render.metric_allowed("gpu_temperature_celsius") and made[1:] == [running]
+    assert not settings().render.metric_allowed("gpu_power_watts") and len(made) == 2

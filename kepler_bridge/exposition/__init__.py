@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import threading
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from kepler_bridge.config import Config
@@ -11,23 +12,44 @@ from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.model import Snapshot
 from kepler_bridge.store import SnapshotStore
 
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """What the renderers need: the allow/deny prefixes of /metrics and the memory unit of /v1/collect."""
+
+    metrics_allow: tuple[str, ...]
+    metrics_deny: tuple[str, ...]
+    memory_unit: str
+
+    @classmethod
+    def of(cls, config: Config) -> RenderSettings:
+        """The render settings within the agent's settings."""
+        return cls(config.metrics_allow, config.metrics_deny, config.baetyl_memory_unit)
+
+    def metric_allowed(self, name: str) -> bool:
+        """Whether a metric name passes the allow/deny prefixes."""
+        if self.metrics_allow and not name.startswith(self.metrics_allow):
+            return False
+        return not (self.metrics_deny and name.startswith(self.metrics_deny))
+
+
 # Variant name -> renderer; "+gzip" variants are the compressed bytes of the plain one.
-_RENDERERS: dict[str, Callable[[Snapshot, Config], bytes]] = {
-    "text": lambda snap, cfg: prometheus.render(snap, cfg.metric_allowed),
-    "openmetrics": lambda snap, cfg: prometheus.render(snap, cfg.metric_allowed, openmetrics=True),
-    "baetyl": lambda snap, cfg: baetyl.render(snap, cfg.baetyl_memory_unit),
+RENDERERS: dict[str, Callable[[Snapshot, RenderSettings], bytes]] = {
+    "text": lambda snap, settings: prometheus.render(snap, settings.metric_allowed),
+    "openmetrics": lambda snap, settings: prometheus.render(snap, settings.metric_allowed, openmetrics=True),
+    "baetyl": lambda snap, settings: baetyl.render(snap, settings.memory_unit),
 }
 
 
 class RenderCache:
     """Bytes of the newest snapshot per variant, made lazily on first request and reused; `extra` adds variants."""
 
-    def __init__(self, store: SnapshotStore, settings: Callable[[], Config],
-                 extra: Mapping[str, Callable[[Snapshot, Config], bytes]] | None = None) -> None:
-        """`settings`: the settings in force now (they change on reload; a render uses those of its moment)."""
+    def __init__(self, store: SnapshotStore, settings: Callable[[], RenderSettings],
+                 extra: Mapping[str, Callable[[Snapshot, RenderSettings], bytes]] | None = None) -> None:
+        """`settings`: the render settings in force now (they change on reload; a render uses those of its moment)."""
         self.store = store
         self.settings = settings
-        self._renderers = {**_RENDERERS, **(extra or {})}
+        self._renderers = {**RENDERERS, **(extra or {})}
         self._lock = threading.Lock()
         # One reference, swapped whole, so a reader never pairs a snapshot with another one's bytes.
         self._entry: tuple[Snapshot | None, dict[str, bytes]] = (None, {})
