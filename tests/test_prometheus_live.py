@@ -25,6 +25,7 @@ from agent import Agent
 from assets import alert_rules, panel_queries, variable_queries
 from cpu_helpers import Burner
 from fakenvml import FakeNvml, default_process
+from fixtures.sysfs import FakeSysfs
 from kubefakes import FakeKube, FakePodResources, list_response, pod, pod_list
 from promserver import Alertmanager, HttpStub, Prometheus, binary, free_port, http_get, wait_until
 
@@ -102,8 +103,11 @@ def stack(fakenvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "--simulate", "2", "--interval", "1s", "--nvml-library", str(fakenvml_lib), "--cpu-tdp-watts", "65",
             "--kube-source", "metaserver", "--metaserver-url", metaserver.url,
             "--pod-resources-socket", str(kubelet_socket), env=healthy_nvml.env()))
-        broken = stop.enter_context(Agent("--sources", "nvml", "--interval", "1s", "--nvml-library",
-                                          str(workdir / "missing" / "libnvidia-ml.so.1"), ready=False))
+        gpu_host = FakeSysfs(workdir / "gpu-host" / "sys")
+        gpu_host.nvidia_pci("0000:17:00.0")  # an NVIDIA GPU is there, so a driver that does not load is down
+        broken = stop.enter_context(Agent("--sources", "nvml", "--interval", "1s", "--sysfs", str(gpu_host.root),
+                                          "--nvml-library", str(workdir / "missing" / "libnvidia-ml.so.1"),
+                                          ready=False))
         hung = stop.enter_context(Agent("--sources", "nvml", "--interval", "1s", "--nvml-library",
                                         str(fakenvml_lib), env=hung_nvml.env()))
         webhook = HttpStub()
