@@ -120,10 +120,7 @@ def test_threads_add_up_to_their_process(ebpf: EbpfSource) -> None:
 
 def test_process_living_30ms_between_two_samples_is_counted(ebpf: EbpfSource) -> None:
     ebpf.read()
-    started = time.monotonic()
-    pid, used = short_lived(0.03)
-    lived = time.monotonic() - started
-    assert lived < 0.5
+    pid, used = short_lived(0.03)  # starts and ends with no read in between: only the exit hook sees it
     row = wait_row(ebpf, pid)
     assert row.cpu_seconds == pytest.approx(used, rel=0.01, abs=0.0005)
     assert row.comm == "python"
