@@ -46,6 +46,14 @@ def _error(status: int, message: str) -> Response:
     return _json(json.dumps({"error": message, "status": status}).encode(), status)
 
 
+def _encoded(response: Response, gzipped: bool, vary: str) -> Response:
+    """Mark a cached rendering's encoding and what it varies by."""
+    if gzipped:
+        response.headers["Content-Encoding"] = "gzip"
+    response.headers["Vary"] = vary
+    return response
+
+
 def _wants_gzip(req: Request) -> bool:
     return "gzip" in req.headers.get("Accept-Encoding", "")
 
@@ -108,10 +116,7 @@ def create_app(store: SnapshotStore, settings: Callable[[], WebSettings], alive:
         if found is None:
             return _error(503, "no sample has completed yet; retry in one interval")
         response = Response(found[1], mimetype=None, content_type=OPENMETRICS_TYPE if openmetrics else TEXT_TYPE)
-        if gzipped:
-            response.headers["Content-Encoding"] = "gzip"
-        response.headers["Vary"] = "Accept, Accept-Encoding"
-        return response
+        return _encoded(response, gzipped, "Accept, Accept-Encoding")
 
     @route("/v1/collect")
     def collect() -> Response:
@@ -121,11 +126,7 @@ def create_app(store: SnapshotStore, settings: Callable[[], WebSettings], alive:
             now = settings()
             empty = Snapshot(node=now.node_name, timestamp=0.0, duration_seconds=0.0, interval_seconds=now.interval)
             return _json(baetyl.render(empty, now.render.memory_unit))
-        response = _json(found[1])
-        if gzipped:
-            response.headers["Content-Encoding"] = "gzip"
-        response.headers["Vary"] = "Accept-Encoding"
-        return response
+        return _encoded(_json(found[1]), gzipped, "Accept-Encoding")
 
     @route("/healthz")
     def healthz() -> Response:
@@ -159,10 +160,7 @@ def create_app(store: SnapshotStore, settings: Callable[[], WebSettings], alive:
         found = cache.get("history+gzip" if gzipped else "history")
         if found is None:
             return _error(503, "no sample has completed yet; retry in one interval")
-        response = _json(found[1])
-        if gzipped:
-            response.headers["Content-Encoding"] = "gzip"
-        response.headers["Vary"] = "Accept-Encoding"
+        response = _encoded(_json(found[1]), gzipped, "Accept-Encoding")
         response.headers["X-Content-Type-Options"] = "nosniff"
         return response
 
