@@ -126,12 +126,12 @@ class Sampler:
         self._attribution = Attribution(**_attribution_settings(config))
         self._state_dir = state_dir
         self._save_failed = False
-        if state_dir:
-            self._take_over(carry.load(state_dir))
-        self.kube = KubeMetadata(config)
         self._flags = flags
         self._config_file = ConfigFileWatch(config.config_file)
         self._reload = threading.Event()
+        if state_dir:
+            self._take_over(carry.load(state_dir))
+        self.kube = KubeMetadata(config)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -189,6 +189,11 @@ class Sampler:
             self._counters, self._devices, self._attribution = carried.counters, carried.devices, carried.attribution
             for slot in self.slots:
                 slot.errors_total += carried.source_errors.get(slot.name, 0)
+            # The state came with the settings of the worker that saved it; these are the ones in force.
+            self._counters.set_process_limit(self.config.process_metrics)
+            self._attribution.configure(**_attribution_settings(self.config))
+            # That worker may have reloaded settings since start-up: read them as they are now.
+            self._reload.set()
 
     def _save(self) -> None:
         if not self._state_dir:

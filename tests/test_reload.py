@@ -105,3 +105,18 @@ def test_the_web_settings_are_made_once_per_settings_change() -> None:
     running = dataclasses.replace(running, metrics_deny=("gpu_power",))  # what a reload does
     assert settings().render.metric_allowed("gpu_temperature_celsius") and made[1:] == [running]
     assert not settings().render.metric_allowed("gpu_power_watts") and len(made) == 2
+
+
+def test_a_worker_that_replaces_a_crashed_one_keeps_the_reloaded_settings(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    _write(path, _settings(metrics_deny=["gpu_temperature"]))
+    with Agent("--config", str(path)) as agent:
+        _write(path, _settings(metrics_deny=["gpu_power"]))
+        agent.wait_for(lambda: "gpu_power_watts" not in _names(agent), what="the new deny list applied")
+        (crashed,) = agent.worker_pids()
+        os.kill(crashed, signal.SIGKILL)
+        agent.wait_for(lambda: agent.worker_pids() not in ([], [crashed]), timeout=30, what="a new worker")
+        agent.wait_for(lambda: agent.get("/readyz").status_code == 200, what="the new worker ready")
+        names = _names(agent)
+        assert "gpu_power_watts" not in names and "gpu_temperature_celsius" in names, \
+            "the new worker went back to the start-up settings"
