@@ -80,7 +80,12 @@ class CgroupIdIndex:
         return self._ids.get(cgroup_id, "")
 
     def _scan(self) -> None:
+        # Every cgroup is indexed, host ones as '': an id left out would be unknown and bring the walk back.
         ids: dict[int, str] = {}
+        try:
+            ids[os.stat(self.root).st_ino] = ""
+        except OSError:
+            pass
         pending = [(self.root, "")]
         while pending:
             directory, inherited = pending.pop()
@@ -92,8 +97,7 @@ class CgroupIdIndex:
                 if not entry.is_dir(follow_symlinks=False):
                     continue
                 found = container_id_from_path(entry.name) or inherited
-                if found:
-                    ids[entry.inode()] = found
+                ids[entry.inode()] = found
                 pending.append((entry.path, found))
         self._ids = ids
 

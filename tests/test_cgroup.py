@@ -109,6 +109,20 @@ def test_cgroup_id_index_maps_directory_inodes(tmp_path: Path) -> None:
     assert index.container_id(os.stat(later).st_ino, now=10) == "c" * 64
 
 
+def test_host_cgroups_are_indexed_so_they_do_not_bring_the_walk_back(tmp_path: Path) -> None:
+    unified = tmp_path / "fs" / "cgroup"
+    host = unified / "system.slice" / "cron.service"
+    host.mkdir(parents=True)
+    (unified / "cgroup.controllers").write_text("cpu memory\n")
+    index = CgroupIdIndex(str(tmp_path), min_rescan=10)
+    assert index.container_id(os.stat(host).st_ino, now=0) == ""
+    assert index.container_id(os.stat(unified).st_ino, now=20) == ""  # known (the root): no new walk at 20
+    later = unified / f"docker-{'d' * 64}.scope"
+    later.mkdir()
+    # Had the host lookups walked again at 20, the next walk would wait until 30.
+    assert index.container_id(os.stat(later).st_ino, now=25) == "d" * 64
+
+
 def test_cgroup_id_index_without_cgroup2(tmp_path: Path) -> None:
     assert CgroupIdIndex(str(tmp_path)).container_id(12345, now=0) == ""
 
