@@ -12,11 +12,9 @@ import numbers
 from typing import Any, Callable
 
 from kepler_bridge.model import NO_POD, CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, SourceReading
+from kepler_bridge.sources.ranges import MAX_EXACT
 
 MAX_DEVICES = 256  # per source; more is refused: each device costs dozens of series and a /v1/collect entry
-# Above any physical reading. Below it whole numbers stay exact as floats, 256 devices' memory sums below Go's
-# uint64 limit, and the energy arithmetic downstream (rates over short intervals) stays finite.
-LIMIT = 2**53
 
 
 def reading(value: Any) -> SourceReading:
@@ -38,7 +36,7 @@ def real(value: Any) -> float | None:
             value = float(value)
         except OverflowError:
             return None
-    return value if 0 <= value < LIMIT else None
+    return value if 0 <= value < MAX_EXACT else None
 
 
 def whole(value: Any) -> int | None:
@@ -50,7 +48,7 @@ def whole(value: Any) -> int | None:
             number = real(value)
             return None if number is None else int(number)
         value = int(value)
-    return value if 0 <= value < LIMIT else None
+    return value if 0 <= value < MAX_EXACT else None
 
 
 def text(value: Any) -> str:

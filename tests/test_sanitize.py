@@ -21,7 +21,8 @@ from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading
 from kepler_bridge.sampler import Sampler, _Slot
 from kepler_bridge.store import SnapshotStore
-from kepler_bridge.sanitize import LIMIT, MAX_DEVICES
+from kepler_bridge.sanitize import MAX_DEVICES
+from kepler_bridge.sources.ranges import MAX_EXACT
 from kepler_bridge.sources.base import Source
 from kepler_bridge.sources.command import NUMBERS
 
@@ -98,7 +99,7 @@ def assert_exportable(collect: bytes, metrics: str) -> None:
 def expected(raw: Any, whole: bool) -> float | int | None:
     """The rule: a usable number as it is (bytes and counts rounded down), anything else not reported."""
     usable = (isinstance(raw, (int, float)) and not isinstance(raw, bool) and not math.isnan(raw)
-              and 0 <= raw < LIMIT)
+              and 0 <= raw < MAX_EXACT)
     return (math.floor(raw) if whole else raw) if usable else None
 
 

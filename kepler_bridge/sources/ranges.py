@@ -5,7 +5,10 @@ from __future__ import annotations
 MAX_WATTS = 5_000.0
 MAX_CELSIUS = 150.0
 MAX_HERTZ = 10e9
-MAX_BYTES = 2**53  # beyond any device memory; also above every 32/64-bit "not available" sentinel we see
+# Above any physical reading, and every 32/64-bit "not available" sentinel we see; below it whole numbers stay
+# exact as floats, 256 devices' memory sums below Go's uint64 limit, and energy arithmetic stays finite.
+MAX_EXACT = 2**53
+MAX_BYTES = MAX_EXACT
 MAX_BYTES_PER_SECOND = 1e12
 
 
@@ -55,5 +58,5 @@ def ratio(value: float | None) -> float | None:
 
 
 def joules(value: float | None) -> float | None:
-    """Energy counters from 0 to 2**53 J; beyond that is a sentinel, not energy."""
-    return bounded(value, 0, 2**53)
+    """Energy counters below 2**53 J; beyond that is a sentinel, not energy."""
+    return None if value is None or not 0 <= value < MAX_EXACT else value
