@@ -22,10 +22,6 @@ OBJ_GET_INFO_BY_FD = 15
 MAP_LOOKUP_AND_DELETE_BATCH = 25
 ITER_CREATE = 33
 
-MAP_TYPE_PERCPU_HASH = 5
-MAP_TYPE_PERCPU_ARRAY = 6
-MAP_TYPE_LRU_PERCPU_HASH = 10
-_PERCPU_TYPES = (MAP_TYPE_PERCPU_HASH, MAP_TYPE_PERCPU_ARRAY, MAP_TYPE_LRU_PERCPU_HASH)
 # Unknown command (old kernel) or a map type without batch support (524 is the kernel's ENOTSUPP).
 _BATCH_UNSUPPORTED = (errno.EINVAL, errno.EOPNOTSUPP, 524)
 
@@ -125,20 +121,10 @@ def read_iterator(link_fd: int, chunk: int = 1 << 17) -> bytes:
         os.close(fd)
 
 
-def possible_cpus(sysfs: str = "/sys") -> int:
-    """Number of possible CPUs: the stride of per-CPU map values."""
-    with open(f"{sysfs}/devices/system/cpu/possible", encoding="ascii") as file:
-        text = file.read().strip()
-    highest = 0
-    for part in text.split(","):
-        highest = max(highest, int(part.rpartition("-")[2]))
-    return highest + 1
-
-
 class BpfMap:
-    """A map held by file descriptor; per-CPU values come back as one bytes slice per CPU."""
+    """A map held by file descriptor (the program's maps are plain hash and array maps, not per-CPU ones)."""
 
-    def __init__(self, fd: int, ncpus: int) -> None:
+    def __init__(self, fd: int) -> None:
         info = _MapInfo()
         _bpf(OBJ_GET_INFO_BY_FD, _InfoAttr(fd, ctypes.sizeof(info), ctypes.addressof(info)))
         self.fd = fd
@@ -147,26 +133,20 @@ class BpfMap:
         self.key_size = info.key_size
         self.value_size = info.value_size
         self.max_entries = info.max_entries
-        self.percpu = info.type in _PERCPU_TYPES
-        self.stride = (info.value_size + 7) // 8 * 8 if self.percpu else info.value_size
-        self.ncpus = ncpus if self.percpu else 1
         self._batch_supported = True
 
-    def _split(self, raw: bytes) -> tuple[bytes, ...]:
-        return tuple(raw[cpu * self.stride: cpu * self.stride + self.value_size] for cpu in range(self.ncpus))
-
-    def lookup(self, key: bytes) -> tuple[bytes, ...] | None:
-        """The value under key (one slice per CPU for per-CPU maps), or None when absent."""
+    def lookup(self, key: bytes) -> bytes | None:
+        """The value under key, or None when absent."""
         key_buf = ctypes.create_string_buffer(key, self.key_size)
-        value_buf = ctypes.create_string_buffer(self.stride * self.ncpus)
+        value_buf = ctypes.create_string_buffer(self.value_size)
         try:
             _bpf(MAP_LOOKUP_ELEM, _ElemAttr(self.fd, 0, _address(key_buf), _address(value_buf), 0))
         except FileNotFoundError:
             return None
-        return self._split(value_buf.raw)
+        return value_buf.raw
 
-    def drain(self, chunk: int = 1024) -> Iterator[tuple[bytes, tuple[bytes, ...]]]:
-        """Take every entry out of a hash map: yields (key, per-CPU values) and deletes it.
+    def drain(self, chunk: int = 1024) -> Iterator[tuple[bytes, bytes]]:
+        """Take every entry out of a hash map: yields (key, value) and deletes it.
 
         Uses BPF_MAP_LOOKUP_AND_DELETE_BATCH (kernel 5.6+), which copies and
         deletes each bucket atomically, so no increment is lost; older kernels
@@ -182,9 +162,9 @@ class BpfMap:
                 self._batch_supported = False
         yield from self._drain_each()
 
-    def _drain_batch(self, chunk: int) -> Iterator[tuple[bytes, tuple[bytes, ...]]]:
+    def _drain_batch(self, chunk: int) -> Iterator[tuple[bytes, bytes]]:
         keys = ctypes.create_string_buffer(self.key_size * chunk)
-        values = ctypes.create_string_buffer(self.stride * self.ncpus * chunk)
+        values = ctypes.create_string_buffer(self.value_size * chunk)
         token_in = ctypes.create_string_buffer(8)
         token_out = ctypes.create_string_buffer(8)
         first = True
@@ -196,16 +176,16 @@ class BpfMap:
                 _bpf(MAP_LOOKUP_AND_DELETE_BATCH, attr)
             except FileNotFoundError:
                 done = True
-            size = self.stride * self.ncpus
+            size = self.value_size
             for index in range(attr.count):
-                key = keys.raw[index * self.key_size:(index + 1) * self.key_size]
-                yield key, self._split(values.raw[index * size:(index + 1) * size])
+                yield (keys.raw[index * self.key_size:(index + 1) * self.key_size],
+                       values.raw[index * size:(index + 1) * size])
             if done:
                 return
             ctypes.memmove(token_in, token_out, 8)
             first = False
 
-    def _drain_each(self) -> Iterator[tuple[bytes, tuple[bytes, ...]]]:
+    def _drain_each(self) -> Iterator[tuple[bytes, bytes]]:
         for key in list(self.keys()):
             value = self.lookup(key)
             self.delete(key)

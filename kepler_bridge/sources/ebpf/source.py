@@ -29,7 +29,7 @@ from kepler_bridge.model import SourceReading
 from kepler_bridge.process_table import ProcessTable, TrackedProcess
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
 from kepler_bridge.sources.ebpf import kernel_headers
-from kepler_bridge.sources.ebpf.bpf_syscall import BpfMap, possible_cpus, read_iterator
+from kepler_bridge.sources.ebpf.bpf_syscall import BpfMap, read_iterator
 from kepler_bridge.sources.ebpf.btf import BTF_PATH
 
 log = logging.getLogger(__name__)
@@ -79,8 +79,8 @@ class LoadedProgram:
         self.fds.clear()
 
 
-def load_program(map_entries: int, headers: kernel_headers.HeaderTree, sysfs: str = "/sys",
-                 btf: str | None = None, timeout: float = LOAD_TIMEOUT) -> LoadedProgram:
+def load_program(map_entries: int, headers: kernel_headers.HeaderTree, btf: str | None = None,
+                 timeout: float = LOAD_TIMEOUT) -> LoadedProgram:
     """Run the loader child and take over its descriptors; SourceUnavailable says why it failed.
 
     btf: the BTF file member offsets are read from (default: the running kernel's).
@@ -108,10 +108,9 @@ def load_program(map_entries: int, headers: kernel_headers.HeaderTree, sysfs: st
     if "error" in reply:
         raise SourceUnavailable(reply["error"] + (f"; bcc said: {diagnostics}" if diagnostics else "") +
                                 f" (kernel headers from {headers.origin})")
-    ncpus = possible_cpus(sysfs)
     return LoadedProgram({name: fds[i] for name, i in reply["programs"].items()},
                          {name: fds[i] for name, i in reply["attached"].items()},
-                         {name: BpfMap(fds[i], ncpus) for name, i in reply["maps"].items()},
+                         {name: BpfMap(fds[i]) for name, i in reply["maps"].items()},
                          reply["offsets"], list(fds))
 
 
@@ -179,7 +178,7 @@ class EbpfSource(Source):
                 self.headers = kernel_headers.find(procfs=procfs)
             except kernel_headers.HeadersMissing as err:
                 raise SourceUnavailable(str(err)) from None
-            self.loaded = load_program(self.config.ebpf_map_entries, self.headers, self.config.sysfs)
+            self.loaded = load_program(self.config.ebpf_map_entries, self.headers)
         except SourceUnavailable as err:
             raise SourceUnavailable(f"{err}{FALLBACK}") from None
 
@@ -194,9 +193,9 @@ class EbpfSource(Source):
         started = time.perf_counter()
         now = time.monotonic()
         # Ended groups first: a pid they free may already belong to a process the iterator sees.
-        for key, values in self.loaded.maps["exits"].drain():
+        for key, value in self.loaded.maps["exits"].drain():
             tgid, _, start = _EXIT_KEY.unpack(key)
-            self._ended(tgid, start, *_EXIT.unpack(values[0]), now)
+            self._ended(tgid, start, *_EXIT.unpack(value), now)
         data = read_iterator(self.loaded.attached["task_iterator"])
         totals, leaders, torn = group_records(data)
         for tgid, (start, cgroup_id, comm) in leaders.items():
@@ -235,7 +234,7 @@ class EbpfSource(Source):
 
     def _check_lost(self) -> None:
         raw = self.loaded.maps["exits_lost"].lookup(_ZERO) if self.loaded else None
-        lost = _U64.unpack(raw[0])[0] if raw else 0
+        lost = _U64.unpack(raw)[0] if raw else 0
         if lost > self.exits_lost:
             log.warning("%d thread groups ended uncounted since the last sample: the exits map "
                         "(--ebpf-map-entries %d) filled up within one interval; raise it",
