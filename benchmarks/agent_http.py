@@ -12,7 +12,6 @@ import http.client
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile

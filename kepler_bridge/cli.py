@@ -9,6 +9,7 @@ from typing import NoReturn, Sequence
 
 from kepler_bridge import __version__
 from kepler_bridge.config import Config, ConfigError, add_arguments, load, one_line
+from kepler_bridge.http import preflight
 from kepler_bridge.sources import available, selected_groups
 
 EXIT_BAD_SETTING = 2
@@ -51,12 +52,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load(vars(args))
         _validate_sources(config)
+        preflight.check(config)
     except ConfigError as err:
         print(f"kepler-bridge: {err}", file=sys.stderr)
         return EXIT_BAD_SETTING
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.subcommand == "serve":
-        from kepler_bridge.server import serve
+        from kepler_bridge.http.server import serve
 
         return serve(config, vars(args))
     if args.subcommand == "collect":
@@ -66,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _collect(config: Config, form: str) -> int:
     from kepler_bridge.exposition import RENDERERS, RenderSettings
-    from kepler_bridge.sampler import Sampler
+    from kepler_bridge.sampling.sampler import Sampler
     from kepler_bridge.store import SnapshotStore
 
     sampler = Sampler(config, SnapshotStore())
@@ -80,7 +82,7 @@ def _collect(config: Config, form: str) -> int:
 
 
 def _doctor(config: Config) -> int:
-    from kepler_bridge.sampler import check_source
+    from kepler_bridge.sampling.sampler import check_source
 
     groups = selected_groups(config)
     names = [name for group in groups for name in group]

@@ -16,9 +16,6 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from kepler_bridge.tls import TLSError, server_context
-from kepler_bridge.webconfig import WebConfigError
-from kepler_bridge.webconfig import read as read_web_config
 
 # A value in an error line: nested lists and long strings are cut, so the line stays short.
 _SHORT = reprlib.Repr()
@@ -358,6 +355,8 @@ class Config:
     kube_insecure_skip_tls_verify: bool
     pod_resources_socket: str
     config_file: str
+    # Where each setting's value came from (a flag, a variable, the file or "default"), for error lines.
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def listen_text(self) -> str:
@@ -495,27 +494,9 @@ def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) 
     if bool(values["tls_cert"]) != bool(values["tls_key"]):
         raise ConfigError("tls_key" if values["tls_cert"] else "tls_cert", "",
                           "--tls-cert and --tls-key must be given together")
-    if values["tls_cert"]:
-        try:
-            server_context(str(values["tls_cert"]), str(values["tls_key"]))
-        except TLSError as err:
-            key = f"tls_{err.part}"
-            raise ConfigError(key, values[key], str(err), origins[key]) from None
-    if values["web_config_file"]:
-        _check_web_config(str(values["web_config_file"]), bool(values["tls_cert"]), origins["web_config_file"])
     token_file = str(values["auth_token_file"])
     token = _read_token(token_file, origins["auth_token_file"]) if token_file else b""
-    return Config(config_file=str(config_file), auth_token=token, **values)
-
-
-def _check_web_config(path: str, tls_flags: bool, origin: str) -> None:
-    try:
-        web = read_web_config(path)
-    except WebConfigError as err:
-        raise ConfigError("web_config_file", path, str(err), origin) from None
-    if web.tls is not None and tls_flags:
-        raise ConfigError("web_config_file", path, "it sets tls_server_config and --tls-cert/--tls-key are given "
-                                                   "too; keep one of the two", origin)
+    return Config(config_file=str(config_file), auth_token=token, origins=origins, **values)
 
 
 def _pick(setting: Setting, flags: Mapping[str, object], environ: Mapping[str, str],

@@ -7,7 +7,15 @@ from every output.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
+from typing import Hashable, Mapping, TypeVar
+
+# Above any physical reading, and every 32/64-bit "not available" sentinel we see; below it whole numbers stay
+# exact as floats, 256 devices' memory sums below Go's uint64 limit, and energy arithmetic stays finite.
+MAX_EXACT = 2**53
+MAX_DEVICES = 256  # per source; more is refused: each device costs dozens of series and a /v1/collect entry
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -213,3 +221,10 @@ class Snapshot:
     containers: tuple[ContainerCpu, ...] = ()
     ebpf_programs_attached: int | None = None
     energy: Energy = Energy()
+
+
+def top(values: Mapping[K, float], limit: int | None) -> list[K]:
+    """The keys of the `limit` highest values, highest first; every key when limit is None."""
+    if limit is None:
+        return sorted(values, key=lambda key: -values[key])
+    return heapq.nsmallest(limit, values, key=lambda key: -values[key])

@@ -70,7 +70,7 @@ def reread(current: Config, flags: Mapping[str, object], environ: Mapping[str, s
         log.error("settings not reloaded, the running ones stay: %s", err)
         return None
     kept = [field.name for field in dataclasses.fields(Config)
-            if field.name not in RELOADABLE and getattr(new, field.name) != getattr(current, field.name)]
+            if field.compare and field.name not in RELOADABLE and getattr(new, field.name) != getattr(current, field.name)]
     if kept:
         log.warning("settings reloaded, except %s: restart the agent to apply a change of %s",
                     ", ".join(kept), "it" if len(kept) == 1 else "them")

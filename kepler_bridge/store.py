@@ -2,8 +2,51 @@
 
 from __future__ import annotations
 
-from kepler_bridge.live import History
-from kepler_bridge.model import Snapshot
+import math
+from array import array
+from typing import NamedTuple
+
+from kepler_bridge.model import GpuReading, Snapshot
+
+MAX_SAMPLES = 300
+MAX_SECONDS = 300.0
+# What the live page charts per device; a sample keeps these and nothing else.
+FIELDS = ("utilization", "memory_used_bytes", "temperature_celsius", "power_watts")
+
+
+class _Sample(NamedTuple):
+    """One snapshot summarised: FIELDS per device in `uuids` order, rounded, NaN where a device reported nothing."""
+
+    timestamp: float
+    uuids: tuple[str, ...]  # the previous sample's tuple when the devices did not change, so it is shared
+    values: array
+
+
+class History:
+    """The newest samples, at most MAX_SAMPLES and MAX_SECONDS; one writer, readers never lock."""
+
+    def __init__(self) -> None:
+        self._samples: tuple[_Sample, ...] = ()
+
+    def add(self, snapshot: Snapshot) -> None:
+        """Append the snapshot's summary and drop what falls out of the window."""
+        samples = self._samples
+        uuids = tuple([gpu.uuid for gpu in snapshot.gpus])
+        if samples and samples[-1].uuids == uuids:
+            uuids = samples[-1].uuids
+        values = array("d", [_value(gpu, name) for gpu in snapshot.gpus for name in FIELDS])
+        oldest = snapshot.timestamp - MAX_SECONDS
+        kept = tuple(s for s in samples[-(MAX_SAMPLES - 1):] if s.timestamp > oldest)
+        self._samples = (*kept, _Sample(snapshot.timestamp, uuids, values))
+
+    def samples(self) -> tuple[_Sample, ...]:
+        """The samples held now, oldest first."""
+        return self._samples
+
+
+def _value(gpu: GpuReading, name: str) -> float:
+    value = getattr(gpu, name) if gpu.up else None
+    return math.nan if value is None else round(float(value), 3)
 
 
 class SnapshotStore:

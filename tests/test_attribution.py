@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kepler_bridge.attribution import Attribution, Inputs, gpu_shares
-from kepler_bridge.counters import CounterGuard
+from kepler_bridge.sampling.attribution import Attribution, Inputs, gpu_shares
+from kepler_bridge.sampling.counters import CounterGuard
 from kepler_bridge.model import NO_POD, CpuTimes, Energy, GpuProcess, GpuReading, Holder, PodRef, ProcessCpu, RaplZone
 
 REAL_MAX_UJ = 262143328850

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kepler_bridge import config
 from kepler_bridge.exposition import RenderSettings, prometheus
 from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, SourceReading
-from kepler_bridge.sampler import Sampler
+from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.store import SnapshotStore
 from kepler_bridge.sources import REGISTRY
 from kepler_bridge.sources.base import Source

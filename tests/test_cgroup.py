@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kepler_bridge.cgroup import CgroupIdIndex, container_id, container_id_from_path, read_container_id
+from kepler_bridge.sources.cgroup import CgroupIdIndex, container_id, container_id_from_path, read_container_id
 
 ID = "3f0a8e6b1c2d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7"
 POD = "0b6c3a1e-8f7d-4e2a-9c5b-1d2e3f4a5b6c"

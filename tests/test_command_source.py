@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from agent import KEPLER_BRIDGE, Agent
-from kepler_bridge.cgroup import cgroup2_root
+from kepler_bridge.sources.cgroup import cgroup2_root
 from kepler_bridge.config import ConfigError, load
-from kepler_bridge.sanitize import MAX_DEVICES
+from kepler_bridge.model import MAX_DEVICES
 from kepler_bridge.sources.command import OutputError, parse
 from kepler_bridge.sources.containment import CGROUP_PREFIX
 from kepler_bridge.sources.runner import CommandFailed, run

@@ -7,7 +7,7 @@ import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kepler_bridge.counters import CounterGuard
+from kepler_bridge.sampling.counters import CounterGuard
 from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.model import ContainerCpu, GpuProcess, GpuReading, Holder, PodRef, ProcessCpu, Snapshot, SourceStatus
 

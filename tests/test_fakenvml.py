@@ -14,7 +14,6 @@ import select
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator

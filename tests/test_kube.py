@@ -19,7 +19,7 @@ from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.kube.pods import STATUS_LISTS, containers_of
 from kepler_bridge.kube.view import Assignment, KubeView, device_key, device_owners
 from kepler_bridge.model import GpuProcess, GpuReading, PodRef
-from kepler_bridge.sampler import join_owners
+from kepler_bridge.sampling.sampler import join_owners
 from kubefakes import FakeKube, pod, pod_list, self_signed
 from powercap import PowercapTree
 

@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent import Agent
 from browser import Browser
-from kepler_bridge.live import MAX_SAMPLES, MAX_SECONDS, History, history_json
+from kepler_bridge.exposition.history import render as history_json
+from kepler_bridge.store import MAX_SAMPLES, MAX_SECONDS, History
 from kepler_bridge.model import GpuReading, Snapshot
 
 CHART_PATHS = "[...document.querySelectorAll('#devices svg path')].map((p) => p.getAttribute('d'))"

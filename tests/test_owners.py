@@ -10,7 +10,7 @@ from kepler_bridge import config
 from kepler_bridge.exposition import prometheus
 from kepler_bridge.kube.view import Assignment, KubeView, device_owners
 from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, PodRef, ProcessCpu, RaplZone, SourceReading
-from kepler_bridge.sampler import Sampler, _Slot
+from kepler_bridge.sampling.sampler import Sampler, _Slot
 from kepler_bridge.sources.base import Source
 from kepler_bridge.store import SnapshotStore
 

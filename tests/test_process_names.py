@@ -14,7 +14,7 @@ from agent import Agent
 from fakenvml import FakeNvml
 from kepler_bridge import config
 from kepler_bridge.exposition import prometheus
-from kepler_bridge.sampler import Sampler
+from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.store import SnapshotStore
 
 NON_UTF8 = b"\xff\xfegpu\x80job"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kepler_bridge.model import ProcessCpu
-from kepler_bridge.process_table import ProcessTable
+from kepler_bridge.sources.process_table import ProcessTable
 
 
 class Clock:

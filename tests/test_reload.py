@@ -12,7 +12,7 @@ import yaml
 from agent import Agent
 from kepler_bridge.config import load
 from kepler_bridge.reload import Derived
-from kepler_bridge.web import WebSettings
+from kepler_bridge.http.app import WebSettings
 
 COMMAND_DEVICE = {"devices": [{"uuid": "npu-reloaded", "usedMemory": 1, "totalMemory": 4, "percent": 25}]}
 

@@ -7,11 +7,9 @@ import json
 import math
 import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -19,10 +17,10 @@ from agent import Agent
 from kepler_bridge import config
 from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading
-from kepler_bridge.sampler import Sampler, _Slot
+from kepler_bridge.sampling.sampler import Sampler, _Slot
 from kepler_bridge.store import SnapshotStore
-from kepler_bridge.sanitize import MAX_DEVICES
-from kepler_bridge.sources.ranges import MAX_EXACT
+from kepler_bridge.model import MAX_DEVICES
+from kepler_bridge.model import MAX_EXACT
 from kepler_bridge.sources.base import Source
 from kepler_bridge.sources.command import NUMBERS
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kepler_bridge.tls import TLSError, server_context
+from kepler_bridge.http.tls import TLSError, server_context
 from kubefakes import self_signed
 
 

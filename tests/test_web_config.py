@@ -15,7 +15,7 @@ import yaml
 
 from agent import KEPLER_BRIDGE, Agent
 from pki import Authority
-from kepler_bridge.webconfig import PasswordCheck, WebConfigError, read
+from kepler_bridge.http.webconfig import PasswordCheck, WebConfigError, read
 
 PASSWORD = "s3cret pass"
 

@@ -13,7 +13,7 @@ from prometheus_client.samples import Sample
 
 from kepler_bridge import __version__
 from kepler_bridge.model import SOURCE_STATES, GpuProcess, PodRef, Snapshot, WorkloadEnergy
-from kepler_bridge.top import top
+from kepler_bridge.model import top
 
 GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
 POD_LABELS = ("namespace", "pod", "container")

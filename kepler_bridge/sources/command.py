@@ -13,7 +13,7 @@ import shutil
 from typing import Any, Callable
 
 from kepler_bridge.model import GpuReading, SourceReading
-from kepler_bridge.sanitize import MAX_DEVICES
+from kepler_bridge.model import MAX_DEVICES
 from kepler_bridge.sources import ranges, runner
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
 

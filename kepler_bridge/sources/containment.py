@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from kepler_bridge.cgroup import cgroup2_root
+from kepler_bridge.sources.cgroup import cgroup2_root
 
 log = logging.getLogger(__name__)
 

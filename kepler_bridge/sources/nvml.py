@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import pynvml
 
-from kepler_bridge.cgroup import read_container_id
+from kepler_bridge.sources.cgroup import read_container_id
 from kepler_bridge.model import GpuProcess, GpuReading, SourceReading
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading, retry_delay

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from kepler_bridge.cgroup import read_container_id
+from kepler_bridge.sources.cgroup import read_container_id
 from kepler_bridge.config import Config
 from kepler_bridge.model import CpuTimes, SourceReading
-from kepler_bridge.process_table import ProcessTable
+from kepler_bridge.sources.process_table import ProcessTable
 from kepler_bridge.sources.base import Source, SourceAbsent
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

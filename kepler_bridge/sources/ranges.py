@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from kepler_bridge.model import MAX_EXACT
+
 MAX_WATTS = 5_000.0
 MAX_CELSIUS = 150.0
 MAX_HERTZ = 10e9
-# Above any physical reading, and every 32/64-bit "not available" sentinel we see; below it whole numbers stay
-# exact as floats, 256 devices' memory sums below Go's uint64 limit, and energy arithmetic stays finite.
-MAX_EXACT = 2**53
 MAX_BYTES = MAX_EXACT
 MAX_BYTES_PER_SECOND = 1e12
 

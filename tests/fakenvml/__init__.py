@@ -34,7 +34,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 __all__ = [
     "build",

@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kepler_bridge.cgroup import CgroupIdIndex, read_container_id
+from kepler_bridge.sources.cgroup import CgroupIdIndex, read_container_id
 from kepler_bridge.config import Config
 from kepler_bridge.model import SourceReading
-from kepler_bridge.process_table import ProcessTable, TrackedProcess
+from kepler_bridge.sources.process_table import ProcessTable, TrackedProcess
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
 from kepler_bridge.sources.ebpf import kernel_headers
 from kepler_bridge.sources.ebpf.bpf_syscall import BpfMap, read_iterator

@@ -27,8 +27,8 @@ from gunicorn.http import RequestParser, wsgi
 from gunicorn.http.errors import NoMoreData
 from gunicorn.workers.base import Worker
 
-from kepler_bridge.tls import server_context
-from kepler_bridge.webconfig import WebConfigFile, peer_allowed
+from kepler_bridge.http.tls import server_context
+from kepler_bridge.http.webconfig import WebConfigFile, peer_allowed
 
 # A head larger than this is refused with 431 (gunicorn's own line and field limits apply below it).
 MAX_HEAD_BYTES = 64 * 1024

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import heapq
 from typing import Generic, Hashable, Mapping, TypeVar
 
+from kepler_bridge.model import top
+
 K = TypeVar("K", bound=Hashable)
-
-
-def top(values: Mapping[K, float], limit: int | None) -> list[K]:
-    """The keys of the `limit` highest values, highest first; every key when limit is None."""
-    if limit is None:
-        return sorted(values, key=lambda key: -values[key])
-    return heapq.nsmallest(limit, values, key=lambda key: -values[key])
 
 
 class TopCounter(Generic[K]):

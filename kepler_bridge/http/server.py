@@ -13,9 +13,9 @@ from typing import Mapping
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
-from kepler_bridge import carry
+from kepler_bridge.sampling import carry
 from kepler_bridge.config import Config
-from kepler_bridge.webconfig import WebConfigFile
+from kepler_bridge.http.webconfig import WebConfigFile
 
 THREADS = 4
 # mallopt(3) parameter numbers (glibc malloc.h).
@@ -65,7 +65,7 @@ class AgentApplication(BaseApplication):
         settings = {
             "bind": [f"fd://{self.sock.fileno()}"],
             "workers": 1,
-            "worker_class": "kepler_bridge.http_worker.EventLoopWorker",
+            "worker_class": "kepler_bridge.http.worker.EventLoopWorker",
             "threads": THREADS,
             "timeout": 60,
             "graceful_timeout": GRACEFUL_SECONDS,
@@ -82,9 +82,9 @@ class AgentApplication(BaseApplication):
 
     def load(self):
         from kepler_bridge.reload import Derived
-        from kepler_bridge.sampler import Sampler
+        from kepler_bridge.sampling.sampler import Sampler
         from kepler_bridge.store import SnapshotStore
-        from kepler_bridge.web import WebSettings, create_app
+        from kepler_bridge.http.app import WebSettings, create_app
 
         store = SnapshotStore()
         sampler = self.sampler = Sampler(self.config, store, state_dir=self.state_dir, flags=self.flags)

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Iterable, Mapping
 
 from kepler_bridge.model import GpuReading, ProcessCpu
-from kepler_bridge.top import TopCounter
+from kepler_bridge.sampling.top import TopCounter
 
 # A process as its series names it: pid, comm, container id.
 ProcessKey = tuple[int, str, str]

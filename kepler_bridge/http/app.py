@@ -11,10 +11,11 @@ from typing import Callable
 from flask import Flask, Request, Response, request
 from werkzeug.exceptions import HTTPException
 
-from kepler_bridge import live
+from kepler_bridge.http import live_page
 from kepler_bridge.config import Config
-from kepler_bridge.webconfig import PasswordCheck, WebConfigFile
+from kepler_bridge.http.webconfig import PasswordCheck, WebConfigFile
 from kepler_bridge.exposition import RenderCache, RenderSettings, baetyl
+from kepler_bridge.exposition.history import render as render_history
 from kepler_bridge.model import Snapshot
 from kepler_bridge.store import SnapshotStore
 
@@ -77,7 +78,7 @@ def create_app(store: SnapshotStore, settings: Callable[[], WebSettings], alive:
     the settings in force (they change on reload)."""
     app = Flask("kepler_bridge", static_folder=None)  # no /static route: the page is served filled in, guarded
     cache = RenderCache(store, lambda: settings().render,
-                        {"history": lambda snap, _: live.history_json(store.history, snap)})
+                        {"history": lambda snap, _: render_history(store.history, snap)})
     passwords = PasswordCheck()
 
     def refused() -> Response | None:
@@ -147,8 +148,8 @@ def create_app(store: SnapshotStore, settings: Callable[[], WebSettings], alive:
         if denied := refused():
             return denied
         now = settings()
-        response = Response(live.page(now.node_name, now.interval, store.latest()), mimetype="text/html")
-        response.headers["Content-Security-Policy"] = live.CONTENT_SECURITY_POLICY
+        response = Response(live_page.page(now.node_name, now.interval, store.latest()), mimetype="text/html")
+        response.headers["Content-Security-Policy"] = live_page.CONTENT_SECURITY_POLICY
         response.headers["X-Content-Type-Options"] = "nosniff"
         return response
 

@@ -11,10 +11,7 @@ import dataclasses
 import numbers
 from typing import Any, Callable
 
-from kepler_bridge.model import NO_POD, CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, SourceReading
-from kepler_bridge.sources.ranges import MAX_EXACT
-
-MAX_DEVICES = 256  # per source; more is refused: each device costs dozens of series and a /v1/collect entry
+from kepler_bridge.model import MAX_DEVICES, MAX_EXACT, NO_POD, CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, SourceReading
 
 
 def reading(value: Any) -> SourceReading:
@@ -126,7 +123,7 @@ _RULES: dict[str, tuple[Callable[[Any], Any], bool]] = {
 def _plan(cls: type) -> tuple[tuple[str, Callable[[Any], Any], bool], ...]:
     missing = [f"{field.name}: {field.type}" for field in dataclasses.fields(cls) if field.type not in _RULES]
     if missing:
-        raise TypeError(f"kepler_bridge.sanitize has no rule for {cls.__name__} field(s) {missing}; add one")
+        raise TypeError(f"kepler_bridge.sampling.sanitize has no rule for {cls.__name__} field(s) {missing}; add one")
     return tuple((field.name, *_RULES[field.type]) for field in dataclasses.fields(cls))
 
 

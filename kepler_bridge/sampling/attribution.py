@@ -27,10 +27,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from kepler_bridge.counters import ProcessKey, increase
+from kepler_bridge.sampling.counters import ProcessKey, increase
 from kepler_bridge.model import (NO_POD, CpuTimes, CpuZoneEnergy, Energy, GpuProcess, GpuReading, Holder, PodRef,
                                  RaplZone, WorkloadEnergy)
-from kepler_bridge.top import TopCounter
+from kepler_bridge.sampling.top import TopCounter
 
 # Zone kinds that measure the CPU as a whole, best first.
 PRIMARY_ZONES = ("package", "psys", "core")

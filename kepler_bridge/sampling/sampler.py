@@ -9,12 +9,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from kepler_bridge import sanitize
-from kepler_bridge import carry
-from kepler_bridge.attribution import Attribution, Inputs
+from kepler_bridge.sampling import sanitize
+from kepler_bridge.sampling import carry
+from kepler_bridge.sampling.attribution import Attribution, Inputs
 from kepler_bridge.config import Config
-from kepler_bridge.counters import CounterGuard
-from kepler_bridge.device_index import DeviceIndexes
+from kepler_bridge.sampling.counters import CounterGuard
+from kepler_bridge.sampling.device_index import DeviceIndexes
 from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.kube.view import KubeView
 from kepler_bridge.reload import KUBE, ConfigFileWatch, reread

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from kepler_bridge.tls import TLSError, server_context
+from kepler_bridge.http.tls import TLSError, server_context
 
 log = logging.getLogger(__name__)
 
