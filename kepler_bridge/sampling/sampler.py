@@ -21,7 +21,7 @@ from kepler_bridge.reload import KUBE, ConfigFileWatch, reread
 from kepler_bridge.model import (NO_POD, ContainerCpu, CpuTimes, GpuReading, ProcessCpu, RaplZone, Snapshot,
                                  SourceReading, SourceStatus)
 from kepler_bridge.sources import selected_groups, source_class
-from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, retry_delay
+from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, Retry
 from kepler_bridge.store import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -38,24 +38,19 @@ class _Slot:
     started: bool = False
     error: str = ""
     errors_total: int = 0
-    retry_at: float = 0.0
-    backoff: float = 0.0
+    retry: Retry = field(default_factory=lambda: Retry(MAX_BACKOFF_SECONDS))
     unused: str = ""  # SourceStatus.unused: "absent" or "standby"
     last: SourceReading = field(default_factory=SourceReading)
 
     def fail(self, message: str, interval: float, now: float) -> None:
         self.error, self.unused = message, ""
         self.errors_total += 1
-        self._retry(interval, now)
+        self.retry.failed(interval, now)
 
     def absent(self, message: str, interval: float, now: float) -> None:
         """No such hardware here, which is no failure; tried again later, as a driver may load or a device appear."""
         self.error, self.unused = message, "absent"
-        self._retry(interval, now)
-
-    def _retry(self, interval: float, now: float) -> None:
-        self.backoff = retry_delay(self.backoff, interval, MAX_BACKOFF_SECONDS)
-        self.retry_at = now + self.backoff
+        self.retry.failed(interval, now)
 
 
 @dataclass
@@ -269,11 +264,12 @@ class Sampler:
         if slot.source is None:
             return SourceReading()
         if not slot.started:
-            if now < slot.retry_at:
+            if not slot.retry.due(now):
                 return slot.last
             try:
                 slot.source.start()
-                slot.started, slot.error, slot.backoff, slot.unused = True, "", 0.0, ""
+                slot.started, slot.error, slot.unused = True, "", ""
+                slot.retry.succeeded()
             except SourceAbsent as err:
                 slot.absent(str(err), self.config.interval, now)
                 return slot.last

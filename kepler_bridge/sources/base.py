@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections import Counter
+from dataclasses import dataclass
 from typing import ClassVar
 
 from kepler_bridge.config import Config
@@ -18,9 +19,26 @@ class SourceUnavailable(Exception):
     """The source exists but cannot be read now; the message says why and how to fix it."""
 
 
-def retry_delay(previous: float, interval: float, cap: float) -> float:
-    """Wait before the next retry of something that failed again: one interval, doubling, at most `cap` seconds."""
-    return min(cap, max(interval, previous * 2))
+@dataclass
+class Retry:
+    """When to try again something that failed: one interval after the first failure, doubling, at most `cap`."""
+
+    cap: float
+    delay: float = 0.0
+    at: float = 0.0
+
+    def failed(self, interval: float, now: float) -> None:
+        """It failed (again): put the next try off."""
+        self.delay = min(self.cap, max(interval, self.delay * 2))
+        self.at = now + self.delay
+
+    def succeeded(self) -> None:
+        """It works: the next failure waits one interval again."""
+        self.delay = 0.0
+
+    def due(self, now: float) -> bool:
+        """Whether the next try may happen now."""
+        return now >= self.at
 
 
 def device_reading(gpus: tuple[GpuReading, ...], what: str) -> SourceReading:

@@ -15,7 +15,7 @@ import pynvml
 from kepler_bridge.sources.cgroup import read_container_id
 from kepler_bridge.model import GpuProcess, GpuReading, SourceReading
 from kepler_bridge.sources import ranges
-from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading, retry_delay
+from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading, Retry
 from kepler_bridge.sources.procfs import read_stat
 from kepler_bridge.sources.sysfs import on_pci_bus
 
@@ -60,15 +60,13 @@ class _Device:
     pci_bus_id: str = ""
     unsupported: set[str] = field(default_factory=set)
     error: str = ""
-    retry_at: float = 0.0
-    backoff: float = 0.0
+    retry: Retry = field(default_factory=lambda: Retry(MAX_DEVICE_BACKOFF_SECONDS))
     last_process_sample_us: int = 0
     comms: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (comm, container id)
 
     def fail(self, message: str, interval: float, now: float) -> None:
         self.handle, self.error = None, message
-        self.backoff = retry_delay(self.backoff, interval, MAX_DEVICE_BACKOFF_SECONDS)
-        self.retry_at = now + self.backoff
+        self.retry.failed(interval, now)
 
 
 class _XidCounter:
@@ -205,7 +203,7 @@ class NvmlSource(Source):
 
     def _read_device(self, device: _Device, now: float) -> GpuReading:
         if device.handle is None:
-            if now < device.retry_at:
+            if not device.retry.due(now):
                 return self._down(device)
             try:
                 self._acquire(device)
@@ -215,10 +213,11 @@ class NvmlSource(Source):
         try:
             reading = self._values(device)
         except pynvml.NVMLError as err:
-            log.warning("GPU %d: %s; retrying in %.0fs", device.index, err, max(device.backoff * 2, 1))
+            log.warning("GPU %d: %s; retrying in %.0fs", device.index, err, max(device.retry.delay * 2, 1))
             device.fail(str(err), self.config.interval, now)
             return self._down(device)
-        device.error, device.backoff = "", 0.0
+        device.error = ""
+        device.retry.succeeded()
         return reading
 
     def _acquire(self, device: _Device) -> None:
