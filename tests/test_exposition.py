@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -96,6 +98,28 @@ def test_every_emitted_family_is_declared() -> None:
     text = prometheus.render(snap, lambda name: True).decode()
     names = {prometheus.exposed_name(f) for f in text_string_to_metric_families(text)}
     assert names - set(prometheus.METRICS) == {n for n in names if n.startswith("process_")}
+
+
+def _names_assigned(statement: ast.stmt) -> set[str]:
+    if isinstance(statement, ast.Assign):
+        targets = statement.targets
+    else:
+        targets = [getattr(statement, "target", None)]
+    return {target.id for target in targets if isinstance(target, ast.Name)}
+
+
+def test_every_metric_name_is_written_where_it_is_emitted() -> None:
+    """A search for a metric's name finds the code that emits it.
+
+    Each name is a literal string in exposition/ outside the METRICS and HEALTH tables."""
+    literals: set[str] = set()
+    for path in Path(prometheus.__file__).parent.glob("*.py"):
+        for statement in ast.parse(path.read_text(encoding="utf-8")).body:
+            if not _names_assigned(statement) & {"METRICS", "HEALTH"}:
+                literals |= {node.value for node in ast.walk(statement)
+                             if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    missing = sorted(set(prometheus.METRICS) - literals)
+    assert not missing, f"write these names out where they are emitted, not built: {missing}"
 
 
 def test_baetyl_contract_lost_device_keeps_place_and_no_nan() -> None:

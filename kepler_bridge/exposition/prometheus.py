@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -12,7 +12,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from kepler_bridge import __version__
-from kepler_bridge.model import SOURCE_STATES, GpuProcess, PodRef, Snapshot, WorkloadEnergy
+from kepler_bridge.model import (SOURCE_STATES, Energy, GpuProcess, GpuReading, PodRef, Snapshot,
+                                 WorkloadEnergy)
 from kepler_bridge.model import top
 
 GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
@@ -24,6 +25,15 @@ ENERGY_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "container": (("container_id",), POD_LABELS),
     "pod": ((), ("namespace", "pod")),
 }
+# Attributed energy in the order it is exposed: exposed name, level (labels in ENERGY_LEVELS), kind.
+ENERGY_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("kepler_bridge_process_cpu_joules_total", "process", "cpu"),
+    ("kepler_bridge_process_gpu_joules_total", "process", "gpu"),
+    ("kepler_bridge_container_cpu_joules_total", "container", "cpu"),
+    ("kepler_bridge_container_gpu_joules_total", "container", "gpu"),
+    ("kepler_bridge_pod_cpu_joules_total", "pod", "cpu"),
+    ("kepler_bridge_pod_gpu_joules_total", "pod", "gpu"),
+)
 
 # Plain gauges of a GPU reading: exposed name -> (reading attribute, help).
 GPU_GAUGES: dict[str, tuple[str, str]] = {
@@ -93,6 +103,10 @@ def _counter(name: str, labels: Iterable[str]) -> CounterMetricFamily:
     return CounterMetricFamily(name.removesuffix("_total"), METRICS[name], labels=list(labels))
 
 
+def _info(name: str, labels: Iterable[str]) -> InfoMetricFamily:
+    return InfoMetricFamily(name.removesuffix("_info"), METRICS[name], labels=list(labels))
+
+
 def exposed_name(family: Metric) -> str:
     """The name users see and filter by: counters end in _total, info in _info."""
     suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")
@@ -113,53 +127,14 @@ class SnapshotCollector(Collector):
 
     def _gpu_families(self) -> Iterator[Metric]:
         snap = self.snapshot
-        info = InfoMetricFamily("gpu", METRICS["gpu_info"], labels=list(GPU_LABELS))
-        pod_info = InfoMetricFamily("gpu_pod", METRICS["gpu_pod_info"], labels=list(GPU_LABELS))
-        up = _gauge("gpu_up", GPU_LABELS)
-        gauges = {name: _gauge(name, GPU_LABELS) for name in GPU_GAUGES}
-        energy = _counter("gpu_energy_joules_total", GPU_LABELS)
-        idle = _counter("kepler_bridge_node_gpu_idle_joules_total", GPU_LABELS)
-        idle_joules = dict(snap.energy.gpu_idle)
-        unattributed = _counter("kepler_bridge_node_gpu_unattributed_joules_total", GPU_LABELS + ("reason",))
-        unattributed_joules: dict[str, list[tuple[str, float]]] = {}
-        for uuid, reason, joules in snap.energy.gpu_unattributed:
-            unattributed_joules.setdefault(uuid, []).append((reason, joules))
-        throttled = _gauge("gpu_throttled", GPU_LABELS + ("reason",))
-        ecc = _counter("gpu_ecc_errors_total", GPU_LABELS + ("kind",))
-        xid = _counter("gpu_xid_errors_total", GPU_LABELS + ("xid",))
+        devices = _DeviceFamilies(snap.energy)
         processes: list[tuple[list[str], GpuProcess]] = []
         for gpu in snap.gpus:
             labels = [snap.node, str(gpu.index), gpu.uuid, gpu.vendor, gpu.model]
-            info.add_metric(labels, {"driver_version": gpu.driver_version, "pci_bus_id": gpu.pci_bus_id})
-            # Device series keep one label set for the device's life; its holder is a series of its own.
-            if gpu.holder is not None:
-                pod_info.add_metric(labels, dict(zip(POD_LABELS, _pod_labels(gpu.holder.owner))))
-            up.add_metric(labels, 1.0 if gpu.up else 0.0)
-            if not gpu.up:
-                continue
-            for name, (attribute, _) in GPU_GAUGES.items():
-                value = getattr(gpu, attribute)
-                if value is not None:
-                    gauges[name].add_metric(labels, float(value))
-            if gpu.energy_joules is not None:
-                energy.add_metric(labels, gpu.energy_joules)
-            if gpu.uuid in idle_joules:
-                idle.add_metric(labels, idle_joules[gpu.uuid])
-            for reason, joules in unattributed_joules.get(gpu.uuid, ()):
-                unattributed.add_metric(labels + [reason], joules)
-            for reason, active in gpu.throttled:
-                throttled.add_metric(labels + [reason], 1.0 if active else 0.0)
-            for kind, value in (("corrected", gpu.ecc_corrected_total), ("uncorrected", gpu.ecc_uncorrected_total)):
-                if value is not None:
-                    ecc.add_metric(labels + [kind], float(value))
-            for code, count in gpu.xid_errors:
-                xid.add_metric(labels + [str(code)], float(count))
-            processes.extend((labels, proc) for proc in gpu.processes)
-        yield info
-        yield pod_info
-        yield up
-        yield from gauges.values()
-        yield from (energy, idle, unattributed, throttled, ecc, xid)
+            devices.add(labels, gpu)
+            if gpu.up:
+                processes.extend((labels, proc) for proc in gpu.processes)
+        yield from devices.families()
         yield from _process_gauges(processes, snap.process_limit)
 
     def _cpu_families(self) -> Iterator[Metric]:
@@ -177,21 +152,23 @@ class SnapshotCollector(Collector):
 
     def _energy_families(self) -> Iterator[Metric]:
         snap = self.snapshot
+        energy = snap.energy
         zones = _counter("kepler_bridge_node_cpu_joules_total", ("node", "zone", "source"))
-        for zone in snap.energy.cpu_zones:
+        for zone in energy.cpu_zones:
             zones.add_metric([snap.node, zone.zone, zone.source], zone.joules)
         yield zones
-        # Where the node has no CPU (or GPU) energy, the attributed series of that kind are absent, not zeros.
-        kinds = tuple(kind for kind, known in (("cpu", snap.energy.cpu_zones), ("gpu", snap.energy.gpu_idle)) if known)
-        energy = snap.energy
-        for level, rows in (("process", {"cpu": energy.cpu_processes, "gpu": energy.gpu_processes}),
-                            ("container", dict.fromkeys(kinds, energy.containers)),
-                            ("pod", dict.fromkeys(kinds, energy.pods))):
-            yield from _energy_rows(snap.node, level, kinds, rows)
+        # A kind the node has no energy of gets no attributed series: absent, not zeros.
+        known = {"cpu": bool(energy.cpu_zones), "gpu": bool(energy.gpu_idle)}
+        rows = {("process", "cpu"): energy.cpu_processes, ("process", "gpu"): energy.gpu_processes,
+                ("container", "cpu"): energy.containers, ("container", "gpu"): energy.containers,
+                ("pod", "cpu"): energy.pods, ("pod", "gpu"): energy.pods}
+        for name, level, kind in ENERGY_COUNTERS:
+            if known[kind]:
+                yield _energy_family(name, snap.node, level, kind, rows[level, kind])
 
     def _agent_families(self) -> Iterator[Metric]:
         snap = self.snapshot
-        build = InfoMetricFamily("kepler_bridge_build", METRICS["kepler_bridge_build_info"], labels=["node"])
+        build = _info("kepler_bridge_build_info", ("node",))
         build.add_metric([snap.node], {"version": __version__})
         up = _gauge("kepler_bridge_source_up", ("node", "source"))
         errors = _counter("kepler_bridge_source_errors_total", ("node", "source"))
@@ -212,6 +189,64 @@ class SnapshotCollector(Collector):
             attached = _gauge("kepler_bridge_ebpf_programs_attached", ("node",))
             attached.add_metric([snap.node], float(snap.ebpf_programs_attached))
             yield attached
+
+
+class _DeviceFamilies:
+    """The accelerator families of one snapshot, filled one device at a time."""
+
+    def __init__(self, energy: Energy) -> None:
+        self.info = _info("gpu_info", GPU_LABELS)
+        self.pod_info = _info("gpu_pod_info", GPU_LABELS)
+        self.up = _gauge("gpu_up", GPU_LABELS)
+        self.gauges = {name: _gauge(name, GPU_LABELS) for name in GPU_GAUGES}
+        self.energy = _counter("gpu_energy_joules_total", GPU_LABELS)
+        self.idle = _counter("kepler_bridge_node_gpu_idle_joules_total", GPU_LABELS)
+        self.unattributed = _counter("kepler_bridge_node_gpu_unattributed_joules_total",
+                                     GPU_LABELS + ("reason",))
+        self.throttled = _gauge("gpu_throttled", GPU_LABELS + ("reason",))
+        self.ecc = _counter("gpu_ecc_errors_total", GPU_LABELS + ("kind",))
+        self.xid = _counter("gpu_xid_errors_total", GPU_LABELS + ("xid",))
+        self.idle_joules = dict(energy.gpu_idle)
+        self.unattributed_joules: dict[str, list[tuple[str, float]]] = {}
+        for uuid, reason, joules in energy.gpu_unattributed:
+            self.unattributed_joules.setdefault(uuid, []).append((reason, joules))
+
+    def add(self, labels: list[str], gpu: GpuReading) -> None:
+        """The device's series: its identity and gpu_up always, its readings only when it is up."""
+        identity = {"driver_version": gpu.driver_version, "pci_bus_id": gpu.pci_bus_id}
+        self.info.add_metric(labels, identity)
+        # Device series keep one label set for the device's life; its holder is a series of its own.
+        if gpu.holder is not None:
+            self.pod_info.add_metric(labels, dict(zip(POD_LABELS, _pod_labels(gpu.holder.owner))))
+        self.up.add_metric(labels, 1.0 if gpu.up else 0.0)
+        if gpu.up:
+            self._add_readings(labels, gpu)
+
+    def _add_readings(self, labels: list[str], gpu: GpuReading) -> None:
+        for name, (attribute, _) in GPU_GAUGES.items():
+            value = getattr(gpu, attribute)
+            if value is not None:
+                self.gauges[name].add_metric(labels, float(value))
+        if gpu.energy_joules is not None:
+            self.energy.add_metric(labels, gpu.energy_joules)
+        if gpu.uuid in self.idle_joules:
+            self.idle.add_metric(labels, self.idle_joules[gpu.uuid])
+        for reason, joules in self.unattributed_joules.get(gpu.uuid, ()):
+            self.unattributed.add_metric(labels + [reason], joules)
+        for reason, active in gpu.throttled:
+            self.throttled.add_metric(labels + [reason], 1.0 if active else 0.0)
+        ecc = (("corrected", gpu.ecc_corrected_total), ("uncorrected", gpu.ecc_uncorrected_total))
+        for kind, count in ecc:
+            if count is not None:
+                self.ecc.add_metric(labels + [kind], float(count))
+        for code, count in gpu.xid_errors:
+            self.xid.add_metric(labels + [str(code)], float(count))
+
+    def families(self) -> Iterator[Metric]:
+        """Every family, in the order of the exposition."""
+        yield from (self.info, self.pod_info, self.up)
+        yield from self.gauges.values()
+        yield from (self.energy, self.idle, self.unattributed, self.throttled, self.ecc, self.xid)
 
 
 def _pod_labels(owner: PodRef, names: tuple[str, ...] = POD_LABELS) -> list[str]:
@@ -236,20 +271,20 @@ def _process_gauges(processes: list[tuple[list[str], GpuProcess]], limit: int | 
                 family.add_metric(gpu_labels + [str(proc.pid), proc.comm, *_pod_labels(proc.owner)], value)
             else:
                 other[tuple(gpu_labels)] = other.get(tuple(gpu_labels), 0.0) + value
-        for gpu_labels, value in other.items():
-            family.add_metric([*gpu_labels, "other", "", "", "", ""], value)
+        for device_labels, value in other.items():
+            family.add_metric([*device_labels, "other", "", "", "", ""], value)
         yield family
 
 
-def _energy_rows(node: str, level: str, kinds: tuple[str, ...],
-                 rows: Mapping[str, tuple[WorkloadEnergy, ...]]) -> Iterator[Metric]:
+def _energy_family(name: str, node: str, level: str, kind: str,
+                   rows: tuple[WorkloadEnergy, ...]) -> Metric:
+    """One attributed-energy counter: a series per row, with its level's labels and its owner's."""
     own, pod = ENERGY_LEVELS[level]
-    for kind in kinds:
-        family = _counter(f"kepler_bridge_{level}_{kind}_joules_total", ("node",) + own + pod)
-        for row in rows[kind]:
-            family.add_metric([node, *(getattr(row, name) for name in own), *_pod_labels(row.owner, pod)],
-                              getattr(row, f"{kind}_joules"))
-        yield family
+    family = _counter(name, ("node",) + own + pod)
+    for row in rows:
+        values = [node, *(getattr(row, label) for label in own), *_pod_labels(row.owner, pod)]
+        family.add_metric(values, row.cpu_joules if kind == "cpu" else row.gpu_joules)
+    return family
 
 
 class _NodeLabelled(Collector):
