@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import ssl
 import threading
@@ -20,6 +19,7 @@ from typing import Any
 import yaml
 
 from kepler_bridge.http.tls import TLSError, server_context
+from kepler_bridge.reload import ConfigFileWatch
 
 log = logging.getLogger(__name__)
 
@@ -159,36 +159,23 @@ class WebConfigFile:
         self.path = path
         self._lock = threading.Lock()
         self._config = read(path)
-        self._stamp = _stamp(self._config.files)
-        self._refused: tuple = ()
+        self._watch = ConfigFileWatch(*self._config.files)
 
     def current(self) -> WebConfig:
-        stamp = _stamp(self._config.files)
-        if stamp == self._stamp or stamp == self._refused:
-            return self._config
+        """The web config in force; a changed file that does not load is refused once, with one log line."""
         with self._lock:
-            if stamp != self._stamp and stamp != self._refused:
-                try:
-                    config = read(self.path)
-                except WebConfigError as err:
-                    self._refused = stamp
-                    log.error("web config %s not reloaded, the previous one stays in force: %s", self.path, err)
-                else:
-                    self._config, self._stamp = config, _stamp(config.files)
-                    log.info("web config %s reloaded", self.path)
-        return self._config
+            if self._watch.changed():
+                self._reread()
+            return self._config
 
-
-def _stamp(files: tuple[str, ...]) -> tuple:
-    stamps = []
-    for path in files:
+    def _reread(self) -> None:
         try:
-            info = os.stat(path)
-        except OSError:
-            stamps.append((path, None))
-        else:
-            stamps.append((path, info.st_ino, info.st_mtime_ns, info.st_size))
-    return tuple(stamps)
+            config = read(self.path)
+        except WebConfigError as err:
+            log.error("web config %s not reloaded, the previous one stays in force: %s", self.path, err)
+            return
+        self._config, self._watch = config, ConfigFileWatch(*config.files)
+        log.info("web config %s reloaded", self.path)
 
 
 class PasswordCheck:
