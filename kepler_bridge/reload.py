@@ -23,23 +23,27 @@ T = TypeVar("T")
 
 
 class ConfigFileWatch:
-    """Tells when the config file changed since the settings were last read (a ConfigMap swap included)."""
+    """Tells when a config file, or a file it names, changed since it was last asked (a ConfigMap
+    swap included); an empty path is never watched, a missing file counts as one state."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, *paths: str) -> None:
+        self.paths = tuple(path for path in paths if path)
         self._stamp = self._read_stamp()
 
-    def _read_stamp(self) -> tuple | None:
-        if not self.path:
-            return None
-        try:
-            info = os.stat(self.path)  # follows the ..data symlink a ConfigMap volume swaps on update
-        except OSError:
-            return None
-        return info.st_ino, info.st_mtime_ns, info.st_size
+    def _read_stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
+        stamps: list[tuple[int, int, int] | None] = []
+        for path in self.paths:
+            try:
+                info = os.stat(path)  # follows the ..data link a ConfigMap volume swaps on update
+            except OSError:
+                stamps.append(None)
+            else:
+                stamps.append((info.st_ino, info.st_mtime_ns, info.st_size))
+        return tuple(stamps)
 
     def changed(self) -> bool:
-        """Whether the file differs from the last call (or from construction); each change is told once."""
+        """Whether the files differ from the last call (or from construction); each change is told
+        once."""
         stamp = self._read_stamp()
         if stamp == self._stamp:
             return False
@@ -47,8 +51,9 @@ class ConfigFileWatch:
         return True
 
 
-class Derived(Generic[T]):
-    """What `derive` makes of the settings in force, made again only when a reload has replaced them."""
+class DerivedSettings(Generic[T]):
+    """What `derive` makes of the settings in force (such as `WebSettings`), made again only when a
+    reload has replaced them."""
 
     def __init__(self, current: Callable[[], Config], derive: Callable[[Config], T]) -> None:
         self._current, self._derive = current, derive
@@ -57,7 +62,8 @@ class Derived(Generic[T]):
     def __call__(self) -> T:
         config, last = self._current(), self._last
         if last is None or last[0] is not config:
-            last = self._last = (config, self._derive(config))  # one swap: readers on other threads need no lock
+            # One swap: readers on other threads need no lock.
+            last = self._last = (config, self._derive(config))
         return last[1]
 
 

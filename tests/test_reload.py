@@ -11,7 +11,7 @@ import yaml
 
 from agent import Agent
 from kepler_bridge.config import load
-from kepler_bridge.reload import Derived
+from kepler_bridge.reload import DerivedSettings
 from kepler_bridge.http.app import WebSettings
 
 COMMAND_DEVICE = {"devices": [{"uuid": "npu-reloaded", "usedMemory": 1, "totalMemory": 4, "percent": 25}]}
@@ -99,7 +99,8 @@ def test_a_setting_that_needs_a_restart_is_kept_and_named(tmp_path: Path) -> Non
 def test_the_web_settings_are_made_once_per_settings_change() -> None:
     running = load({"metrics_deny": "gpu_temperature"}, {})
     made = []
-    settings = Derived(lambda: running, lambda config: made.append(config) or WebSettings.of(config))
+    settings = DerivedSettings(lambda: running,
+                               lambda config: made.append(config) or WebSettings.of(config))
     assert settings() is settings() and made == [running]
     assert not settings().render.metric_allowed("gpu_temperature_celsius")
     running = dataclasses.replace(running, metrics_deny=("gpu_power",))  # what a reload does

@@ -6,16 +6,17 @@ import hmac
 import json
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 from flask import Flask, Request, Response, request
 from werkzeug.exceptions import HTTPException
 
-from kepler_bridge.http import live_page
 from kepler_bridge.config import Config
-from kepler_bridge.http.webconfig import PasswordCheck, WebConfigFile
 from kepler_bridge.exposition import RenderCache, RenderSettings, baetyl
 from kepler_bridge.exposition.history import render as render_history
+from kepler_bridge.http import live_page
+from kepler_bridge.http.webconfig import PasswordCheck, WebConfigFile
 from kepler_bridge.model import Snapshot
 from kepler_bridge.store import SnapshotStore
 
@@ -26,7 +27,8 @@ READY_AGE_INTERVALS = 3
 
 @dataclass(frozen=True)
 class WebSettings:
-    """What the HTTP layer needs: the node name and interval, the bearer token and the render settings."""
+    """What the HTTP layer needs: the node name and interval, the bearer token and the render
+    settings."""
 
     node_name: str
     interval: float
@@ -67,109 +69,150 @@ def readiness(snapshot: Snapshot | None, now: float) -> tuple[bool, str]:
     if age > READY_AGE_INTERVALS * snapshot.interval_seconds:
         return False, f"newest sample is {age:.1f}s old (more than {READY_AGE_INTERVALS} intervals)"
     if not any(status.up for status in snapshot.sources):
-        reasons = "; ".join(f"{s.name}: {s.error or 'down'}" for s in snapshot.sources) or "no source configured"
+        reasons = ("; ".join(f"{s.name}: {s.error or 'down'}" for s in snapshot.sources)
+                   or "no source configured")
         return False, f"no source is up ({reasons})"
     return True, "ok"
 
 
-def create_app(store: SnapshotStore, settings: Callable[[], WebSettings], alive: Callable[[], bool] = lambda: True,
-               web: WebConfigFile | None = None) -> Flask:
-    """Build the app serving /metrics, /v1/collect, /healthz, /readyz, / and /api/v1/history; `settings` gives
-    the settings in force (they change on reload)."""
-    app = Flask("kepler_bridge", static_folder=None)  # no /static route: the page is served filled in, guarded
+@dataclass(frozen=True)
+class RouteContext:
+    """What the routes answer from: the store and its render cache, the settings in force, whether
+    the sampler runs, the web config (basic-auth users) and the password check."""
+
+    store: SnapshotStore
+    cache: RenderCache
+    settings: Callable[[], WebSettings]
+    alive: Callable[[], bool]
+    web: WebConfigFile | None
+    passwords: PasswordCheck
+
+
+def refused(ctx: RouteContext) -> Response | None:
+    """None where the request may read guarded data (the bearer token or a basic-auth user), else
+    the answer."""
+    token = ctx.settings().auth_token
+    users = ctx.web.current().users if ctx.web is not None else {}
+    if not token and not users:
+        return None
+    authorization = request.headers.get("Authorization", "").encode()
+    if token and hmac.compare_digest(authorization, b"Bearer " + token):
+        return None
+    if not users:
+        return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'")
+    credentials = request.authorization
+    if credentials is not None and credentials.type == "basic":
+        password = (credentials.password or "").encode()
+        valid = ctx.passwords.check(users, credentials.username or "", password)
+        if valid is None:
+            return _error(503, "too many password checks at once; retry in a second")
+        if valid:
+            return None
+    response = _error(401, "missing or wrong user name or password; send HTTP basic auth" +
+                      (" or 'Authorization: Bearer <token>'" if token else ""))
+    response.headers["WWW-Authenticate"] = 'Basic realm="kepler-bridge", charset="UTF-8"'
+    return response
+
+
+def metrics(ctx: RouteContext) -> Response:
+    """/metrics: Prometheus text, or OpenMetrics when the scraper accepts it."""
+    if denied := refused(ctx):
+        return denied
+    openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
+    variant = "openmetrics" if openmetrics else "text"
+    gzipped = _wants_gzip(request)
+    found = ctx.cache.get(variant + "+gzip" if gzipped else variant)
+    if found is None:
+        return _error(503, "no sample has completed yet; retry in one interval")
+    content_type = OPENMETRICS_TYPE if openmetrics else TEXT_TYPE
+    response = Response(found[1], mimetype=None, content_type=content_type)
+    return _encoded(response, gzipped, "Accept, Accept-Encoding")
+
+
+def collect(ctx: RouteContext) -> Response:
+    """/v1/collect: the baetyl JSON, with no devices before the first sample."""
+    gzipped = _wants_gzip(request)
+    found = ctx.cache.get("baetyl+gzip" if gzipped else "baetyl")
+    if found is None:
+        now = ctx.settings()
+        empty = Snapshot(node=now.node_name, timestamp=0.0, duration_seconds=0.0,
+                         interval_seconds=now.interval)
+        return _json(baetyl.render(empty, now.render.memory_unit))
+    return _encoded(_json(found[1]), gzipped, "Accept-Encoding")
+
+
+def healthz(ctx: RouteContext) -> Response:
+    """/healthz: 200 while the sampling thread runs."""
+    if not ctx.alive():
+        return _error(503, "the sampling thread has stopped; restart the agent")
+    return _json(b'{"status":"ok"}')
+
+
+def readyz(ctx: RouteContext) -> Response:
+    """/readyz: `readiness` of the newest snapshot, with each source's state."""
+    snapshot = ctx.store.latest()
+    ready, reason = readiness(snapshot, time.time())
+    sources = {s.name: {"state": s.state, "reason": s.error}
+               for s in (snapshot.sources if snapshot else ())}
+    return _json(json.dumps({"ready": ready, "reason": reason, "sources": sources}).encode(),
+                 200 if ready else 503)
+
+
+def index(ctx: RouteContext) -> Response:
+    """/: the live page, filled in with the newest snapshot for a first paint."""
+    if denied := refused(ctx):
+        return denied
+    now = ctx.settings()
+    page = live_page.page(now.node_name, now.interval, ctx.store.latest())
+    response = Response(page, mimetype="text/html")
+    response.headers["Content-Security-Policy"] = live_page.CONTENT_SECURITY_POLICY
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+def history(ctx: RouteContext) -> Response:
+    """/api/v1/history: the live page's chart data."""
+    if denied := refused(ctx):
+        return denied
+    gzipped = _wants_gzip(request)
+    found = ctx.cache.get("history+gzip" if gzipped else "history")
+    if found is None:
+        return _error(503, "no sample has completed yet; retry in one interval")
+    response = _encoded(_json(found[1]), gzipped, "Accept-Encoding")
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+def http_error(err: HTTPException) -> Response:
+    """Every HTTP error (404, 405...) as the same JSON as the routes' own errors."""
+    response = _error(err.code or 500, err.description or err.name)
+    if err.code == 405:
+        response.headers["Allow"] = "GET, HEAD"
+    return response
+
+
+# Every route; each answers GET and HEAD only.
+ROUTES: dict[str, Callable[[RouteContext], Response]] = {
+    "/metrics": metrics,
+    "/v1/collect": collect,
+    "/healthz": healthz,
+    "/readyz": readyz,
+    "/": index,
+    "/api/v1/history": history,
+}
+
+
+def create_app(store: SnapshotStore, settings: Callable[[], WebSettings],
+               alive: Callable[[], bool] = lambda: True, web: WebConfigFile | None = None) -> Flask:
+    """Build the app serving `ROUTES`; `settings` gives the settings in force (they change on
+    reload)."""
+    # No /static route: the page is served filled in, and guarded.
+    app = Flask("kepler_bridge", static_folder=None)
     cache = RenderCache(store, lambda: settings().render,
                         {"history": lambda snap, _: render_history(store.history, snap)})
-    passwords = PasswordCheck()
-
-    def refused() -> Response | None:
-        """None where the request may read guarded data (the bearer token or a basic-auth user), else the answer."""
-        token = settings().auth_token
-        users = web.current().users if web is not None else {}
-        if not token and not users:
-            return None
-        if token and hmac.compare_digest(request.headers.get("Authorization", "").encode(), b"Bearer " + token):
-            return None
-        if not users:
-            return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'")
-        credentials = request.authorization
-        if credentials is not None and credentials.type == "basic":
-            valid = passwords.check(users, credentials.username or "", (credentials.password or "").encode())
-            if valid is None:
-                return _error(503, "too many password checks at once; retry in a second")
-            if valid:
-                return None
-        response = _error(401, "missing or wrong user name or password; send HTTP basic auth" +
-                          (" or 'Authorization: Bearer <token>'" if token else ""))
-        response.headers["WWW-Authenticate"] = 'Basic realm="kepler-bridge", charset="UTF-8"'
-        return response
-
-    def route(path: str) -> Callable:
-        return app.route(path, methods=["GET", "HEAD"], provide_automatic_options=False)
-
-    @route("/metrics")
-    def metrics() -> Response:
-        if denied := refused():
-            return denied
-        openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
-        variant = "openmetrics" if openmetrics else "text"
-        gzipped = _wants_gzip(request)
-        found = cache.get(variant + "+gzip" if gzipped else variant)
-        if found is None:
-            return _error(503, "no sample has completed yet; retry in one interval")
-        response = Response(found[1], mimetype=None, content_type=OPENMETRICS_TYPE if openmetrics else TEXT_TYPE)
-        return _encoded(response, gzipped, "Accept, Accept-Encoding")
-
-    @route("/v1/collect")
-    def collect() -> Response:
-        gzipped = _wants_gzip(request)
-        found = cache.get("baetyl+gzip" if gzipped else "baetyl")
-        if found is None:
-            now = settings()
-            empty = Snapshot(node=now.node_name, timestamp=0.0, duration_seconds=0.0, interval_seconds=now.interval)
-            return _json(baetyl.render(empty, now.render.memory_unit))
-        return _encoded(_json(found[1]), gzipped, "Accept-Encoding")
-
-    @route("/healthz")
-    def healthz() -> Response:
-        if not alive():
-            return _error(503, "the sampling thread has stopped; restart the agent")
-        return _json(b'{"status":"ok"}')
-
-    @route("/readyz")
-    def readyz() -> Response:
-        snapshot = store.latest()
-        ready, reason = readiness(snapshot, time.time())
-        sources = {s.name: {"state": s.state, "reason": s.error} for s in (snapshot.sources if snapshot else ())}
-        return _json(json.dumps({"ready": ready, "reason": reason, "sources": sources}).encode(),
-                     200 if ready else 503)
-
-    @route("/")
-    def index() -> Response:
-        if denied := refused():
-            return denied
-        now = settings()
-        response = Response(live_page.page(now.node_name, now.interval, store.latest()), mimetype="text/html")
-        response.headers["Content-Security-Policy"] = live_page.CONTENT_SECURITY_POLICY
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        return response
-
-    @route("/api/v1/history")
-    def history() -> Response:
-        if denied := refused():
-            return denied
-        gzipped = _wants_gzip(request)
-        found = cache.get("history+gzip" if gzipped else "history")
-        if found is None:
-            return _error(503, "no sample has completed yet; retry in one interval")
-        response = _encoded(_json(found[1]), gzipped, "Accept-Encoding")
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        return response
-
-    @app.errorhandler(HTTPException)
-    def http_error(err: HTTPException) -> Response:
-        response = _error(err.code or 500, err.description or err.name)
-        if err.code == 405:
-            response.headers["Allow"] = "GET, HEAD"
-        return response
-
+    ctx = RouteContext(store, cache, settings, alive, web, PasswordCheck())
+    for path, view in ROUTES.items():
+        app.add_url_rule(path, view.__name__, partial(view, ctx), methods=["GET", "HEAD"],
+                         provide_automatic_options=False)
+    app.register_error_handler(HTTPException, http_error)
     return app

@@ -1,4 +1,5 @@
-"""Checks the files the HTTP server will read (the TLS pair, the web config) before gunicorn forks."""
+"""Checks the files the HTTP server will read (the TLS pair, the web config) before gunicorn
+forks."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from kepler_bridge.http.webconfig import read as read_web_config
 
 
 def check(config: Config) -> None:
-    """Raise ConfigError (the CLI's exit 2 and one line) for a TLS pair or web config the server cannot use."""
+    """Raise ConfigError (the CLI's exit 2 and one line) for a TLS pair or web config the server
+    cannot use."""
     if config.tls_cert:
         try:
             server_context(config.tls_cert, config.tls_key)
         except TLSError as err:
             key = f"tls_{err.part}"
-            raise ConfigError(key, getattr(config, key), str(err), config.origins.get(key, "")) from None
+            origin = config.origins.get(key, "")
+            raise ConfigError(key, getattr(config, key), str(err), origin) from None
     if config.web_config_file:
         _check_web_config(config)
 
@@ -27,5 +30,5 @@ def _check_web_config(config: Config) -> None:
     except WebConfigError as err:
         raise ConfigError("web_config_file", path, str(err), origin) from None
     if web.tls is not None and config.tls_cert:
-        raise ConfigError("web_config_file", path, "it sets tls_server_config and --tls-cert/--tls-key are given "
-                                                   "too; keep one of the two", origin)
+        raise ConfigError("web_config_file", path, "it sets tls_server_config and "
+                          "--tls-cert/--tls-key are given too; keep one of the two", origin)

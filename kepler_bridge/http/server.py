@@ -1,21 +1,28 @@
-"""Runs the agent under gunicorn: one worker (drivers must not be forked), event-loop HTTP, sampler after fork."""
+"""Runs the agent under gunicorn: one worker (drivers must not be forked), event-loop HTTP, and the
+sampler started after the fork."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import signal
 import os
+import signal
 import socket
 import sys
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
-from kepler_bridge.sampling import carry
 from kepler_bridge.config import Config
+from kepler_bridge.http.host import ConnectionSettings
 from kepler_bridge.http.webconfig import WebConfigFile
+from kepler_bridge.sampling import carry
+
+if TYPE_CHECKING:  # the worker imports these; the master stays without the sampler and Flask
+    from flask import Flask
+
+    from kepler_bridge.sampling.sampler import Sampler
 
 THREADS = 4
 # mallopt(3) parameter numbers (glibc malloc.h).
@@ -29,7 +36,8 @@ class BindError(Exception):
 
 
 def bind(config: Config) -> socket.socket:
-    """Bind the listening socket in the master, so a busy port is one clear error before gunicorn starts."""
+    """Bind the listening socket in the master: a busy port is one clear error before gunicorn
+    starts."""
     host, port = config.listen
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -39,8 +47,8 @@ def bind(config: Config) -> socket.socket:
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:
-            raise BindError(f"cannot listen on {config.listen_text}: address already in use; stop the other "
-                            "process or choose another address with --listen") from None
+            raise BindError(f"cannot listen on {config.listen_text}: address already in use; stop "
+                            "the other process or choose another address with --listen") from None
         raise BindError(f"cannot listen on {config.listen_text}: {err.strerror or err}; "
                         "choose another address with --listen") from None
     sock.set_inheritable(True)
@@ -48,17 +56,22 @@ def bind(config: Config) -> socket.socket:
 
 
 class AgentApplication(BaseApplication):
-    """gunicorn application whose worker builds the sampler and the Flask app after the fork."""
+    """gunicorn application whose worker builds the sampler and the Flask app after the fork; the
+    worker's `WorkerHost`."""
 
-    def __init__(self, config: Config, sock: socket.socket, flags: Mapping[str, object] | None = None) -> None:
-        """`flags`: the command line `config` came from, re-read on SIGHUP or when the config file changes."""
+    def __init__(self, config: Config, sock: socket.socket,
+                 flags: Mapping[str, object] | None = None) -> None:
+        """`flags`: the command line `config` came from, re-read on SIGHUP or when the config file
+        changes."""
         self.config = config
         self.flags = flags
         self.sock = sock
-        self.sampler = None
+        self.sampler: Sampler | None = None
         self.state_dir = carry.make_dir()
         self._master = os.getpid()
-        self.web = WebConfigFile(config.web_config_file) if config.web_config_file else None
+        web = WebConfigFile(config.web_config_file) if config.web_config_file else None
+        self.connections = ConnectionSettings(config.http_header_timeout, config.http_write_timeout,
+                                              config.tls_cert, config.tls_key, web)
         super().__init__()
 
     def load_config(self) -> None:
@@ -75,21 +88,30 @@ class AgentApplication(BaseApplication):
             "loglevel": "info",
             "worker_exit": self._worker_exit,
         }
-        if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 24: no shared control socket in $HOME
+        # gunicorn >= 24: no shared control socket in $HOME
+        if "control_socket_disable" in self.cfg.settings:
             settings["control_socket_disable"] = True
         for key, value in settings.items():
             self.cfg.set(key, value)
 
-    def load(self):
-        from kepler_bridge.reload import Derived
+    def load(self) -> Flask:
+        """In the worker: start the sampler and build the app that serves its snapshots."""
+        from kepler_bridge.http.app import WebSettings, create_app
+        from kepler_bridge.reload import DerivedSettings
         from kepler_bridge.sampling.sampler import Sampler
         from kepler_bridge.store import SnapshotStore
-        from kepler_bridge.http.app import WebSettings, create_app
 
         store = SnapshotStore()
-        sampler = self.sampler = Sampler(self.config, store, state_dir=self.state_dir, flags=self.flags)
+        sampler = Sampler(self.config, store, state_dir=self.state_dir, flags=self.flags)
+        self.sampler = sampler
         sampler.start()
-        return create_app(store, Derived(lambda: sampler.config, WebSettings.of), alive=sampler.alive, web=self.web)
+        settings = DerivedSettings(lambda: sampler.config, WebSettings.of)
+        return create_app(store, settings, alive=sampler.alive, web=self.connections.web)
+
+    def reload(self) -> None:
+        """Re-read the settings before the next sample (SIGHUP in the worker)."""
+        if self.sampler is not None:
+            self.sampler.reload()
 
     def run(self) -> None:
         try:
@@ -103,14 +125,16 @@ class AgentApplication(BaseApplication):
             self.sampler.stop(timeout=GRACEFUL_SECONDS / 2)
 
     def remove_state(self) -> None:
-        """Delete the counter state, in the master only: a worker's exit unwinds through `run()` too."""
+        """Delete the counter state, in the master only: a worker's exit unwinds through `run()`
+        too."""
         if os.getpid() == self._master:
             carry.remove_dir(self.state_dir)
 
 
 class _Arbiter(Arbiter):
-    """gunicorn's master, except that SIGHUP re-reads the settings inside the running worker: a new worker
-    would reopen the drivers and reload the eBPF programs, and gunicorn's own reload keeps none of our settings."""
+    """gunicorn's master, except that SIGHUP re-reads the settings inside the running worker: a
+    new worker would reopen the drivers and reload the eBPF programs, and gunicorn's own reload
+    keeps none of our settings."""
 
     def handle_hup(self) -> None:
         self.log.info("SIGHUP: the worker re-reads its settings")
@@ -120,9 +144,10 @@ class _Arbiter(Arbiter):
 def tune_malloc() -> None:
     """glibc: two arenas and a fixed 128 KiB mmap threshold, set before any thread or fork.
 
-    The worker runs several threads (sampler, HTTP pool, kube, NVML events) and rebuilds megabyte-sized buffers
-    every sample (counter state, renders): with per-thread arenas and glibc's sliding mmap threshold those
-    freed buffers stay resident as fragmented heap. Measured: 44.6 -> 40.3 MiB worker RSS under process churn.
+    The worker runs several threads (sampler, HTTP pool, kube, NVML events) and rebuilds
+    megabyte-sized buffers every sample (counter state, renders): with per-thread arenas and glibc's
+    sliding mmap threshold those freed buffers stay resident as fragmented heap. Measured: 44.6 ->
+    40.3 MiB worker RSS under process churn.
     Elsewhere (musl) this does nothing.
     """
     try:

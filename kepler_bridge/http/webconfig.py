@@ -1,4 +1,5 @@
-"""`--web.config.file` in the Prometheus exporter-toolkit format: TLS, client certificates, basic-auth users.
+"""`--web.config.file` in the Prometheus exporter-toolkit format: TLS, client certificates and
+basic-auth users.
 
 The file, and every file it names, is checked on each new connection and each authenticated request;
 a change is picked up then, so certificates and users rotate without a restart. A changed file that
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import ssl
 import threading
@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from kepler_bridge.http.tls import TLSError, server_context
+from kepler_bridge.reload import ConfigFileWatch
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +29,13 @@ CLIENT_AUTH = {
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
-# Python's TLS verifies every client certificate it asks for: "ask but do not verify" has no equivalent.
+# Python's TLS verifies every client certificate it asks for: "ask but do not verify" has no
+# equivalent.
 UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
                 "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+# The version keys and the SSLContext attribute each sets.
+TLS_BOUNDS = (("min_version", "minimum_version"), ("max_version", "maximum_version"))
 TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "client_allowed_sans",
             "min_version", "max_version")
 TOP_KEYS = ("tls_server_config", "basic_auth_users", "http_server_config")
@@ -61,7 +65,8 @@ def read(path: str) -> WebConfig:
         with open(path, "rb") as file:
             data = yaml.safe_load(file.read(1 << 20))
     except (OSError, yaml.YAMLError, RecursionError) as err:
-        raise WebConfigError(f"cannot read {path}: {_first_line(err)}; give a readable YAML file") from None
+        raise WebConfigError(f"cannot read {path}: {_first_line(err)}; "
+                             "give a readable YAML file") from None
     data = {} if data is None else data
     _mapping(data, "top level", TOP_KEYS)
     _mapping(data.get("http_server_config") or {}, "http_server_config", ())
@@ -84,10 +89,12 @@ def _mapping(data: Any, where: str, keys: tuple[str, ...]) -> None:
     unknown = [str(key) for key in data if key not in keys]
     if unknown:
         accepted = ", ".join(keys) or "nothing (HTTP/2 and extra headers are not supported)"
-        raise WebConfigError(f"{where}: unsupported key {unknown[0]!r}; remove it (accepted: {accepted})")
+        raise WebConfigError(f"{where}: unsupported key {unknown[0]!r}; "
+                             f"remove it (accepted: {accepted})")
 
 
-def _text(data: dict, key: str) -> str:
+def _tls_string(data: dict, key: str) -> str:
+    """The string at tls_server_config.`key`; "" when it is absent."""
     value = data.get(key) or ""
     if not isinstance(value, str):
         raise WebConfigError(f"tls_server_config.{key}: expected a string")
@@ -99,100 +106,110 @@ def _users(data: Any) -> dict[str, bytes]:
         raise WebConfigError("basic_auth_users: expected a mapping of user name to bcrypt hash")
     users = {}
     for user, hashed in data.items():
-        if not isinstance(user, str) or not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
-            raise WebConfigError(f"basic_auth_users.{user}: expected a bcrypt hash such as $2y$10$... "
-                                 "(make one with: htpasswd -nBC 10 '' | tr -d ':\\n')")
+        if not (isinstance(user, str) and isinstance(hashed, str) and _BCRYPT.fullmatch(hashed)):
+            raise WebConfigError(f"basic_auth_users.{user}: expected a bcrypt hash such as "
+                                 "$2y$10$... (make one with: htpasswd -nBC 10 '' | tr -d ':\\n')")
         users[user] = hashed.encode()
     return users
 
 
 def _tls(data: dict) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[str, ...]]:
-    cert, key, ca = _text(data, "cert_file"), _text(data, "key_file"), _text(data, "client_ca_file")
+    cert, key = _tls_string(data, "cert_file"), _tls_string(data, "key_file")
+    ca = _tls_string(data, "client_ca_file")
     if not cert or not key:
         raise WebConfigError("tls_server_config: cert_file and key_file are both required")
-    auth = _text(data, "client_auth_type") or ("RequireAndVerifyClientCert" if ca else "NoClientCert")
-    if auth in UNVERIFIED_CLIENT_AUTH:
-        raise WebConfigError(f"tls_server_config.client_auth_type: {auth} is not supported (client certificates "
-                             "are always verified here); use VerifyClientCertIfGiven or RequireAndVerifyClientCert")
-    if auth not in CLIENT_AUTH:
-        raise WebConfigError(f"tls_server_config.client_auth_type: {auth!r} is not one of {', '.join(CLIENT_AUTH)}")
-    if CLIENT_AUTH[auth] != ssl.CERT_NONE and not ca:
-        raise WebConfigError(f"tls_server_config.client_ca_file: {auth} needs the CA that signs client certificates")
+    verify_mode = _client_auth(data, ca)
     try:
         context = server_context(cert, key)
     except TLSError as err:
         raise WebConfigError(f"tls_server_config.{err.part}_file: {err}") from None
-    for bound in ("min_version", "max_version"):
-        name = _text(data, bound)
+    for bound, attribute in TLS_BOUNDS:
+        name = _tls_string(data, bound)
         if name and name not in TLS_VERSIONS:
-            raise WebConfigError(f"tls_server_config.{bound}: {name!r} is not one of {', '.join(TLS_VERSIONS)}")
+            raise WebConfigError(f"tls_server_config.{bound}: {name!r} is not one of "
+                                 f"{', '.join(TLS_VERSIONS)}")
         if name:
-            setattr(context, "minimum_version" if bound == "min_version" else "maximum_version", TLS_VERSIONS[name])
-    context.verify_mode = CLIENT_AUTH[auth]
+            setattr(context, attribute, TLS_VERSIONS[name])
+    context.verify_mode = verify_mode
     if ca:
         try:
             context.load_verify_locations(cafile=ca)
         except (OSError, ssl.SSLError) as err:
-            raise WebConfigError(f"tls_server_config.client_ca_file: cannot load {ca}: {_first_line(err)}; "
+            reason = _first_line(err)
+            raise WebConfigError(f"tls_server_config.client_ca_file: cannot load {ca}: {reason}; "
                                  "give a PEM file of CA certificates") from None
+    return context, _allowed_sans(data, ca), tuple(path for path in (cert, key, ca) if path)
+
+
+def _client_auth(data: dict, ca: str) -> ssl.VerifyMode:
+    """The verify mode `client_auth_type` asks for, checked against the CA file given."""
+    default = "RequireAndVerifyClientCert" if ca else "NoClientCert"
+    auth = _tls_string(data, "client_auth_type") or default
+    where = "tls_server_config.client_auth_type"
+    if auth in UNVERIFIED_CLIENT_AUTH:
+        raise WebConfigError(f"{where}: {auth} is not supported (client certificates are always "
+                             "verified here); use VerifyClientCertIfGiven or "
+                             "RequireAndVerifyClientCert")
+    if auth not in CLIENT_AUTH:
+        raise WebConfigError(f"{where}: {auth!r} is not one of {', '.join(CLIENT_AUTH)}")
+    if CLIENT_AUTH[auth] != ssl.CERT_NONE and not ca:
+        raise WebConfigError(f"tls_server_config.client_ca_file: {auth} needs the CA that signs "
+                             "client certificates")
+    return CLIENT_AUTH[auth]
+
+
+def _allowed_sans(data: dict, ca: str) -> tuple[str, ...]:
     sans = data.get("client_allowed_sans") or []
     if not isinstance(sans, list) or not all(isinstance(san, str) for san in sans):
         raise WebConfigError("tls_server_config.client_allowed_sans: expected a list of names")
     if sans and not ca:
-        raise WebConfigError("tls_server_config.client_allowed_sans: names of client certificates need "
-                             "client_ca_file, the CA that signs them")
-    return context, tuple(sans), tuple(path for path in (cert, key, ca) if path)
+        raise WebConfigError("tls_server_config.client_allowed_sans: names of client certificates "
+                             "need client_ca_file, the CA that signs them")
+    return tuple(sans)
 
 
 def peer_allowed(sock: ssl.SSLSocket, allowed_sans: tuple[str, ...]) -> bool:
-    """Whether the client certificate names one of `allowed_sans` (always true when none are listed)."""
+    """Whether the client certificate names one of `allowed_sans` (always true when none are
+    listed)."""
     if not allowed_sans:
         return True
-    names = {value for _kind, value in (sock.getpeercert() or {}).get("subjectAltName", ())}
+    sans: Any = (sock.getpeercert() or {}).get("subjectAltName", ())  # ((kind, value), ...)
+    names = {value for _kind, value in sans}
     return not names.isdisjoint(allowed_sans)
 
 
 class WebConfigFile:
-    """The web config as of its last good read; `current()` re-reads it when it or a file it names changed."""
+    """The web config as of its last good read; `current()` re-reads it when it or a file it
+    names changed."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._config = read(path)
-        self._stamp = _stamp(self._config.files)
-        self._refused: tuple = ()
+        self._watch = ConfigFileWatch(*self._config.files)
 
     def current(self) -> WebConfig:
-        stamp = _stamp(self._config.files)
-        if stamp == self._stamp or stamp == self._refused:
-            return self._config
+        """The web config in force; a changed file that does not load is refused once, with one
+        log line."""
         with self._lock:
-            if stamp != self._stamp and stamp != self._refused:
-                try:
-                    config = read(self.path)
-                except WebConfigError as err:
-                    self._refused = stamp
-                    log.error("web config %s not reloaded, the previous one stays in force: %s", self.path, err)
-                else:
-                    self._config, self._stamp = config, _stamp(config.files)
-                    log.info("web config %s reloaded", self.path)
-        return self._config
+            if self._watch.changed():
+                self._reread()
+            return self._config
 
-
-def _stamp(files: tuple[str, ...]) -> tuple:
-    stamps = []
-    for path in files:
+    def _reread(self) -> None:
         try:
-            info = os.stat(path)
-        except OSError:
-            stamps.append((path, None))
-        else:
-            stamps.append((path, info.st_ino, info.st_mtime_ns, info.st_size))
-    return tuple(stamps)
+            config = read(self.path)
+        except WebConfigError as err:
+            log.error("web config %s not reloaded, the previous one stays in force: %s",
+                      self.path, err)
+            return
+        self._config, self._watch = config, ConfigFileWatch(*config.files)
+        log.info("web config %s reloaded", self.path)
 
 
 class PasswordCheck:
-    """bcrypt verification, cached by a digest of (user, hash, password) so a known pair costs one lookup."""
+    """bcrypt verification, cached by a digest of (user, hash, password): a known pair costs one
+    lookup."""
 
     def __init__(self) -> None:
         self._cache: OrderedDict[bytes, bool] = OrderedDict()

@@ -1,4 +1,4 @@
-"""gunicorn worker that reads requests and writes responses in one event loop; threads only run Flask.
+"""gunicorn worker: one event loop reads requests and writes responses; threads only run Flask.
 
 A slow or silent client costs a socket and a few bytes, never a thread: a request reaches the thread
 pool only once its whole head is buffered, and its response is written back by the loop, without
@@ -20,15 +20,15 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable
+from typing import Callable, cast
 
 from gunicorn import util
-from gunicorn.http import RequestParser, wsgi
-from gunicorn.http.errors import NoMoreData
 from gunicorn.workers.base import Worker
 
+from kepler_bridge.http.host import WorkerHost
 from kepler_bridge.http.tls import server_context
-from kepler_bridge.http.webconfig import WebConfigFile, peer_allowed
+from kepler_bridge.http.webconfig import peer_allowed
+from kepler_bridge.http.wsgi import Peer, WsgiBridge, error_response
 
 # A head larger than this is refused with 431 (gunicorn's own line and field limits apply below it).
 MAX_HEAD_BYTES = 64 * 1024
@@ -38,23 +38,6 @@ TICK_SECONDS = 0.25
 # After "Connection: close", unread client bytes are drained this long so the close sends no RST.
 LINGER_SECONDS = 2.0
 ACCEPTS_PER_EVENT = 64
-
-
-class _Collector:
-    """Stands in for the client socket while Flask runs: gunicorn writes the response into it."""
-
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-
-    def sendall(self, data: bytes) -> None:
-        self.chunks.append(bytes(data))
-
-    def send(self, data: bytes) -> int:
-        self.chunks.append(bytes(data))
-        return len(data)
-
-    def gettimeout(self) -> float:
-        return 0.0  # "non-blocking": gunicorn's error writer then calls sendall directly
 
 
 @dataclass(eq=False)
@@ -75,19 +58,20 @@ class _Conn:
 
 
 class EventLoopWorker(Worker):
-    """One selector loop for accept, TLS handshake, request heads and responses; a small pool runs the app."""
+    """One selector loop: accept, TLS handshake, request heads, responses; a pool runs Flask."""
+
+    # Made in init_process, after the fork.
+    selector: selectors.BaseSelector
+    pool: ThreadPoolExecutor
+    bridge: WsgiBridge
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        config = self.app.config
-        self.header_timeout: float = config.http_header_timeout
-        self.write_timeout: float = config.http_write_timeout
+        self.host: WorkerHost = self.app
+        self.settings = self.host.connections
         self.tls: ssl.SSLContext | None = None
-        self.web: WebConfigFile | None = self.app.web
-        self.selector: selectors.BaseSelector | None = None
-        self.pool: ThreadPoolExecutor | None = None
         self.done: queue.SimpleQueue = queue.SimpleQueue()
-        # Connections in each waiting state, oldest deadline first (each state has one fixed timeout).
+        # Connections in each waiting state, oldest deadline first (a state has one fixed timeout).
         self.reading: OrderedDict[_Conn, None] = OrderedDict()
         self.writing: OrderedDict[_Conn, None] = OrderedDict()
         self.lingering: OrderedDict[_Conn, None] = OrderedDict()
@@ -96,12 +80,15 @@ class EventLoopWorker(Worker):
         self.stop_by = float("inf")
 
     def init_process(self) -> None:
-        config = self.app.config
-        if config.tls_cert:
-            self.tls = server_context(config.tls_cert, config.tls_key)
+        if self.settings.tls_cert:
+            self.tls = server_context(self.settings.tls_cert, self.settings.tls_key)
         self.selector = selectors.DefaultSelector()
         self.pool = ThreadPoolExecutor(max_workers=self.cfg.threads, thread_name_prefix="http")
         super().init_process()
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        self.bridge = WsgiBridge(self.wsgi, self.cfg, self.handle_error, lambda: self.alive)
 
     def handle_exit(self, sig, frame) -> None:
         self.alive = False
@@ -113,10 +100,10 @@ class EventLoopWorker(Worker):
 
     def handle_hup(self, sig, frame) -> None:
         """The master forwards SIGHUP: re-read the settings before the next sample."""
-        self.app.sampler.reload()
+        self.host.reload()
 
     def run(self) -> None:
-        # The base class routes signals to PIPE[1] too, so a signal or a finished request wakes select().
+        # The base class routes signals to PIPE[1] too: signals and finished requests wake select().
         self.selector.register(self.PIPE[0], selectors.EVENT_READ, partial(self._wake))
         self._set_accepting(True)
         next_tick = 0.0
@@ -154,7 +141,8 @@ class EventLoopWorker(Worker):
         for listener in self.sockets:
             if enabled:
                 listener.setblocking(False)
-                self.selector.register(listener, selectors.EVENT_READ, partial(self._accept, listener))
+                handler = partial(self._accept, listener)
+                self.selector.register(listener, selectors.EVENT_READ, handler)
             else:
                 self.selector.unregister(listener)
         self.accepting = enabled
@@ -175,7 +163,8 @@ class EventLoopWorker(Worker):
             except BlockingIOError:
                 return
             except OSError as err:
-                if err.errno in (errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                if err.errno in (errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS,
+                                 errno.ENOMEM):
                     self.log.warning("accept failed: %s", err)
                     return
                 raise
@@ -184,8 +173,8 @@ class EventLoopWorker(Worker):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(sock, client, listener.getsockname())
             tls = self.tls
-            if self.web is not None:
-                web = self.web.current()
+            if self.settings.web is not None:
+                web = self.settings.web.current()
                 tls, conn.allowed_sans = web.tls, web.allowed_sans
             if tls is not None:
                 conn.sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
@@ -195,7 +184,7 @@ class EventLoopWorker(Worker):
     # Reading a request head --------------------------------------------------------------------
 
     def _start_reading(self, conn: _Conn) -> None:
-        conn.deadline = time.monotonic() + self.header_timeout
+        conn.deadline = time.monotonic() + self.settings.header_timeout
         self.reading[conn] = None
         if not self._dispatch_if_complete(conn):
             self._watch(conn, selectors.EVENT_READ, self._on_readable)
@@ -226,8 +215,9 @@ class EventLoopWorker(Worker):
         self._dispatch_if_complete(conn)
 
     def _handshake(self, conn: _Conn) -> None:
+        sock = cast(ssl.SSLSocket, conn.sock)
         try:
-            conn.sock.do_handshake()
+            sock.do_handshake()
         except ssl.SSLWantReadError:
             self._watch(conn, selectors.EVENT_READ, self._on_readable)
             return
@@ -238,21 +228,24 @@ class EventLoopWorker(Worker):
             self.log.debug("TLS handshake with %s failed: %s", conn.client, err)
             self._close(conn)
             return
-        if not peer_allowed(conn.sock, conn.allowed_sans):
-            self.log.warning("client certificate of %s names none of client_allowed_sans", conn.client)
+        if not peer_allowed(sock, conn.allowed_sans):
+            self.log.warning("client certificate of %s names none of client_allowed_sans",
+                             conn.client)
             self._close(conn)
             return
         conn.handshaking = False
         self._watch(conn, selectors.EVENT_READ, self._on_readable)
 
     def _dispatch_if_complete(self, conn: _Conn) -> bool:
-        """Hand a buffered, complete request head to the pool; True when the connection left `reading`."""
+        """Hand a buffered, complete request head to the pool; True when the connection left
+        `reading`."""
         end = conn.inbuf.find(b"\r\n\r\n", max(0, conn.scanned - 3))
         if end < 0:
             conn.scanned = len(conn.inbuf)
             if len(conn.inbuf) > MAX_HEAD_BYTES:
-                self._respond(conn, [_error_response(431, "Request Header Fields Too Large",
-                                                     f"request head over {MAX_HEAD_BYTES} bytes")], close=True)
+                answer = error_response(431, "Request Header Fields Too Large",
+                                        f"request head over {MAX_HEAD_BYTES} bytes")
+                self._respond(conn, [answer], close=True)
                 return True
             return False
         end += 4
@@ -266,33 +259,9 @@ class EventLoopWorker(Worker):
     # Running the app (pool threads) ---------------------------------------------------------------
 
     def _serve(self, conn: _Conn, head: bytes) -> None:
-        collector = _Collector()
-        keepalive = False
-        req = None
-        try:
-            req = next(RequestParser(self.cfg, [head], conn.client))
-            resp, environ = wsgi.create(req, collector, conn.client, conn.server, self.cfg)
-            environ["wsgi.multithread"] = True
-            if isinstance(conn.sock, ssl.SSLSocket):
-                environ["wsgi.url_scheme"] = "https"
-            if _has_body(req) or not self.alive:
-                # Bodies are never read (every endpoint is GET or HEAD); the connection cannot be reused.
-                resp.force_close()
-            respiter = self.wsgi(environ, resp.start_response)
-            try:
-                for item in respiter:
-                    resp.write(item)
-                resp.close()
-            finally:
-                if hasattr(respiter, "close"):
-                    respiter.close()
-            keepalive = not resp.should_close()
-        except (StopIteration, NoMoreData):
-            collector.chunks.clear()  # a head with no request line in it: nothing to answer
-        except Exception as err:  # a bad request line or header, or an app error: gunicorn writes the status
-            collector.chunks.clear()
-            self.handle_error(req, collector, conn.client, err)
-        self.done.put((conn, collector.chunks, keepalive))
+        peer = Peer(conn.client, conn.server, isinstance(conn.sock, ssl.SSLSocket))
+        chunks, keepalive = self.bridge.answer(head, peer)
+        self.done.put((conn, chunks, keepalive))
         try:
             os.write(self.PIPE[1], b".")
         except BlockingIOError:
@@ -311,7 +280,7 @@ class EventLoopWorker(Worker):
             self.busy -= 1
             self._respond(conn, chunks, close=not (keepalive and self.alive))
 
-    # Writing the response ---------------------------------------------------------------------------
+    # Writing the response -------------------------------------------------------------------------
 
     def _respond(self, conn: _Conn, chunks: list[bytes], close: bool) -> None:
         self.reading.pop(conn, None)
@@ -319,7 +288,7 @@ class EventLoopWorker(Worker):
             chunks = [b"".join(chunks)]  # one TLS write: no small record left behind for Nagle
         conn.out = [memoryview(chunk) for chunk in chunks if chunk]
         conn.close_after_write = close
-        conn.deadline = time.monotonic() + self.write_timeout
+        conn.deadline = time.monotonic() + self.settings.write_timeout
         self.writing[conn] = None
         self._flush(conn)
 
@@ -342,7 +311,7 @@ class EventLoopWorker(Worker):
                         sent = 0
         except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
             if progressed:
-                conn.deadline = time.monotonic() + self.write_timeout
+                conn.deadline = time.monotonic() + self.settings.write_timeout
                 self.writing.move_to_end(conn)
             self._watch(conn, selectors.EVENT_WRITE, self._flush)
             return
@@ -375,7 +344,7 @@ class EventLoopWorker(Worker):
         if not data:
             self._close(conn)
 
-    # Bookkeeping -----------------------------------------------------------------------------------
+    # Bookkeeping ----------------------------------------------------------------------------------
 
     def _watch(self, conn: _Conn, events: int, handler: Callable[[_Conn], None]) -> None:
         data = partial(handler, conn)
@@ -407,19 +376,10 @@ class EventLoopWorker(Worker):
                 self._close(conn)
 
     def _stop_reading(self, now: float) -> None:
-        """On shutdown: no new connections; idle ones close, answers in progress get the graceful timeout."""
+        """On shutdown: no new connections; idle ones close, answers in progress get the graceful
+        timeout."""
         self.stop_by = now + self.cfg.graceful_timeout
         self._set_accepting(False)
         for conn in list(self.reading):
             self._close(conn)
 
-
-def _has_body(req) -> bool:
-    return any(name == "TRANSFER-ENCODING" or (name == "CONTENT-LENGTH" and value.strip() != "0")
-               for name, value in req.headers)
-
-
-def _error_response(status: int, reason: str, message: str) -> bytes:
-    collector = _Collector()
-    util.write_error(collector, status, reason, message)
-    return b"".join(collector.chunks)

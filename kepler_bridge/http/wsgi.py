@@ -1,0 +1,102 @@
+"""The event-loop worker's WSGI bridge: one buffered request head in, the response's bytes out.
+
+It runs in the worker's pool threads. gunicorn parses the head and writes the response into a
+`Collector` standing in for the socket; the worker's loop then sends those bytes without blocking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gunicorn import util
+from gunicorn.http import RequestParser, wsgi
+from gunicorn.http.errors import NoMoreData
+
+
+class Collector:
+    """Stands in for the client socket while the app runs: gunicorn writes the response into it."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.chunks.append(bytes(data))
+
+    def send(self, data: bytes) -> int:
+        self.chunks.append(bytes(data))
+        return len(data)
+
+    def gettimeout(self) -> float:
+        return 0.0  # "non-blocking": gunicorn's error writer then calls sendall directly
+
+
+# gunicorn's Worker.handle_error(req, client, addr, exc): logs the error and writes its status.
+ErrorWriter = Callable[[Any, Collector, tuple, Exception], None]
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The two ends of one connection, and whether it speaks TLS."""
+
+    client: tuple
+    server: tuple
+    https: bool
+
+
+@dataclass(frozen=True)
+class WsgiBridge:
+    """Runs the WSGI `app` on request heads with gunicorn's parser (limits from `cfg`) and writer.
+
+    `alive` turns False when the worker stops: every answer from then on closes its connection.
+    """
+
+    app: Callable
+    cfg: Any
+    write_error: ErrorWriter
+    alive: Callable[[], bool]
+
+    def answer(self, head: bytes, peer: Peer) -> tuple[list[bytes], bool]:
+        """The response's bytes, and whether the connection may carry another request."""
+        collector = Collector()
+        req = None
+        try:
+            req = next(RequestParser(self.cfg, [head], peer.client))
+            keepalive = self._run(req, collector, peer)
+        except (StopIteration, NoMoreData):
+            return [], False  # a head with no request line in it: nothing to answer
+        except Exception as err:  # a bad request line or header, or an app error: gunicorn answers
+            collector.chunks.clear()
+            self.write_error(req, collector, peer.client, err)
+            return collector.chunks, False
+        return collector.chunks, keepalive
+
+    def _run(self, req: Any, collector: Collector, peer: Peer) -> bool:
+        resp, environ = wsgi.create(req, collector, peer.client, peer.server, self.cfg)
+        environ["wsgi.multithread"] = True
+        if peer.https:
+            environ["wsgi.url_scheme"] = "https"
+        if _has_body(req) or not self.alive():
+            # Bodies are never read (every endpoint is GET or HEAD): the connection is not reused.
+            resp.force_close()
+        respiter = self.app(environ, resp.start_response)
+        try:
+            for item in respiter:
+                resp.write(item)
+            resp.close()
+        finally:
+            if hasattr(respiter, "close"):
+                respiter.close()
+        return not resp.should_close()
+
+
+def _has_body(req: Any) -> bool:
+    return any(name == "TRANSFER-ENCODING" or (name == "CONTENT-LENGTH" and value.strip() != "0")
+               for name, value in req.headers)
+
+
+def error_response(status: int, reason: str, message: str) -> bytes:
+    """A complete error response, as gunicorn writes one, for the loop to send itself."""
+    collector = Collector()
+    util.write_error(collector, status, reason, message)
+    return b"".join(collector.chunks)
