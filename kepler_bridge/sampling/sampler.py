@@ -148,11 +148,11 @@ class Sampler:
         if new is None:
             return
         old, self.config = self.config, new
-        self._counters.set_process_limit(new.process_metrics)
+        self._counters.configure(new.process_metrics)
         self._attribution.configure(**_attribution_settings(new))
         for slot in self.slots:
             if slot.source is not None:
-                slot.source.config = new
+                slot.source.configure(new)
         if old.command != new.command:
             for slot in [slot for slot in self.slots if slot.name == "command"]:
                 _stop_source(slot)
@@ -185,7 +185,7 @@ class Sampler:
             for slot in self.slots:
                 slot.errors_total += carried.source_errors.get(slot.name, 0)
             # The state came with the settings of the worker that saved it; these are the ones in force.
-            self._counters.set_process_limit(self.config.process_metrics)
+            self._counters.configure(self.config.process_metrics)
             self._attribution.configure(**_attribution_settings(self.config))
             # That worker may have reloaded settings since start-up: read them as they are now.
             self._reload.set()
