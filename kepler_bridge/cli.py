@@ -8,8 +8,9 @@ import sys
 from typing import NoReturn, Sequence
 
 from kepler_bridge import __version__
-from kepler_bridge.config import Config, ConfigError, add_arguments, load, one_line
+from kepler_bridge.config import Config, ConfigError, add_arguments, load
 from kepler_bridge.http import preflight
+from kepler_bridge.settings_parse import one_line
 from kepler_bridge.sources import available, selected_groups
 
 EXIT_BAD_SETTING = 2
