@@ -83,7 +83,7 @@ def _collect(config: Config, form: str) -> int:
 
 
 def _doctor(config: Config) -> int:
-    from kepler_bridge.sampling.sampler import check_source
+    from kepler_bridge.sampling.slots import check_source
 
     groups = selected_groups(config)
     names = [name for group in groups for name in group]
