@@ -8,8 +8,9 @@ import sys
 from typing import NoReturn, Sequence
 
 from kepler_bridge import __version__
-from kepler_bridge.config import Config, ConfigError, add_arguments, load, one_line
+from kepler_bridge.config import Config, ConfigError, add_arguments, load
 from kepler_bridge.http import preflight
+from kepler_bridge.settings_parse import one_line
 from kepler_bridge.sources import available, selected_groups
 
 EXIT_BAD_SETTING = 2
@@ -82,7 +83,7 @@ def _collect(config: Config, form: str) -> int:
 
 
 def _doctor(config: Config) -> int:
-    from kepler_bridge.sampling.sampler import check_source
+    from kepler_bridge.sampling.slots import check_source
 
     groups = selected_groups(config)
     names = [name for group in groups for name in group]

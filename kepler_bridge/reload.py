@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 from typing import Callable, Generic, Mapping, TypeVar
 
 from kepler_bridge.config import Config, ConfigError, load
@@ -83,3 +84,25 @@ def reread(current: Config, flags: Mapping[str, object], environ: Mapping[str, s
     changed = sorted(name for name in RELOADABLE if getattr(new, name) != getattr(current, name))
     log.info("settings reloaded: %s", ", ".join(changed) or "nothing changed")
     return dataclasses.replace(new, **{name: getattr(current, name) for name in kept})
+
+
+class SettingsWatch:
+    """Tells when a running sampler reads its settings again, after `ask()` (SIGHUP) or a change
+    of the config file, and reads them."""
+
+    def __init__(self, flags: Mapping[str, object] | None, config_file: str) -> None:
+        """`flags`: the command line the settings came from; without it nothing is re-read."""
+        self._flags = flags
+        self._file = ConfigFileWatch(config_file)
+        self._asked = threading.Event()
+
+    def ask(self) -> None:
+        """Read the settings again at the next check."""
+        self._asked.set()
+
+    def new_settings(self, current: Config) -> Config | None:
+        """The settings as they are now when asked or the file changed (see `reread`), else None."""
+        if self._flags is None or not (self._file.changed() or self._asked.is_set()):
+            return None
+        self._asked.clear()
+        return reread(current, self._flags)

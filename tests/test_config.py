@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from agent import KEPLER_BRIDGE
-from kepler_bridge.config import ConfigError, load, parse_duration
+from kepler_bridge.config import ConfigError, load
+from kepler_bridge.settings_parse import duration as parse_duration
 from kepler_bridge.exposition import RenderSettings
 from kubefakes import self_signed
 

@@ -20,7 +20,8 @@ import pytest
 
 from cpu_helpers import Burner, container_cgroup, loopback_flood, net_rx_softirqs, require_bpf, short_lived
 from kepler_bridge import config
-from kepler_bridge.sampling.sampler import Sampler, check_source
+from kepler_bridge.sampling.sampler import Sampler
+from kepler_bridge.sampling.slots import check_source
 from kepler_bridge.store import SnapshotStore
 from kepler_bridge.sources.base import SourceUnavailable
 from kepler_bridge.sources.ebpf import kernel_headers

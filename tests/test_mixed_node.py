@@ -17,7 +17,7 @@ from fakenvml import FakeNvml
 from fixtures.sysfs import GIB, FakeSysfs
 from kepler_bridge import sources
 from kepler_bridge.config import load
-from kepler_bridge.sampling.sampler import build_slots
+from kepler_bridge.sampling.slots import build_slots
 
 KUNLUN = {"devices": [{"uuid": "KL-R200-01", "vendor": "kunlun", "model": "Kunlun R200", "usedMemory": 2 * GIB,
                        "totalMemory": 16 * GIB, "utilization": 0.35, "temperature": 55, "power": 75.5}]}

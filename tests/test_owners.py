@@ -10,7 +10,8 @@ from kepler_bridge import config
 from kepler_bridge.exposition import prometheus
 from kepler_bridge.kube.view import Assignment, KubeView, device_owners
 from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, PodRef, ProcessCpu, RaplZone, SourceReading
-from kepler_bridge.sampling.sampler import Sampler, _Slot
+from kepler_bridge.sampling.sampler import Sampler
+from kepler_bridge.sampling.slots import Slot
 from kepler_bridge.sources.base import Source
 from kepler_bridge.store import SnapshotStore
 
@@ -80,7 +81,7 @@ def test_every_series_a_sample_updates_names_the_owner_of_that_sample() -> None:
                             "process_metrics": "all", "gpu_idle_watts": "50"}, {})
     source = Node(settings)
     source.start()
-    sampler = Sampler(settings, SnapshotStore(), [_Slot("node", source, started=True)])
+    sampler = Sampler(settings, SnapshotStore(), [Slot("node", source, started=True)])
     sampler.kube = Kube()
     before: dict[tuple, float] = {}
     for pod in ("train-0", "train-0", "train-1", "train-1", "train-2", "train-0"):

@@ -9,7 +9,7 @@ import pytest
 
 from kepler_bridge import config
 from kepler_bridge.sampling.attribution import Attribution, Inputs
-from kepler_bridge.sampling.sampler import check_source
+from kepler_bridge.sampling.slots import check_source
 from kepler_bridge.sources.base import SourceAbsent, SourceUnavailable
 from kepler_bridge.sources.procfs import CLOCK_TICKS, read_cpu_times
 from kepler_bridge.sources.rapl import RaplSource

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
+import time
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -13,6 +16,8 @@ from agent import Agent
 from kepler_bridge.config import load
 from kepler_bridge.reload import DerivedSettings
 from kepler_bridge.http.app import WebSettings
+from kepler_bridge.sampling.sampler import Sampler
+from kepler_bridge.store import SnapshotStore
 
 COMMAND_DEVICE = {"devices": [{"uuid": "npu-reloaded", "usedMemory": 1, "totalMemory": 4, "percent": 25}]}
 
@@ -121,3 +126,47 @@ def test_a_worker_that_replaces_a_crashed_one_keeps_the_reloaded_settings(tmp_pa
         names = _names(agent)
         assert "gpu_power_watts" not in names and "gpu_temperature_celsius" in names, \
             "the new worker went back to the start-up settings"
+
+
+def _stat_line(pid: int, comm: str, start: int) -> str:
+    fields = ["S", "1", str(pid), str(pid), "0", "-1", "0", "0", "0", "0", "0", "30", "10", "0", "0",
+              "20", "0", "1", "0", str(start), "1000000", "100"]
+    return f"{pid} ({comm}) {' '.join(fields)}\n"
+
+
+def test_a_reloaded_process_grace_reaches_the_cpu_source(tmp_path: Path) -> None:
+    """The procfs source drops an ended process by the grace in force, not the start-up one."""
+    proc = tmp_path / "proc"
+    for pid in (1, 4242):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(_stat_line(pid, "worker", 5000))
+        (proc / str(pid) / "cgroup").write_text("0::/init.scope\n")
+    (proc / "self").symlink_to("1")
+    path = tmp_path / "agent.yaml"
+    settings = {"sources": ["procfs"], "procfs": str(proc), "interval": "0.1s",
+                "kube_source": "off", "pod_resources_socket": "", "process_metrics": "all"}
+    _write(path, {**settings, "process_grace": "1h"})
+    flags = {"config": str(path)}
+    store = SnapshotStore()
+    sampler = Sampler(load(flags, {}), store, flags=flags)
+    sampler.start()
+    try:
+        _until(lambda: 4242 in _pids(store), "the process seen")
+        _write(path, {**settings, "process_grace": "0s"})
+        _until(lambda: sampler.config.process_grace == 0, "the new grace read")
+        shutil.rmtree(proc / "4242")
+        _until(lambda: 4242 not in _pids(store), "the ended process dropped (process_grace 0s)")
+    finally:
+        sampler.stop()
+
+
+def _pids(store: SnapshotStore) -> set[int]:
+    snapshot = store.latest()
+    return {row.pid for row in snapshot.processes} if snapshot else set()
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

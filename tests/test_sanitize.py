@@ -17,7 +17,8 @@ from agent import Agent
 from kepler_bridge import config
 from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading
-from kepler_bridge.sampling.sampler import Sampler, _Slot
+from kepler_bridge.sampling.sampler import Sampler
+from kepler_bridge.sampling.slots import Slot
 from kepler_bridge.store import SnapshotStore
 from kepler_bridge.model import MAX_DEVICES
 from kepler_bridge.model import MAX_EXACT
@@ -75,7 +76,7 @@ class Replay(Source):
         return self.readings.pop(0)
 
 
-def sampler(*slots: _Slot, **settings: str) -> Sampler:
+def sampler(*slots: Slot, **settings: str) -> Sampler:
     settings = {"sources": "simulated", "kube_source": "off", "pod_resources_socket": "", **settings}
     return Sampler(config.load(settings, {}), SnapshotStore(), list(slots) or None)
 
@@ -104,7 +105,7 @@ def expected(raw: Any, whole: bool) -> float | int | None:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(first=readings(), second=readings())
 def test_hostile_plugin_readings_reach_the_exporters_clean(first: SourceReading, second: SourceReading) -> None:
-    agent = sampler(_Slot("replay", Replay([first, second]), started=True))
+    agent = sampler(Slot("replay", Replay([first, second]), started=True))
     for raw in (first, second):
         snapshot = agent.sample()
         assert snapshot.sources[0].up, snapshot.sources[0].error
@@ -126,7 +127,7 @@ def test_a_source_reporting_more_than_max_devices_is_down_with_the_reason() -> N
     many = SourceReading(gpus=tuple(GpuReading(index=i, uuid=f"u{i}", vendor="acme", model="x")
                                     for i in range(MAX_DEVICES + 1)))
     enough = SourceReading(gpus=many.gpus[:MAX_DEVICES])
-    agent = sampler(_Slot("replay", Replay([enough, many, "not a reading"]), started=True))
+    agent = sampler(Slot("replay", Replay([enough, many, "not a reading"]), started=True))
     assert len(agent.sample().gpus) == MAX_DEVICES
     down = agent.sample()
     assert not down.sources[0].up and f"257 devices, more than {MAX_DEVICES} per source" in down.sources[0].error

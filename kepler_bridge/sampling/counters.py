@@ -51,9 +51,9 @@ class CounterGuard:
         self._process_family: TopCounter[ProcessKey] = TopCounter(process_limit)
         self._container_total: dict[str, float] = {}
 
-    def set_process_limit(self, limit: int | None) -> None:
+    def configure(self, process_limit: int | None) -> None:
         """A new --process-metrics: series shown from now on follow it; none decreases."""
-        self._process_family.limit = limit
+        self._process_family.limit = process_limit
 
     def _value(self, uuid: str, name: str, raw: float) -> float:
         state = self._gpu.get((uuid, name))

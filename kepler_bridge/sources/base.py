@@ -57,6 +57,10 @@ class Source(abc.ABC):
     auto: ClassVar[bool] = False
 
     def __init__(self, config: Config) -> None:
+        self.configure(config)
+
+    def configure(self, config: Config) -> None:
+        """Take the settings in force: at construction and again on each reload (drivers stay open)."""
         self.config = config
 
     @abc.abstractmethod

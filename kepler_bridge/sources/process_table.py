@@ -17,7 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Collection
 
+from kepler_bridge.config import Config
 from kepler_bridge.model import ProcessCpu
+from kepler_bridge.sources.base import Source
 
 
 @dataclass(slots=True)
@@ -40,11 +42,15 @@ class ProcessTable:
     """Processes being reported, bounded in number and in how long ended ones stay."""
 
     def __init__(self, max_processes: int, grace: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_processes = max_processes
-        self.grace = grace
+        self.configure(max_processes, grace)
         self.clock = clock
         self._entries: dict[tuple[int, int], TrackedProcess] = {}
         self._current: dict[int, tuple[int, int]] = {}
+
+    def configure(self, max_processes: int, grace: float) -> None:
+        """The cap and the grace period from now on (a reload); entries already kept follow them."""
+        self.max_processes = max_processes
+        self.grace = grace
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -115,3 +121,15 @@ class ProcessTable:
         del self._entries[key]
         if self._current.get(key[0]) == key:
             del self._current[key[0]]
+
+
+class ProcessSource(Source):
+    """A CPU source keeping its processes in a ProcessTable (--max-processes, --process-grace)."""
+
+    def __init__(self, config: Config) -> None:
+        self.table = ProcessTable(config.max_processes, config.process_grace)
+        super().__init__(config)
+
+    def configure(self, config: Config) -> None:
+        super().configure(config)
+        self.table.configure(config.max_processes, config.process_grace)

@@ -11,10 +11,9 @@ import os
 from dataclasses import dataclass
 
 from kepler_bridge.sources.cgroup import read_container_id
-from kepler_bridge.config import Config
 from kepler_bridge.model import CpuTimes, SourceReading
-from kepler_bridge.sources.process_table import ProcessTable
-from kepler_bridge.sources.base import Source, SourceAbsent
+from kepler_bridge.sources.base import SourceAbsent
+from kepler_bridge.sources.process_table import ProcessSource
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -63,14 +62,10 @@ def list_pids(procfs: str) -> set[int]:
     return {int(name) for name in os.listdir(procfs) if name.isdigit()}
 
 
-class ProcfsSource(Source):
+class ProcfsSource(ProcessSource):
     """Reads utime+stime of every process each interval."""
 
     name = "procfs"
-
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        self.table = ProcessTable(config.max_processes, config.process_grace)
 
     def start(self) -> None:
         if not os.path.isfile(f"{self.config.procfs}/self/stat"):

@@ -26,8 +26,8 @@ from pathlib import Path
 from kepler_bridge.sources.cgroup import CgroupIdIndex, read_container_id
 from kepler_bridge.config import Config
 from kepler_bridge.model import SourceReading
-from kepler_bridge.sources.process_table import ProcessTable, TrackedProcess
-from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
+from kepler_bridge.sources.process_table import ProcessSource, TrackedProcess
+from kepler_bridge.sources.base import SourceAbsent, SourceUnavailable
 from kepler_bridge.sources.ebpf import kernel_headers
 from kepler_bridge.sources.ebpf.bpf_syscall import BpfMap, read_iterator
 from kepler_bridge.sources.ebpf.btf import BTF_PATH
@@ -154,14 +154,13 @@ def pid_namespace_problem(procfs: str) -> str:
             "hostPID: true, or mount the host's /proc and pass --procfs /host/proc")
 
 
-class EbpfSource(Source):
+class EbpfSource(ProcessSource):
     """Per-process CPU seconds as the kernel accounts them, including processes that live between two samples."""
 
     name = "ebpf"
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.table = ProcessTable(config.max_processes, config.process_grace)
         self.cgroups = CgroupIdIndex(config.sysfs)
         self.headers: kernel_headers.HeaderTree | None = None
         self.loaded: LoadedProgram | None = None

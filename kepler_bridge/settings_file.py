@@ -1,0 +1,102 @@
+"""The config file (`--config FILE`): YAML or JSON, read as written into setting keys and values."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Collection
+
+import yaml
+
+from kepler_bridge.settings_parse import ConfigError
+
+# The seed's allow-list file: {"metrics": ["gpu_utilization", ...]}.
+_FILE_ALIASES = {"metrics": "metrics_allow"}
+# In the file a null value means "not set", except here: there it would silently serve without
+# protection.
+_NULL_REFUSED = ("auth_token_file", "tls_cert", "tls_key")
+MAX_CONFIG_BYTES = 1 << 20
+
+_NULL, _INT = "tag:yaml.org,2002:null", "tag:yaml.org,2002:int"
+_DECIMAL = re.compile(r"^(?:0|[1-9][0-9]{0,17})$")
+
+
+class _ScalarsAsWritten(yaml.SafeLoader):
+    """YAML that keeps a scalar's text: only null and decimal whole numbers get a type, so
+    `interval: 1:30` stays "1:30" (not 90 seconds), `node_name: 0123` stays "0123" (not 83) and
+    `yes` stays "yes"."""
+
+    yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag == _NULL]
+                               for first, resolvers
+                               in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    yaml_constructors = {tag: yaml.SafeLoader.yaml_constructors[tag] for tag in (
+        None, _NULL, "tag:yaml.org,2002:str", "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map")}
+
+    def construct_decimal(self, node: yaml.ScalarNode) -> int:
+        """An int from decimal digits; an explicit `!!int` with anything else (0x10, 1:30) is
+        refused."""
+        text = self.construct_scalar(node)
+        if not _DECIMAL.match(text):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} is not a whole number in decimal digits", node.start_mark)
+        return int(text)
+
+
+_ScalarsAsWritten.add_implicit_resolver(_INT, _DECIMAL, list("0123456789"))
+_ScalarsAsWritten.add_constructor(_INT, _ScalarsAsWritten.construct_decimal)
+
+
+def read(path: str, keys: Collection[str]) -> dict[str, object]:
+    """Read a YAML or JSON config file into a mapping of setting keys; a null value is not set."""
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
+    except (OSError, ValueError) as err:
+        raise ConfigError("config", path, f"cannot read the file: {err}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError("config", path, "larger than 1 MiB; a config file holds a few settings")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError("config", path, f"not UTF-8 text ({err.reason} at byte {err.start}); "
+                                          "save it as UTF-8") from None
+    data = _parse(path, text)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("config", path, "expected a mapping of setting names to values")
+    known = sorted(set(keys) | set(_FILE_ALIASES))
+    result: dict[str, object] = {}
+    for key, value in data.items():
+        name = _FILE_ALIASES[key] if key in _FILE_ALIASES else key
+        if name not in keys:
+            raise ConfigError(f"{key} (in {path})", value,
+                              f"unknown key; accepted keys: {', '.join(known)}")
+        if value is None and name in _NULL_REFUSED:
+            raise ConfigError(name, value, "an empty value would turn it off; give the file's "
+                              "path, or delete the key to serve without it", path)
+        if value is not None:
+            result[name] = value
+    return result
+
+
+def _parse(path: str, text: str) -> object:
+    """The document in a config file: JSON where the name ends in .json, else YAML."""
+    try:
+        if path.endswith(".json"):
+            return json.loads(text)
+        return yaml.load(text, Loader=_ScalarsAsWritten)
+    except json.JSONDecodeError as err:
+        raise ConfigError("config", path,
+                          f"JSON syntax error at line {err.lineno}: {err.msg}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError("config", path, f"YAML syntax error{line}: {problem}") from None
+    except RecursionError:
+        raise ConfigError("config", path,
+                          "nested too deeply; a setting is a value or a flat list") from None
+    except ValueError as err:  # JSON integers longer than Python converts (4300 digits)
+        raise ConfigError("config", path,
+                          f"cannot read a number: {str(err).split(':')[0]}") from None
