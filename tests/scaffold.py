@@ -42,7 +42,7 @@ def values(text: str, name: str, label: str) -> dict[str, float]:
     return {sample.labels.get(label, ""): sample.value for sample in samples(text, name)}
 
 
-def series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+def by_name(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     """Sample name -> [(labels, value)] of a /metrics text."""
     found: dict[str, list[tuple[dict[str, str], float]]] = {}
     for sample in samples(text):

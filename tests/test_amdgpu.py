@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scaffold import make_config
 
 from agent import Agent
 from fixtures.sysfs import GIB, FakeSysfs
-from kepler_bridge.config import load
 from kepler_bridge.sources.amdgpu import AmdgpuSource
 from kepler_bridge.sources.base import SourceAbsent
 
@@ -99,4 +99,4 @@ def test_every_card_gone_marks_the_source_down_and_the_agent_keeps_serving(sysfs
 def test_absent_without_an_amdgpu_card(tmp_path: Path) -> None:
     FakeSysfs(tmp_path / "sys").intel_igpu(0, "0000:00:02.0")
     with pytest.raises(SourceAbsent, match="no DRM card bound to the amdgpu driver .*--sysfs /host/sys"):
-        AmdgpuSource(load({"sysfs": str(tmp_path / "sys")}, {})).start()
+        AmdgpuSource(make_config(sysfs=tmp_path / "sys")).start()

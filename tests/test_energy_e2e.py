@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent import Agent
 from fakenvml import FakeNvml
 from fixtures.sysfs import FakeSysfs
 from kubefakes import FakePodResources, list_response
 from powercap import PowercapTree
+from scaffold import by_name
 
 GIB = 1024**3
 
@@ -63,11 +63,7 @@ class PacedBurner:
 
 def scrape(agent: Agent) -> dict[str, list[tuple[dict[str, str], float]]]:
     """One /metrics answer (one snapshot): sample name -> [(labels, value)]."""
-    found: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(agent.metrics()):
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return found
+    return by_name(agent.metrics())
 
 
 def series(agent: Agent, name: str) -> list[tuple[dict[str, str], float]]:

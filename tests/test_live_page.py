@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
+import scaffold
 from agent import Agent
 from browser import Browser
 from kepler_bridge.exposition.history import render as history_json
@@ -75,7 +75,7 @@ def test_page_is_small_self_contained_and_locked_down(agent: Agent) -> None:
 def test_history_is_the_snapshot_the_metrics_show(agent: Agent) -> None:
     def same_sample() -> tuple[dict, dict] | None:
         history = agent.get("/api/v1/history").json()
-        families = {f.name: f for f in text_string_to_metric_families(agent.metrics())}
+        families = scaffold.families(agent.metrics())
         if families["kepler_bridge_last_sample_timestamp_seconds"].samples[0].value != history["timestamp"]:
             return None  # a sample was published between the two requests
         return history, families

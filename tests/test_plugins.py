@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from scaffold import values
 
 from agent import KEPLER_BRIDGE, Agent
 
@@ -85,8 +85,7 @@ def python(code: str, *sites: Path) -> str:
 
 
 def source_up(agent: Agent) -> dict[str, float]:
-    return {sample.labels["source"]: sample.value for family in text_string_to_metric_families(agent.metrics())
-            for sample in family.samples if sample.name == "kepler_bridge_source_up"}
+    return values(agent.metrics(), "kepler_bridge_source_up", "source")
 
 
 def test_an_installed_plugin_serves_like_a_builtin(example_site: Path, tmp_path: Path) -> None:

@@ -8,9 +8,9 @@ import signal
 from pathlib import Path
 
 import yaml
+from scaffold import make_config, samples
 
 from agent import Agent
-from kepler_bridge.config import load
 from kepler_bridge.reload import Derived
 from kepler_bridge.http.app import WebSettings
 
@@ -32,7 +32,7 @@ def _energy(agent: Agent) -> float:
 
 
 def _names(agent: Agent) -> set[str]:
-    return {line.split("{")[0].split(" ")[0] for line in agent.metrics().splitlines() if not line.startswith("#")}
+    return {sample.name for sample in samples(agent.metrics())}
 
 
 def test_a_changed_config_file_applies_without_a_restart_and_counters_go_on(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_a_setting_that_needs_a_restart_is_kept_and_named(tmp_path: Path) -> Non
 
 
 def test_the_web_settings_are_made_once_per_settings_change() -> None:
-    running = load({"metrics_deny": "gpu_temperature"}, {})
+    running = make_config(metrics_deny="gpu_temperature")
     made = []
     settings = Derived(lambda: running, lambda config: made.append(config) or WebSettings.of(config))
     assert settings() is settings() and made == [running]

@@ -7,12 +7,12 @@ import time
 
 from agent import KEPLER_BRIDGE
 from kepler_bridge import __version__
-from kepler_bridge.config import load
 from kepler_bridge.sources.simulated import SimulatedSource
+from scaffold import make_config
 
 
 def source(seed: int, count: int = 3) -> SimulatedSource:
-    sim = SimulatedSource(load({"simulate": str(count), "simulate_seed": str(seed)}, {}))
+    sim = SimulatedSource(make_config(simulate=count, simulate_seed=seed))
     sim.start()
     return sim
 

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
+from scaffold import families
 
 from agent import Agent
 from powercap import PowercapTree
@@ -29,7 +29,7 @@ def counters(agent: Agent) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
     except requests.RequestException:
         return None
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text)
+            for family in families(text).values()
             if family.type == "counter" and not family.name.startswith("process_")
             for sample in family.samples if sample.name.endswith("_total")}
 
