@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from agent import Agent
 from fakenvml import FakeNvml
 from scaffold import samples
@@ -12,6 +14,9 @@ GIB = 1024**3
 SEED_ALLOW_LIST = Path(__file__).parent / "fixtures" / "seed-metrics-allow-list.json"
 HEALTH = {"gpu_up", "kepler_bridge_source_up", "kepler_bridge_source_state", "kepler_bridge_build_info",
           "kepler_bridge_last_sample_timestamp_seconds"}
+
+
+pytestmark = pytest.mark.e2e
 
 
 def test_seed_allow_list_keeps_collect_whole_and_health_series(fake_nvml: FakeNvml) -> None:

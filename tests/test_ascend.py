@@ -54,6 +54,7 @@ def test_310b_edge_module_without_a_bus_id() -> None:
     assert chip.bus_id == "" and chip.health == "Alarm" and chip.memory_total_mib == 15610
 
 
+@pytest.mark.e2e
 def test_in_the_agent(tmp_path: Path) -> None:
     npu_smi = fake_npu_smi(tmp_path / "bin", table("910b"))
     with Agent("--sources", "ascend", "--npu-smi", str(npu_smi), "--interval", "0.25s") as agent:
@@ -78,6 +79,7 @@ def test_a_critical_chip_is_down_alone(tmp_path: Path) -> None:
     assert ok.up and not failing.up and "health Critical" in failing.error and "-i 1" in failing.error
 
 
+@pytest.mark.e2e
 def test_npu_smi_failing_is_a_clear_source_error_and_the_agent_keeps_serving(tmp_path: Path) -> None:
     npu_smi = fake_npu_smi(tmp_path / "bin", table("310p3"), status=255)
     with Agent("--sources", "ascend", "--npu-smi", str(npu_smi), "--interval", "0.25s", ready=False) as agent:

@@ -285,6 +285,7 @@ def test_settings(tmp_path: Path) -> None:
             load(flags, {})
 
 
+@pytest.mark.e2e
 def test_a_bad_command_setting_stops_start_up_with_exit_2() -> None:
     result = subprocess.run([KEPLER_BRIDGE, "serve", "--command", "/no/such/collector --json"],
                             capture_output=True, text=True, timeout=30)
@@ -293,6 +294,7 @@ def test_a_bad_command_setting_stops_start_up_with_exit_2() -> None:
     assert "expected an executable that exists" in result.stderr
 
 
+@pytest.mark.e2e
 def test_every_failure_is_a_clear_source_error_and_the_agent_keeps_serving(tmp_path: Path) -> None:
     command, mode, pids = modal_command(tmp_path, "good")
     with Agent("--sources", "command", "--command", command, "--command-timeout", "0.5s",
@@ -331,6 +333,7 @@ def _down_reason(agent: Agent, expected: str) -> str:
     return reason if response.status_code == 503 and expected in reason else ""
 
 
+@pytest.mark.e2e
 def test_the_template_example() -> None:
     result = subprocess.run([KEPLER_BRIDGE, "collect", "--json", "--sources", "command", "--node-name", "edge-1",
                              "--command", str(EXAMPLES / "template.sh")], capture_output=True, text=True, timeout=60)
@@ -340,6 +343,7 @@ def test_the_template_example() -> None:
         "usedMemory": GIB, "totalMemory": 8 * GIB, "percent": 0.125}}
 
 
+@pytest.mark.e2e
 def test_the_bie_collector_example_bridges_an_existing_collector() -> None:
     class Collector(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:

@@ -14,6 +14,9 @@ from scaffold import by_name, values
 ID = "f" * 64
 
 
+pytestmark = pytest.mark.e2e
+
+
 @pytest.fixture(scope="module")
 def bpf_host() -> None:
     require_bpf()

@@ -8,6 +8,8 @@ import os
 import shlex
 from pathlib import Path
 
+import pytest
+
 from agent import Agent
 from fakenvml import FakeNvml
 from scaffold import samples
@@ -17,6 +19,9 @@ NVIDIA = ("GPU-fa4e0000-0000-4000-8000-000000000000", "GPU-fa4e0000-0000-4000-80
 # Command devices, each with a memory size of its own so /v1/collect entries can be told apart.
 CARDS = {"KL-A": 16, "KL-B": 32, "KL-C": 64}
 NVML_DRIVER_NOT_LOADED = 9
+
+
+pytestmark = pytest.mark.e2e
 
 
 def print_cards(path: Path, *uuids: str) -> None:

@@ -38,6 +38,9 @@ sys.stdin.readline()
 """
 
 
+pytestmark = pytest.mark.e2e
+
+
 class PacedBurner:
     """A child that, once started, uses a steady fraction of one CPU for a given time."""
 

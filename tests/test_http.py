@@ -15,6 +15,9 @@ import scaffold
 from agent import KEPLER_BRIDGE, Agent
 
 
+pytestmark = pytest.mark.e2e
+
+
 @pytest.fixture(scope="module")
 def agent():
     with Agent("--simulate", "2", "--interval", "0.5s", "--sources", "simulated") as running:

@@ -18,6 +18,7 @@ def sysfs(tmp_path: Path) -> FakeSysfs:
     return FakeSysfs(tmp_path / "sys")
 
 
+@pytest.mark.e2e
 def test_i915_xe_and_integrated_cards_in_contract_units(sysfs: FakeSysfs) -> None:
     sysfs.intel_dg2_i915(0, "0000:05:00.0")
     sysfs.intel_bmg_xe(1, "0000:06:00.0")

@@ -19,6 +19,7 @@ def jetson(sysfs: FakeSysfs, procfs: Path) -> JetsonSource:
     return source
 
 
+@pytest.mark.e2e
 def test_orin_in_the_agent(tmp_path: Path) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.jetson_orin(tmp_path / "proc")

@@ -209,6 +209,7 @@ def unified_cgroup() -> Path | None:
                  if (root / "cgroup.controllers").exists()), None)
 
 
+@pytest.mark.e2e
 def test_agent_labels_energy_with_pods_from_the_kubelet(tls: tuple[Path, Path], token_file: Path,
                                                         tmp_path: Path) -> None:
     root = unified_cgroup()

@@ -39,6 +39,7 @@ def labels_by_gpu(text: str) -> dict[str, tuple[str, str, str]]:
             for sample in samples(text, "gpu_up")}
 
 
+@pytest.mark.e2e
 def test_one_index_one_collect_entry_for_every_vendor(node: tuple[FakeNvml, list[str]]) -> None:
     nvidia, args = node
     with Agent(*args, "--interval", "0.25s", env=nvidia.env()) as agent:
@@ -62,6 +63,7 @@ def test_one_index_one_collect_entry_for_every_vendor(node: tuple[FakeNvml, list
         assert (node["usedMemory"], node["totalMemory"], node["percent"]) == (15 * GIB, 120 * GIB, 0.125)
 
 
+@pytest.mark.e2e
 def test_one_vendor_failing_leaves_the_others_serving(node: tuple[FakeNvml, list[str]]) -> None:
     nvidia, args = node
     with Agent(*args, "--interval", "0.25s", env=nvidia.env()) as agent:
@@ -72,6 +74,7 @@ def test_one_vendor_failing_leaves_the_others_serving(node: tuple[FakeNvml, list
         assert devices[1]["totalMemory"] == 24 * GIB and devices[2]["totalMemory"] == 16 * GIB
 
 
+@pytest.mark.e2e
 def test_doctor_reports_each_vendor_it_found(node: tuple[FakeNvml, list[str]]) -> None:
     nvidia, args = node
     result = subprocess.run([KEPLER_BRIDGE, "doctor", *args], capture_output=True, text=True, timeout=120,

@@ -38,6 +38,9 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 LABEL_ORDER = {name: position for position, name in enumerate(GPU_LABELS)}  # as the other cases write them
 
 
+pytestmark = pytest.mark.e2e
+
+
 @dataclass(frozen=True)
 class Kind:
     """A kind of node: the workload the manifests run there, what its host has, what must show."""

@@ -19,6 +19,9 @@ GIB = 1024**3
 SENTINELS = ("4294967295", "4.294967295e+09", "1.8446744073709552e+19", "-1.0")
 
 
+pytestmark = pytest.mark.e2e
+
+
 def nvml_agent(fake: FakeNvml, *args: str, ready: bool = True) -> Agent:
     return Agent("--sources", "nvml", "--nvml-library", str(fake.library), "--interval", "0.25s", *args,
                  env=fake.env(), ready=ready)

@@ -112,6 +112,7 @@ def test_each_vendors_plugin_id_finds_the_device_its_source_reads(tmp_path: Path
     assert not any(gpu.lists_processes for gpu in readings)
 
 
+@pytest.mark.e2e
 def test_agent_names_the_pod_a_gpu_is_assigned_to_in_gpu_pod_info(fake_nvml: FakeNvml, tmp_path: Path) -> None:
     socket = tmp_path / "kubelet.sock"
     fake_nvml.processes(0, [{"pid": 999001, "used_memory": 2 * GIB, "sm_util": 60}])

@@ -7,6 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 import scaffold
 
@@ -32,6 +33,7 @@ def samples(text: str, name: str) -> dict[str, dict[str, str]]:
     return {sample.labels["pid"]: sample.labels for sample in scaffold.samples(text, name)}
 
 
+@pytest.mark.e2e
 def test_a_gpu_process_named_in_invalid_utf8_keeps_every_gpu_up(fake_nvml: FakeNvml) -> None:
     with subprocess.Popen([sys.executable, "-c", RENAMED, NON_UTF8.hex()], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE) as named:

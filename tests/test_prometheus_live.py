@@ -43,6 +43,9 @@ POD = {"namespace": "demo", "pod": "inference-0", "container": "server"}
 wait_until = functools.partial(wait_for, step=0.25, ignore=(OSError,))
 
 
+pytestmark = pytest.mark.e2e
+
+
 @dataclass
 class Stack:
     """Everything the tests query."""

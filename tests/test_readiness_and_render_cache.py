@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from agent import Agent
 from kepler_bridge.exposition import RenderCache, RenderSettings
 from kepler_bridge.model import Snapshot, SourceStatus
@@ -12,6 +14,7 @@ from kepler_bridge.store import SnapshotStore
 from scaffold import make_config
 
 
+@pytest.mark.e2e
 def test_readyz_is_503_while_a_hung_command_holds_the_sampler(tmp_path: Path) -> None:
     hang = tmp_path / "hang.sh"
     hang.write_text("#!/bin/sh\nexec sleep 30\n")

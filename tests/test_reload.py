@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
 import yaml
 from scaffold import make_config, samples
 
@@ -35,6 +36,7 @@ def _names(agent: Agent) -> set[str]:
     return {sample.name for sample in samples(agent.metrics())}
 
 
+@pytest.mark.e2e
 def test_a_changed_config_file_applies_without_a_restart_and_counters_go_on(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     _write(path, _settings(metrics_deny=["gpu_temperature"]))
@@ -51,6 +53,7 @@ def test_a_changed_config_file_applies_without_a_restart_and_counters_go_on(tmp_
         assert "settings reloaded: metrics_deny" in agent.output()
 
 
+@pytest.mark.e2e
 def test_sighup_rereads_the_settings(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     _write(path, _settings(metrics_deny=["gpu_temperature"]))
@@ -68,6 +71,7 @@ def test_sighup_rereads_the_settings(tmp_path: Path) -> None:
         assert agent.worker_pids() == worker
 
 
+@pytest.mark.e2e
 def test_a_bad_file_is_refused_in_one_line_and_the_running_settings_stay(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     _write(path, _settings(metrics_deny=["gpu_temperature"]))
@@ -82,6 +86,7 @@ def test_a_bad_file_is_refused_in_one_line_and_the_running_settings_stay(tmp_pat
         agent.wait_for(lambda: "gpu_temperature_celsius" in _names(agent), what="the fixed file applied")
 
 
+@pytest.mark.e2e
 def test_a_setting_that_needs_a_restart_is_kept_and_named(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     command = tmp_path / "collector.sh"
@@ -107,6 +112,7 @@ def test_the_web_settings_are_made_once_per_settings_change() -> None:
     assert not settings().render.metric_allowed("gpu_power_watts") and len(made) == 2
 
 
+@pytest.mark.e2e
 def test_a_worker_that_replaces_a_crashed_one_keeps_the_reloaded_settings(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     _write(path, _settings(metrics_deny=["gpu_temperature"]))

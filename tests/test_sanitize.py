@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from scaffold import make_config, samples
 
@@ -200,6 +201,7 @@ def devices_tagged(metrics: str, tag: str) -> list[str]:
             if sample.labels["uuid"].startswith(f"{tag}-")]
 
 
+@pytest.mark.e2e
 def test_hostile_readings_through_the_real_http_server(tmp_path: Path) -> None:
     readings, output = tmp_path / "readings.json", tmp_path / "output.json"
     replace_file(readings, "[]")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from scaffold import samples, values
 
 from agent import Agent
@@ -31,6 +32,7 @@ def test_up_series_for_sources_in_use_and_a_state_for_every_source() -> None:
     assert [source.state for source in sources] == ["up", "down", "standby", "absent"]
 
 
+@pytest.mark.e2e
 def test_nvml_without_an_nvidia_gpu_is_absent_says_why_and_starts_when_the_driver_does(
         fake_nvml: FakeNvml, tmp_path: Path) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")

@@ -8,6 +8,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+import pytest
 import requests
 from scaffold import families
 
@@ -19,6 +20,9 @@ from powercap import PowercapTree
 RESTARTING = ("kepler_bridge_node_cpu_joules_total", "kepler_bridge_pod_cpu_joules_total",
               "kepler_bridge_process_cpu_joules_total", "kepler_bridge_node_gpu_idle_joules_total",
               "kepler_bridge_pod_gpu_joules_total", "gpu_energy_joules_total", "kepler_bridge_process_cpu_seconds_total")
+
+
+pytestmark = pytest.mark.e2e
 
 
 def counters(agent: Agent) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
