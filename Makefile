@@ -6,7 +6,7 @@ LISTEN ?= 0.0.0.0:30060
 SIMULATE ?= 0
 IS_ROOT := $(shell [ "$$(id -u)" -eq 0 ] && echo yes)
 
-.PHONY: run test deps deps-run deps-test bench clean
+.PHONY: run test test-fast lint deps deps-run deps-test bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,15 @@ run: deps-run
 
 test: deps-test
 	$(BIN)/python -m pytest -q -rs
+
+# The inner loop: all but the tests that start the agent or a server (marker e2e, tests/README.md).
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -rs -m "not e2e"
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: deps-test
 	bash scripts/apt-install.sh wrk

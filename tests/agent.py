@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -12,16 +11,10 @@ import time
 from pathlib import Path
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
+
+from scaffold import free_port, source_states, values, wait_for
 
 KEPLER_BRIDGE = str(Path(sys.executable).with_name("kepler-bridge"))
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Agent:
@@ -45,20 +38,25 @@ class Agent:
         # A file, not a pipe: an unread pipe would fill up and block the agent's logging.
         self.process = subprocess.Popen([KEPLER_BRIDGE, *self.args], env=self.env, stdout=self.log,
                                         stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + self.timeout
         path = "/readyz" if self.ready else "/healthz"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"agent exited {self.process.returncode}: {self.output()}")
-            try:
-                if requests.get(self.url + path, timeout=1, verify=self.verify,
-                                cert=self.client_cert).status_code == 200:
-                    return self
-            except requests.RequestException:  # not listening yet, or too busy to answer within the second
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"agent not {path} within {self.timeout}s: {self.output()}")
+        try:
+            wait_for(lambda: self._answers(path), self.timeout, f"agent {path}", log=self.output)
+        except AssertionError:
+            self.stop()
+            raise
+        return self
+
+    def _answers(self, path: str) -> bool:
+        """Whether `path` answers 200 now; raises when the agent has exited."""
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"agent exited {self.process.returncode}: {self.output()}")
+        try:
+            response = requests.get(self.url + path, timeout=1, verify=self.verify,
+                                    cert=self.client_cert)
+        except requests.RequestException:  # not listening yet, or too busy to answer within the second
+            return False
+        return response.status_code == 200
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -78,28 +76,15 @@ class Agent:
 
     def samples(self, name: str) -> dict[str, float]:
         """Values of one metric from /metrics, keyed by the `gpu` label (or '' when absent)."""
-        found: dict[str, float] = {}
-        for family in text_string_to_metric_families(self.metrics()):
-            for sample in family.samples:
-                if sample.name == name:
-                    found[sample.labels.get("gpu", "")] = sample.value
-        return found
+        return values(self.metrics(), name, "gpu")
 
     def source_states(self) -> dict[str, str]:
         """Each source's state (up, down, standby, absent) from kepler_bridge_source_state in /metrics."""
-        return {sample.labels["source"]: sample.labels["state"]
-                for family in text_string_to_metric_families(self.metrics()) for sample in family.samples
-                if sample.name == "kepler_bridge_source_state" and sample.value == 1}
+        return source_states(self.metrics())
 
     def wait_for(self, check, timeout: float = 10.0, what: str = "condition"):
-        """Poll check() until it returns something truthy; fail with the agent's log otherwise."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            result = check()
-            if result:
-                return result
-            time.sleep(0.1)
-        raise AssertionError(f"{what} not met within {timeout}s; agent log:\n{self.output()[-3000:]}")
+        """scaffold.wait_for with the agent's log in the failure."""
+        return wait_for(check, timeout, what, log=self.output)
 
     def stop(self, timeout: float = 5.0) -> float:
         """SIGTERM the agent; return how long it took to exit."""

@@ -18,6 +18,7 @@ from kepler_bridge.sources.ebpf import kernel_headers
 from kepler_bridge.sources.ebpf.source import btf_problem
 from kepler_bridge.sources.ebpf.loader import BCC_DIRS
 from kepler_bridge.sources.procfs import read_stat
+from scaffold import require
 
 # Burns the CPU seconds named on each stdin line (summed over argv[1] threads), then answers "done" and the
 # process's own CPU time (CLOCK_PROCESS_CPUTIME_ID: every thread's runtime in ns, ended threads included).
@@ -165,10 +166,9 @@ def bpf_missing() -> str:
 
 
 def require_bpf() -> None:
-    """Fail (skip only outside CI, when not root) unless the real BPF programs can load here."""
+    """Fail unless the real BPF programs can load here (not being root is a `require`)."""
+    require(os.geteuid() == 0, "not root: the eBPF tests need root")
     missing = bpf_missing()
     if missing:
-        if os.geteuid() != 0 and not os.environ.get("CI"):
-            pytest.skip(f"{missing}: the eBPF tests need root (CI runs them as root)")
         pytest.fail(f"{missing}: run `make deps` as root (scripts/prepare-bpf-host.sh installs bcc, bpftool "
                     "and kernel headers and links them for this kernel)")

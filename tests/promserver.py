@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
-import time
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
+
+from scaffold import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts" / "gpu-alerts.rules.yml"
@@ -28,28 +28,6 @@ def binary(name: str) -> str:
         pytest.fail(f"{name} is not installed: run `make deps` "
                     "(apt-get install prometheus prometheus-alertmanager)", pytrace=False)
     return path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str, step: float = 0.25) -> Any:
-    """Poll `check` until it returns something truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = check()
-        except OSError:
-            result = None
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}", pytrace=False)
-        time.sleep(step)
 
 
 def http_get(url: str, timeout: float = 5.0) -> bytes:
@@ -105,7 +83,7 @@ class Prometheus(Daemon):
             binary("prometheus"), "--config.file=prometheus.yml", f"--storage.tsdb.path={workdir / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn",
         ], workdir, "prometheus")
-        wait_until(self._ready, 30, "Prometheus to be ready")
+        wait_for(self._ready, 30, "Prometheus to be ready", step=0.25, ignore=(OSError,))
 
     def _ready(self) -> bool:
         self.check_alive()
@@ -179,7 +157,8 @@ class Alertmanager(Daemon):
             f"--storage.path={workdir / 'am-data'}", f"--web.listen-address={self.address}",
             "--cluster.listen-address=", "--log.level=warn",
         ], workdir, "alertmanager")
-        wait_until(self._ready, 30, "Alertmanager to be ready")
+        wait_for(self._ready, 30, "Alertmanager to be ready", step=0.25,
+                 ignore=(OSError,))
 
     def _ready(self) -> bool:
         self.check_alive()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
+import pytest
 
 from agent import Agent
 from fakenvml import FakeNvml
+from scaffold import samples
 
 GIB = 1024**3
 SEED_ALLOW_LIST = Path(__file__).parent / "fixtures" / "seed-metrics-allow-list.json"
@@ -15,11 +16,13 @@ HEALTH = {"gpu_up", "kepler_bridge_source_up", "kepler_bridge_source_state", "ke
           "kepler_bridge_last_sample_timestamp_seconds"}
 
 
+pytestmark = pytest.mark.e2e
+
+
 def test_seed_allow_list_keeps_collect_whole_and_health_series(fake_nvml: FakeNvml) -> None:
     with Agent("--config", str(SEED_ALLOW_LIST), "--sources", "nvml", "--nvml-library", str(fake_nvml.library),
                "--interval", "0.25s", env=fake_nvml.env()) as agent:
-        names = {sample.name for family in text_string_to_metric_families(agent.metrics())
-                 for sample in family.samples}
+        names = {sample.name for sample in samples(agent.metrics())}
         collect = agent.get("/v1/collect").json()["test-node"]
         up = agent.samples("gpu_up")
     assert names == {"gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_temperature_celsius"} | HEALTH

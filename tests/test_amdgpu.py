@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scaffold import make_config
 
 from agent import Agent
 from fixtures.sysfs import GIB, FakeSysfs
-from kepler_bridge.config import load
 from kepler_bridge.sources.amdgpu import AmdgpuSource
 from kepler_bridge.sources.base import SourceAbsent
 
@@ -28,6 +28,7 @@ def amd_agent(sysfs: FakeSysfs, ready: bool = True) -> Agent:
     return Agent("--sources", "amdgpu", "--sysfs", str(sysfs.root), "--interval", "0.25s", ready=ready)
 
 
+@pytest.mark.e2e
 def test_values_arrive_in_contract_units(sysfs: FakeSysfs) -> None:
     with amd_agent(sysfs) as agent:
         text = agent.metrics()
@@ -58,6 +59,7 @@ def test_values_arrive_in_contract_units(sysfs: FakeSysfs) -> None:
         assert body["usedMemory"] == 51 * GIB and body["totalMemory"] == 88 * GIB
 
 
+@pytest.mark.e2e
 def test_out_of_range_readings_are_dropped(sysfs: FakeSysfs) -> None:
     device = sysfs.root / "devices" / "pci0000:00" / "0000:03:00.0"
     hwmon = next((device / "hwmon").iterdir())
@@ -73,6 +75,7 @@ def test_out_of_range_readings_are_dropped(sysfs: FakeSysfs) -> None:
         assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
 
 
+@pytest.mark.e2e
 def test_a_card_that_goes_away_is_down_alone_and_comes_back(sysfs: FakeSysfs) -> None:
     card = sysfs.root / "class" / "drm" / "card2"
     target = card.readlink()
@@ -87,6 +90,7 @@ def test_a_card_that_goes_away_is_down_alone_and_comes_back(sysfs: FakeSysfs) ->
         agent.wait_for(lambda: agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}, what="card2 back")
 
 
+@pytest.mark.e2e
 def test_every_card_gone_marks_the_source_down_and_the_agent_keeps_serving(sysfs: FakeSysfs) -> None:
     with amd_agent(sysfs) as agent:
         for card in ("card1", "card2"):
@@ -99,4 +103,4 @@ def test_every_card_gone_marks_the_source_down_and_the_agent_keeps_serving(sysfs
 def test_absent_without_an_amdgpu_card(tmp_path: Path) -> None:
     FakeSysfs(tmp_path / "sys").intel_igpu(0, "0000:00:02.0")
     with pytest.raises(SourceAbsent, match="no DRM card bound to the amdgpu driver .*--sysfs /host/sys"):
-        AmdgpuSource(load({"sysfs": str(tmp_path / "sys")}, {})).start()
+        AmdgpuSource(make_config(sysfs=tmp_path / "sys")).start()

@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
+from scaffold import make_config
 
 from agent import Agent
 from fixtures import NPU_SMI
 from fixtures.sysfs import FakeSysfs
-from kepler_bridge.config import load
 from kepler_bridge.sources.ascend import AscendSource, parse
 from kepler_bridge.sources.base import SourceAbsent, SourceUnavailable
 
@@ -54,6 +54,7 @@ def test_310b_edge_module_without_a_bus_id() -> None:
     assert chip.bus_id == "" and chip.health == "Alarm" and chip.memory_total_mib == 15610
 
 
+@pytest.mark.e2e
 def test_in_the_agent(tmp_path: Path) -> None:
     npu_smi = fake_npu_smi(tmp_path / "bin", table("910b"))
     with Agent("--sources", "ascend", "--npu-smi", str(npu_smi), "--interval", "0.25s") as agent:
@@ -72,12 +73,13 @@ def test_in_the_agent(tmp_path: Path) -> None:
 
 def test_a_critical_chip_is_down_alone(tmp_path: Path) -> None:
     critical = table("910b").replace("| Warning       |", "| Critical      |")
-    source = AscendSource(load({"npu_smi": str(fake_npu_smi(tmp_path, critical))}, {}))
+    source = AscendSource(make_config(npu_smi=fake_npu_smi(tmp_path, critical)))
     source.start()
     ok, failing = source.read().gpus
     assert ok.up and not failing.up and "health Critical" in failing.error and "-i 1" in failing.error
 
 
+@pytest.mark.e2e
 def test_npu_smi_failing_is_a_clear_source_error_and_the_agent_keeps_serving(tmp_path: Path) -> None:
     npu_smi = fake_npu_smi(tmp_path / "bin", table("310p3"), status=255)
     with Agent("--sources", "ascend", "--npu-smi", str(npu_smi), "--interval", "0.25s", ready=False) as agent:
@@ -92,20 +94,20 @@ def test_npu_smi_failing_is_a_clear_source_error_and_the_agent_keeps_serving(tmp
 def test_npu_smi_is_found_in_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_npu_smi(tmp_path / "bin", table("310b"))
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    source = AscendSource(load({}, {}))
+    source = AscendSource(make_config())
     source.start()
     assert source.read().gpus[0].model == "Ascend 310B4"
     assert "driver 23.0.0" in source.describe(source.read())
 
 
 def test_absent_without_npu_smi_or_npus(tmp_path: Path) -> None:
-    config = load({"npu_smi": str(tmp_path / "npu-smi"), "sysfs": str(tmp_path / "sys")}, {})
+    config = make_config(npu_smi=tmp_path / "npu-smi", sysfs=tmp_path / "sys")
     with pytest.raises(SourceAbsent, match="npu-smi not found: install the Ascend driver"):
         AscendSource(config).start()
 
 
 def test_npus_on_the_bus_without_npu_smi_is_a_mistake_to_report(tmp_path: Path) -> None:
     FakeSysfs(tmp_path / "sys").ascend_pci("0000:c1:00.0")
-    config = load({"npu_smi": str(tmp_path / "npu-smi"), "sysfs": str(tmp_path / "sys")}, {})
+    config = make_config(npu_smi=tmp_path / "npu-smi", sysfs=tmp_path / "sys")
     with pytest.raises(SourceUnavailable, match="Huawei NPUs are on the PCI bus but .*--npu-smi PATH"):
         AscendSource(config).start()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+import scaffold
 
-from kepler_bridge import config
 from kepler_bridge.exposition import RenderSettings, prometheus
 from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, SourceReading
 from kepler_bridge.sampling.sampler import Sampler
@@ -56,13 +55,14 @@ class ManyProcesses(Source):
 
 def sampler(process_metrics: str, monkeypatch: pytest.MonkeyPatch) -> Sampler:
     monkeypatch.setitem(REGISTRY, "many", f"{__name__}:ManyProcesses")
-    return Sampler(config.load({"sources": "many", "process_metrics": process_metrics}, {}), SnapshotStore())
+    settings = scaffold.make_config(sources="many", process_metrics=process_metrics)
+    return Sampler(settings, SnapshotStore())
 
 
 def scrape(many: Sampler) -> dict[str, list]:
     """The /metrics families of the next sample."""
     text = prometheus.render(many.sample(), RenderSettings.of(many.config).metric_allowed).decode()
-    return {family.name: family.samples for family in text_string_to_metric_families(text)}
+    return {name: family.samples for name, family in scaffold.families(text).items()}
 
 
 def scrapes(process_metrics: str, monkeypatch: pytest.MonkeyPatch, samples: int) -> list[dict[str, list]]:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from scaffold import require
 
 from kepler_bridge.sources.cgroup import CgroupIdIndex, container_id, container_id_from_path, read_container_id
 
@@ -140,10 +141,7 @@ def _hierarchies() -> list[Path]:
 
 def test_real_process_in_a_container_cgroup() -> None:
     """A child moved into a docker-named cgroup of each hierarchy here reports that container id."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the tests as root (moving a process between cgroups needs it)")
-        pytest.skip("not root: cannot create cgroups (CI runs this as root)")
+    require(os.geteuid() == 0, "not root: creating cgroups and moving processes needs root")
     hierarchies = _hierarchies()
     assert hierarchies, "no cgroup v1 cpu or v2 hierarchy mounted under /sys/fs/cgroup"
     for root in hierarchies:

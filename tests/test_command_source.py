@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from scaffold import require, wait_for
 
 from agent import KEPLER_BRIDGE, Agent
 from kepler_bridge.sources.cgroup import cgroup2_root
@@ -221,8 +222,8 @@ except CommandFailed as err:
 
 
 def test_without_a_writable_cgroup_the_agent_reaps_what_a_run_left(tmp_path: Path) -> None:
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare(1) to hide the cgroup hierarchy in a mount namespace of its own")
+    require(os.geteuid() == 0 and shutil.which("unshare") is not None,
+            "needs root and unshare(1): the test hides the cgroup hierarchy in a mount namespace")
     daemon = tmp_path / "daemon"
     hide = 'mount -t tmpfs none /sys/fs/cgroup && exec "$@"'
     result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh",
@@ -259,15 +260,15 @@ def test_no_control_character_of_stderr_reaches_the_message(noise: bytes, tmp_pa
 
 def _assert_gone(pid: int) -> None:
     """The process is gone, or a zombie waiting for a parent that does not reap (PID 1 of some sandboxes)."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return
-        if state in ("Z", "X"):
-            return
-        time.sleep(0.05)
+    wait_for(lambda: _gone(pid), 5, f"pid {pid} to end", step=0.05)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
     raise AssertionError(f"process {pid} is still running")
 
 
@@ -284,6 +285,7 @@ def test_settings(tmp_path: Path) -> None:
             load(flags, {})
 
 
+@pytest.mark.e2e
 def test_a_bad_command_setting_stops_start_up_with_exit_2() -> None:
     result = subprocess.run([KEPLER_BRIDGE, "serve", "--command", "/no/such/collector --json"],
                             capture_output=True, text=True, timeout=30)
@@ -292,6 +294,7 @@ def test_a_bad_command_setting_stops_start_up_with_exit_2() -> None:
     assert "expected an executable that exists" in result.stderr
 
 
+@pytest.mark.e2e
 def test_every_failure_is_a_clear_source_error_and_the_agent_keeps_serving(tmp_path: Path) -> None:
     command, mode, pids = modal_command(tmp_path, "good")
     with Agent("--sources", "command", "--command", command, "--command-timeout", "0.5s",
@@ -330,6 +333,7 @@ def _down_reason(agent: Agent, expected: str) -> str:
     return reason if response.status_code == 503 and expected in reason else ""
 
 
+@pytest.mark.e2e
 def test_the_template_example() -> None:
     result = subprocess.run([KEPLER_BRIDGE, "collect", "--json", "--sources", "command", "--node-name", "edge-1",
                              "--command", str(EXAMPLES / "template.sh")], capture_output=True, text=True, timeout=60)
@@ -339,6 +343,7 @@ def test_the_template_example() -> None:
         "usedMemory": GIB, "totalMemory": 8 * GIB, "percent": 0.125}}
 
 
+@pytest.mark.e2e
 def test_the_bie_collector_example_bridges_an_existing_collector() -> None:
     class Collector(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:

@@ -119,6 +119,7 @@ BAD_CASES = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", sorted(BAD_CASES))
 def test_bad_setting_exits_2_with_one_line(case: str) -> None:
     args, env, names, accepted = BAD_CASES[case]
@@ -130,6 +131,7 @@ def test_bad_setting_exits_2_with_one_line(case: str) -> None:
     assert result.stdout == ""
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("content,names,accepted", [
     ("interval: 1s\ncolour: red\n", "colour", "unknown key"),
     ("simulate: [1, 2]\n", "simulate=[1, 2]", "whole number"),
@@ -147,6 +149,7 @@ def test_bad_config_file_exits_2_with_one_line(tmp_path: Path, content: str, nam
     assert str(file) in line
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name,content,names,accepted", [
     ("kb.yaml", b"interval: 1:30\n", "interval='1:30'", "duration"),
     ("kb.yaml", b"simulate: true\n", "simulate='true'", "whole number"),
@@ -178,6 +181,7 @@ def test_hostile_config_file_exits_2_with_one_line(tmp_path: Path, name: str, co
     assert names in line and accepted in line, line
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("key", ["auth_token_file", "tls_cert", "tls_key"])
 def test_null_protection_setting_in_file_is_refused(tmp_path: Path, key: str) -> None:
     file = tmp_path / "kb.yaml"
@@ -211,6 +215,7 @@ def test_yaml_scalars_are_read_as_written(tmp_path: Path) -> None:
     assert load({"config": str(file)}, {}).node_name == "123"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("content,accepted", [
     (b"", "the file is empty"),
     (b" \n\t\r\n", "the file is empty"),
@@ -253,6 +258,7 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "directory": first}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("cert,key,setting,accepted", [
     ("cert", "garbage", "tls_key", "not a PEM private key"),
     ("cert", "other key", "tls_key", "does not belong to the certificate"),

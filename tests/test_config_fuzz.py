@@ -114,6 +114,7 @@ def test_load_returns_a_config_or_one_line_naming_the_setting(scratch: Path, fil
         check_refusal(str(err), set(flags) | {SETTING_OF_ENV[env_name] for env_name in env} | file_keys)
 
 
+@pytest.mark.e2e
 @settings(max_examples=20, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(file=config_files())

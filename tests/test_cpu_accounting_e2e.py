@@ -6,12 +6,15 @@ import os
 import subprocess
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent import KEPLER_BRIDGE, Agent
 from cpu_helpers import Burner, container_cgroup, require_bpf, short_lived
+from scaffold import by_name, values
 
 ID = "f" * 64
+
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +23,7 @@ def bpf_host() -> None:
 
 
 def samples(agent: Agent, name: str) -> list[tuple[dict[str, str], float]]:
-    return [(sample.labels, sample.value) for family in text_string_to_metric_families(agent.metrics())
-            for sample in family.samples if sample.name == name]
+    return by_name(agent.metrics()).get(name, [])
 
 
 def process_seconds(agent: Agent, pid: int) -> float | None:
@@ -30,7 +32,7 @@ def process_seconds(agent: Agent, pid: int) -> float | None:
 
 
 def source_up(agent: Agent) -> dict[str, float]:
-    return {labels["source"]: value for labels, value in samples(agent, "kepler_bridge_source_up")}
+    return values(agent.metrics(), "kepler_bridge_source_up", "source")
 
 
 @pytest.mark.parametrize("source", ["ebpf", "procfs"])

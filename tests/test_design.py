@@ -11,10 +11,9 @@ import re
 import typing
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
+from scaffold import families, make_config
 
 from kepler_bridge import cli, model
-from kepler_bridge.config import load
 from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.model import (ContainerCpu, CpuZoneEnergy, Energy, GpuProcess, GpuReading, Holder, PodRef,
                                  ProcessCpu, Snapshot, SourceStatus, WorkloadEnergy)
@@ -163,7 +162,7 @@ def test_commands_are_the_subcommands() -> None:
 def test_endpoints_and_who_may_read_them(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    settings = WebSettings.of(load({"auth_token_file": str(token), "node_name": "n1"}, environ={}))
+    settings = WebSettings.of(make_config(auth_token_file=token, node_name="n1"))
     app = create_app(SnapshotStore(), lambda: settings)
     table = {quoted(cells[0])[0]: cells[-1] for cells in rows(section("HTTP endpoints"))}
     routes = {rule.rule for rule in app.url_map.iter_rules()}
@@ -237,7 +236,7 @@ def test_metric_catalogue_lists_exactly_the_metrics_the_code_can_emit() -> None:
 def test_metric_catalogue_types_and_labels_are_what_a_scrape_shows() -> None:
     text = prometheus.render(full_snapshot(), lambda name: True).decode()
     seen: dict[str, tuple[str, set[str]]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families(text).values():
         name = prometheus.exposed_name(family)
         if name in prometheus.METRICS:
             seen[name] = (family.type, {label for sample in family.samples for label in sample.labels})

@@ -8,16 +8,20 @@ import os
 import shlex
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
+import pytest
 
 from agent import Agent
 from fakenvml import FakeNvml
+from scaffold import samples
 
 GIB = 1024**3
 NVIDIA = ("GPU-fa4e0000-0000-4000-8000-000000000000", "GPU-fa4e0000-0000-4000-8000-000000000001")
 # Command devices, each with a memory size of its own so /v1/collect entries can be told apart.
 CARDS = {"KL-A": 16, "KL-B": 32, "KL-C": 64}
 NVML_DRIVER_NOT_LOADED = 9
+
+
+pytestmark = pytest.mark.e2e
 
 
 def print_cards(path: Path, *uuids: str) -> None:
@@ -30,8 +34,8 @@ def print_cards(path: Path, *uuids: str) -> None:
 
 def indexes(agent: Agent) -> dict[str, str]:
     """uuid -> gpu label of every device in /metrics."""
-    return {sample.labels["uuid"]: sample.labels["gpu"] for family in text_string_to_metric_families(agent.metrics())
-            for sample in family.samples if sample.name == "gpu_up"}
+    return {sample.labels["uuid"]: sample.labels["gpu"]
+            for sample in samples(agent.metrics(), "gpu_up")}
 
 
 def test_late_source_and_reordered_command_shift_no_other_device(fake_nvml: FakeNvml, tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from scaffold import make_config, wait_for
 
 from cpu_helpers import Burner, container_cgroup, loopback_flood, net_rx_softirqs, require_bpf, short_lived
-from kepler_bridge import config
 from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.sampling.slots import check_source
 from kepler_bridge.store import SnapshotStore
@@ -40,10 +40,6 @@ def bpf_host() -> None:
     require_bpf()
 
 
-def make_config(**flags: object) -> config.Config:
-    return config.load(flags, {})
-
-
 @pytest.fixture
 def ebpf(bpf_host: None):
     source = EbpfSource(make_config())
@@ -58,13 +54,15 @@ def row_of(source: EbpfSource, pid: int):
 
 def wait_row(source: EbpfSource, pid: int, check=lambda row: True, timeout: float = 5.0):
     """Read until pid's row passes check: an ended group's final runtime lands one RCU grace period after its reap."""
-    deadline = time.monotonic() + timeout
-    while True:
+    row = None
+
+    def passing():
+        nonlocal row
         row = row_of(source, pid)
-        if row is not None and check(row):
-            return row
-        assert time.monotonic() < deadline, f"pid {pid}: last row {row}"
-        time.sleep(0.02)
+        return row if row is not None and check(row) else None
+
+    return wait_for(passing, timeout, f"the row of pid {pid}", step=0.02,
+                    log=lambda: f"last row {row}")
 
 
 def test_burn_agrees_with_proc_within_1_percent(ebpf: EbpfSource) -> None:
@@ -225,10 +223,8 @@ def test_programs_stay_attached_after_the_loader_exits_and_detach_on_stop(bpf_ho
     wait_row(source, pid)  # the exit program kept firing after the loader exited
     assert source.read().ebpf_programs_attached == 2
     source.stop()
-    deadline = time.monotonic() + 5
-    while ids & {prog["id"] for prog in bpftool("prog", "show")}:
-        assert time.monotonic() < deadline, "the programs stayed loaded after stop()"
-        time.sleep(0.1)
+    wait_for(lambda: not ids & {prog["id"] for prog in bpftool("prog", "show")}, 5,
+             "the programs to unload after stop()")
 
 
 def test_nothing_runs_per_context_switch(ebpf: EbpfSource) -> None:

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent import Agent
 from fakenvml import FakeNvml
 from fixtures.sysfs import FakeSysfs
 from kubefakes import FakePodResources, list_response
 from powercap import PowercapTree
+from scaffold import by_name
 
 GIB = 1024**3
 
@@ -36,6 +36,9 @@ while (used := time.process_time() - cpu0) < rate * seconds:
 print("done", flush=True)
 sys.stdin.readline()
 """
+
+
+pytestmark = pytest.mark.e2e
 
 
 class PacedBurner:
@@ -63,11 +66,7 @@ class PacedBurner:
 
 def scrape(agent: Agent) -> dict[str, list[tuple[dict[str, str], float]]]:
     """One /metrics answer (one snapshot): sample name -> [(labels, value)]."""
-    found: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(agent.metrics()):
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return found
+    return by_name(agent.metrics())
 
 
 def series(agent: Agent, name: str) -> list[tuple[dict[str, str], float]]:

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
+import scaffold
 
 from kepler_bridge.sampling.counters import CounterGuard
 from kepler_bridge.exposition import baetyl, prometheus
@@ -27,7 +27,7 @@ def gpu(index: int, **values) -> GpuReading:
 
 def families(snap: Snapshot, allowed=lambda name: True) -> dict[str, list]:
     text = prometheus.render(snap, allowed).decode()
-    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+    return {name: family.samples for name, family in scaffold.families(text).items()}
 
 
 def test_unreported_values_are_omitted_not_sentinels() -> None:
@@ -96,7 +96,7 @@ def test_every_emitted_family_is_declared() -> None:
                     gpus=(gpu(0, utilization=0.1, energy_joules=1.0, ecc_corrected_total=0,
                               throttled=(("gpu_idle", True),), xid_errors=((13, 1),)),))
     text = prometheus.render(snap, lambda name: True).decode()
-    names = {prometheus.exposed_name(f) for f in text_string_to_metric_families(text)}
+    names = {prometheus.exposed_name(f) for f in scaffold.families(text).values()}
     assert names - set(prometheus.METRICS) == {n for n in names if n.startswith("process_")}
 
 

@@ -10,9 +10,12 @@ import time
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
+import scaffold
 from agent import KEPLER_BRIDGE, Agent
+
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +28,7 @@ def test_metrics_text_format_parses_and_has_node_label_everywhere(agent: Agent) 
     response = agent.get("/metrics")
     assert response.status_code == 200
     assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    families = scaffold.families(response.text)
     assert {"gpu_utilization_ratio", "gpu_up", "kepler_bridge_source_up", "process_resident_memory_bytes"} <= set(families)
     for family in families.values():
         for sample in family.samples:
@@ -90,10 +93,9 @@ def test_head_and_unknown_path(agent: Agent) -> None:
 
 def test_snapshot_is_fresh_and_values_move(agent: Agent) -> None:
     def sample_time() -> float:
-        for family in text_string_to_metric_families(agent.metrics()):
-            if family.name == "kepler_bridge_last_sample_timestamp_seconds":
-                return family.samples[0].value
-        raise AssertionError("no timestamp")
+        found = scaffold.samples(agent.metrics(), "kepler_bridge_last_sample_timestamp_seconds")
+        assert found, "no timestamp"
+        return found[0].value
 
     first = sample_time()
     agent.wait_for(lambda: sample_time() > first, what="a newer sample")

@@ -21,11 +21,10 @@ from typing import Iterator
 import pytest
 import requests
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from agent import free_port
 from fixtures.ascend import ascend_host
 from kepler_bridge import __version__
+from scaffold import free_port, require, samples
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -50,8 +49,12 @@ RUNS = [("privileged", PRIVILEGED, "full", None), ("hardened", HARDENED, "full",
         ("hardened-runtime-default", HARDENED, "full", {"type": "RuntimeDefault"}),
         ("slim", HARDENED, "slim", None), ("ascend", ASCEND, "full", None)]
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="builds and runs the image with podman, which needs "
-                                                           "root here: run make test as root")
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module", autouse=True)
+def root() -> None:
+    require(os.geteuid() == 0, "not root: podman builds and runs the image only as root here")
 
 
 class Podman:
@@ -278,7 +281,7 @@ def containers(podman: Podman, images: dict[str, str], host_usr: Path,
 def _metrics(container: Container) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = container.wait("/metrics", 10).text
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+            for sample in samples(text)}
 
 
 def _source_up(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:

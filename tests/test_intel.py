@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scaffold import make_config
 
 from agent import Agent
 from fixtures.sysfs import GIB, FakeSysfs
-from kepler_bridge.config import load
 from kepler_bridge.sources import intel
 from kepler_bridge.sources.base import SourceAbsent
 
@@ -18,6 +18,7 @@ def sysfs(tmp_path: Path) -> FakeSysfs:
     return FakeSysfs(tmp_path / "sys")
 
 
+@pytest.mark.e2e
 def test_i915_xe_and_integrated_cards_in_contract_units(sysfs: FakeSysfs) -> None:
     sysfs.intel_dg2_i915(0, "0000:05:00.0")
     sysfs.intel_bmg_xe(1, "0000:06:00.0")
@@ -49,7 +50,7 @@ def test_power_is_the_energy_counters_rate(sysfs: FakeSysfs, monkeypatch: pytest
     _, hwmon = sysfs.intel_dg2_i915(0, "0000:05:00.0")
     clock = iter([100.0, 102.0, 103.0, 104.0])
     monkeypatch.setattr(intel.time, "monotonic", lambda: next(clock))
-    source = intel.IntelSource(load({"sysfs": str(sysfs.root)}, {}))
+    source = intel.IntelSource(make_config(sysfs=sysfs.root))
     source.start()
     assert source.read().gpus[0].power_watts is None  # one reading is no rate yet
     sysfs.write(hwmon, {"energy1_input": 5_000_000_000 + 300_000_000})  # +300 J in 2 s
@@ -63,7 +64,7 @@ def test_power_is_the_energy_counters_rate(sysfs: FakeSysfs, monkeypatch: pytest
 def test_a_card_that_goes_away_is_down_alone(sysfs: FakeSysfs) -> None:
     sysfs.intel_dg2_i915(0, "0000:05:00.0")
     card = sysfs.intel_igpu(1, "0000:00:02.0")
-    source = intel.IntelSource(load({"sysfs": str(sysfs.root)}, {}))
+    source = intel.IntelSource(make_config(sysfs=sysfs.root))
     source.start()
     card.unlink()
     first, second = source.read().gpus
@@ -73,4 +74,4 @@ def test_a_card_that_goes_away_is_down_alone(sysfs: FakeSysfs) -> None:
 def test_absent_without_an_intel_card(sysfs: FakeSysfs) -> None:
     sysfs.amd_rx7900(0, "0000:03:00.0")
     with pytest.raises(SourceAbsent, match="no DRM card bound to the i915 or xe driver"):
-        intel.IntelSource(load({"sysfs": str(sysfs.root)}, {})).start()
+        intel.IntelSource(make_config(sysfs=sysfs.root)).start()

@@ -5,20 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from scaffold import make_config
 
 from agent import Agent
 from fixtures.sysfs import FakeSysfs
-from kepler_bridge.config import load
 from kepler_bridge.sources.base import SourceAbsent
 from kepler_bridge.sources.jetson import JetsonSource
 
 
 def jetson(sysfs: FakeSysfs, procfs: Path) -> JetsonSource:
-    source = JetsonSource(load({"sysfs": str(sysfs.root), "procfs": str(procfs)}, {}))
+    source = JetsonSource(make_config(sysfs=sysfs.root, procfs=procfs))
     source.start()
     return source
 
 
+@pytest.mark.e2e
 def test_orin_in_the_agent(tmp_path: Path) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.jetson_orin(tmp_path / "proc")

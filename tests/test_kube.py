@@ -10,11 +10,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent import Agent
 from cpu_helpers import Burner
-from kepler_bridge import config
 from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.kube.pods import STATUS_LISTS, containers_of
 from kepler_bridge.kube.view import Assignment, KubeView, device_key, device_owners
@@ -22,6 +20,7 @@ from kepler_bridge.model import GpuProcess, GpuReading, PodRef
 from kepler_bridge.sampling.sampler import join_owners
 from kubefakes import FakeKube, pod, pod_list, self_signed
 from powercap import PowercapTree
+from scaffold import by_name, make_config, require, wait_for
 
 A, B, C, D = "a" * 64, "b" * 64, "c" * 64, "d" * 64
 PODS = pod_list(pod("shop", "web-1", ("nginx", f"containerd://{A}"), ("sidecar", f"cri-o://{B}"), ("late", ""),
@@ -44,13 +43,10 @@ def token_file(tmp_path: Path) -> Path:
     return path
 
 
-def kube_config(**settings: object) -> config.Config:
-    return config.load({key: str(value) for key, value in settings.items()}, {})
-
-
 def metadata(environ: dict[str, str] | None = None, **settings: object) -> KubeMetadata:
     settings.setdefault("pod_resources_socket", "")
-    return KubeMetadata(kube_config(**settings), environ=environ or {}, min_period=0.05, timeout=2.0)
+    return KubeMetadata(make_config(**settings), environ=environ or {}, min_period=0.05,
+                        timeout=2.0)
 
 
 def test_pod_list_gives_every_started_container_by_runtime_id() -> None:
@@ -73,7 +69,7 @@ def test_kubelet_address_defaults_to_node_ip() -> None:
     for environ, url in (({"NODE_IP": "10.0.0.5"}, "https://10.0.0.5:10250/pods"),
                          ({"NODE_IP": "fd00::5"}, "https://[fd00::5]:10250/pods"),
                          ({}, "https://127.0.0.1:10250/pods")):
-        kube = KubeMetadata(kube_config(kube_source="kubelet"), environ=environ)
+        kube = KubeMetadata(make_config(kube_source="kubelet"), environ=environ)
         assert [endpoint.url for endpoint in kube.endpoints] == [url]
 
 
@@ -155,25 +151,20 @@ def test_auto_prefers_the_metaserver_then_the_kubelet(tls: tuple[Path, Path], to
 
 def test_refreshes_in_the_background_and_soon_after_an_unknown_container() -> None:
     with FakeKube(pod_list(pod("ml", "train-0", ("main", f"docker://{D}")))) as metaserver:
-        kube = KubeMetadata(kube_config(kube_source="metaserver", metaserver_url=metaserver.url,
+        kube = KubeMetadata(make_config(kube_source="metaserver", metaserver_url=metaserver.url,
                                         pod_resources_socket=""), environ={}, period=60.0, min_period=0.05)
         kube.start()
         try:
-            deadline = time.monotonic() + 5
-            while kube.view().containers != {D: PodRef("ml", "train-0", "main")} and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert kube.view().containers == {D: PodRef("ml", "train-0", "main")}
+            wait_for(lambda: kube.view().containers == {D: PodRef("ml", "train-0", "main")}, 5,
+                     "the first pod list", step=0.02)
             metaserver.pods = PODS  # a new pod starts; its container shows up in a process's cgroup
             kube.notice([A])
-            deadline = time.monotonic() + 5
-            while A not in kube.view().containers and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_for(lambda: A in kube.view().containers, 5, "the new pod's container", step=0.02)
             assert kube.view().containers == EXPECTED  # long before the 60 s period
             asked = len(metaserver.requests)
             kube.notice([A, "f" * 64])  # A is known; an unknown id asks once, not at every sample
-            deadline = time.monotonic() + 5
-            while len(metaserver.requests) == asked and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_for(lambda: len(metaserver.requests) > asked, 5, "a pod list for the unknown id",
+                     step=0.02)
             for _ in range(5):
                 kube.notice(["f" * 64])
                 time.sleep(0.1)  # two refresh periods (min_period) each: time enough to ask again, were it to
@@ -218,16 +209,17 @@ def unified_cgroup() -> Path | None:
                  if (root / "cgroup.controllers").exists()), None)
 
 
+@pytest.mark.e2e
 def test_agent_labels_energy_with_pods_from_the_kubelet(tls: tuple[Path, Path], token_file: Path,
                                                         tmp_path: Path) -> None:
     root = unified_cgroup()
-    if root is None:
-        pytest.skip("needs a cgroup v2 hierarchy to put a process in a container's cgroup")
+    require(root is not None,
+            "no cgroup v2 hierarchy: the test puts a process in a container's cgroup")
     cgroup = root / "kepler-bridge-kube-test" / f"crio-{B}.scope"
     try:
         cgroup.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        pytest.skip(f"cannot create a cgroup: {err}")
+        require(False, f"cannot create a cgroup ({err}): the test needs root")
     tree = PowercapTree(tmp_path / "sys")
     tree.zone("intel-rapl:0", "package-0")
     try:
@@ -239,10 +231,7 @@ def test_agent_labels_energy_with_pods_from_the_kubelet(tls: tuple[Path, Path], 
             burner.burn(0.3)
 
             def labelled() -> dict[str, list[tuple[dict[str, str], float]]]:
-                found: dict[str, list[tuple[dict[str, str], float]]] = {}
-                for family in text_string_to_metric_families(agent.metrics()):
-                    for sample in family.samples:
-                        found.setdefault(sample.name, []).append((sample.labels, sample.value))
+                found = by_name(agent.metrics())
                 pods = {(labels["namespace"], labels["pod"]): value
                         for labels, value in found.get("kepler_bridge_pod_cpu_joules_total", [])}
                 return found if pods.get(("shop", "web-1"), 0) > 0 else {}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
+import scaffold
 from agent import Agent
 from browser import Browser
 from kepler_bridge.exposition.history import render as history_json
@@ -42,6 +42,7 @@ def snapshot(timestamp: float, devices: int = 8, interval: float = 1.0) -> Snaps
     return Snapshot(node="n", timestamp=timestamp, duration_seconds=0.01, interval_seconds=interval, gpus=gpus)
 
 
+@pytest.mark.e2e
 def test_page_draws_moving_charts_without_errors(agent: Agent, tmp_path: Path) -> None:
     with Browser(tmp_path / "profile") as browser:
         browser.open(agent.url + "/")
@@ -61,6 +62,7 @@ def test_page_draws_moving_charts_without_errors(agent: Agent, tmp_path: Path) -
     assert (tmp_path / "live.png").read_bytes().startswith(b"\x89PNG") and (tmp_path / "live.png").stat().st_size > 10_000
 
 
+@pytest.mark.e2e
 def test_page_is_small_self_contained_and_locked_down(agent: Agent) -> None:
     page = agent.get("/")
     assert page.status_code == 200 and page.headers["Content-Type"] == "text/html; charset=utf-8"
@@ -72,10 +74,11 @@ def test_page_is_small_self_contained_and_locked_down(agent: Agent) -> None:
     assert "<td>simulated</td>" in page.text and "<b id=\"node\">test-node</b>" in page.text
 
 
+@pytest.mark.e2e
 def test_history_is_the_snapshot_the_metrics_show(agent: Agent) -> None:
     def same_sample() -> tuple[dict, dict] | None:
         history = agent.get("/api/v1/history").json()
-        families = {f.name: f for f in text_string_to_metric_families(agent.metrics())}
+        families = scaffold.families(agent.metrics())
         if families["kepler_bridge_last_sample_timestamp_seconds"].samples[0].value != history["timestamp"]:
             return None  # a sample was published between the two requests
         return history, families
@@ -96,6 +99,7 @@ def test_history_is_the_snapshot_the_metrics_show(agent: Agent) -> None:
     assert history["pods"][0]["gpu_joules"] >= 0 and history["pods"][0]["pod"] == ""  # the simulated processes
 
 
+@pytest.mark.e2e
 def test_history_gzip_head_and_methods(agent: Agent) -> None:
     raw = requests.get(agent.url + "/api/v1/history", headers={"Accept-Encoding": "gzip"}, stream=True, timeout=5)
     assert raw.headers["Content-Encoding"] == "gzip" and raw.headers["X-Content-Type-Options"] == "nosniff"
@@ -162,6 +166,7 @@ def command_printing(tmp_path: Path, body: object) -> str:
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">'"
 
 
+@pytest.mark.e2e
 def test_hostile_names_and_errors_are_text_not_markup(tmp_path: Path) -> None:
     devices = {"devices": [
         {"uuid": HOSTILE, "vendor": "<b>v</b>", "model": "<script>document.title='pwned'</script>",
@@ -186,6 +191,7 @@ def test_hostile_names_and_errors_are_text_not_markup(tmp_path: Path) -> None:
             assert browser.problems == []
 
 
+@pytest.mark.e2e
 def test_token_protects_page_and_history_and_the_page_works_with_it(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")

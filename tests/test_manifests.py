@@ -13,6 +13,7 @@ import yaml
 from kubernetes_validate import utils as kv
 
 from assets import ROOT, generator
+from scaffold import require
 
 MANIFESTS = ROOT / "manifests"
 FILES = sorted(MANIFESTS.rglob("*.yaml"))
@@ -313,7 +314,8 @@ def test_seccomp_base_is_the_debian_package_default() -> None:
     installed = Path("/usr/share/containers/seccomp.json")
     version = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "golang-github-containers-common"],
                              capture_output=True, text=True).stdout
-    if version != "0.50.1+ds1-4":
-        pytest.skip(f"golang-github-containers-common 0.50.1+ds1-4 is not installed (found {version or 'none'}): "
-                    "bash scripts/apt-install.sh podman, or compare with that package's file by hand")
+    require(version == "0.50.1+ds1-4",
+            f"golang-github-containers-common 0.50.1+ds1-4 is not installed (found "
+            f"{version or 'none'}): bash scripts/apt-install.sh podman, or compare with that "
+            "package's file by hand")
     assert SECCOMP_BASE.read_bytes() == installed.read_bytes(), f"{SECCOMP_BASE} differs from {installed}"

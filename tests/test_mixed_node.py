@@ -10,13 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from scaffold import make_config, samples, values
 
 from agent import KEPLER_BRIDGE, Agent
 from fakenvml import FakeNvml
 from fixtures.sysfs import GIB, FakeSysfs
 from kepler_bridge import sources
-from kepler_bridge.config import load
 from kepler_bridge.sampling.slots import build_slots
 
 KUNLUN = {"devices": [{"uuid": "KL-R200-01", "vendor": "kunlun", "model": "Kunlun R200", "usedMemory": 2 * GIB,
@@ -37,10 +36,10 @@ def node(fakenvml_lib: Path, tmp_path: Path) -> tuple[FakeNvml, list[str]]:
 
 def labels_by_gpu(text: str) -> dict[str, tuple[str, str, str]]:
     return {sample.labels["gpu"]: (sample.labels["vendor"], sample.labels["model"], sample.labels["uuid"])
-            for family in text_string_to_metric_families(text) for sample in family.samples
-            if sample.name == "gpu_up"}
+            for sample in samples(text, "gpu_up")}
 
 
+@pytest.mark.e2e
 def test_one_index_one_collect_entry_for_every_vendor(node: tuple[FakeNvml, list[str]]) -> None:
     nvidia, args = node
     with Agent(*args, "--interval", "0.25s", env=nvidia.env()) as agent:
@@ -52,8 +51,7 @@ def test_one_index_one_collect_entry_for_every_vendor(node: tuple[FakeNvml, list
         assert agent.samples("gpu_memory_total_bytes") == {"0": 80 * GIB, "1": 24 * GIB, "2": 16 * GIB}
         assert agent.samples("gpu_utilization_ratio") == {"0": 0.5, "1": 0.37, "2": 0.35}
         assert agent.samples("gpu_power_watts") == {"0": 250.0, "1": 65.0, "2": 75.5}
-        up = {sample.labels["source"]: sample.value for family in text_string_to_metric_families(agent.metrics())
-              for sample in family.samples if sample.name == "kepler_bridge_source_up"}
+        up = values(agent.metrics(), "kepler_bridge_source_up", "source")
         assert up == {"nvml": 1.0, "amdgpu": 1.0, "command": 1.0}
         body = agent.get("/v1/collect").json()
         assert list(body) == ["test-node"]
@@ -65,6 +63,7 @@ def test_one_index_one_collect_entry_for_every_vendor(node: tuple[FakeNvml, list
         assert (node["usedMemory"], node["totalMemory"], node["percent"]) == (15 * GIB, 120 * GIB, 0.125)
 
 
+@pytest.mark.e2e
 def test_one_vendor_failing_leaves_the_others_serving(node: tuple[FakeNvml, list[str]]) -> None:
     nvidia, args = node
     with Agent(*args, "--interval", "0.25s", env=nvidia.env()) as agent:
@@ -75,6 +74,7 @@ def test_one_vendor_failing_leaves_the_others_serving(node: tuple[FakeNvml, list
         assert devices[1]["totalMemory"] == 24 * GIB and devices[2]["totalMemory"] == 16 * GIB
 
 
+@pytest.mark.e2e
 def test_doctor_reports_each_vendor_it_found(node: tuple[FakeNvml, list[str]]) -> None:
     nvidia, args = node
     result = subprocess.run([KEPLER_BRIDGE, "doctor", *args], capture_output=True, text=True, timeout=120,
@@ -94,7 +94,7 @@ def test_auto_marks_the_accelerators_this_node_does_not_have_absent(tmp_path: Pa
     sysfs.amd_mi210(0, "0000:43:00.0")
     monkeypatch.setattr(sources, "AUTO", (("amdgpu",), ("intel",), ("jetson",), ("ascend",)))
     monkeypatch.setenv("PATH", str(tmp_path))  # no npu-smi
-    config = load({"sysfs": str(sysfs.root), "procfs": str(tmp_path / "proc"), "npu_smi": "npu-smi"}, {})
+    config = make_config(sysfs=sysfs.root, procfs=tmp_path / "proc", npu_smi="npu-smi")
     slots = build_slots(config)
     assert [slot.name for slot in slots if slot.started] == ["amdgpu"]
     absent = {slot.name: slot.error for slot in slots if slot.unused == "absent"}

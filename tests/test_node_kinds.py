@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+from scaffold import samples, source_states
 
 from agent import KEPLER_BRIDGE
 from assets import ROOT, alert_rules, metric_names
@@ -36,6 +36,9 @@ STEPS = 10  # samples per input series, one a minute
 SCRAPE_TIME = "kepler_bridge_last_sample_timestamp_seconds"
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 LABEL_ORDER = {name: position for position, name in enumerate(GPU_LABELS)}  # as the other cases write them
+
+
+pytestmark = pytest.mark.e2e
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ def rule_series(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
     """(name, labels) -> value of every exported series of the metrics the alert rules read."""
     read = set().union(*(metric_names(rule["expr"]) for rule in alert_rules()))
     return {(sample.name, tuple(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples if sample.name in read}
+            for sample in samples(text) if sample.name in read}
 
 
 def input_series(series: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> list[dict[str, str]]:
@@ -188,8 +191,7 @@ def test_promtool_case_is_what_the_agent_exports_on_that_node(name: str, tmp_pat
     if kind.kernel_headers:
         require_bpf()
     text = collect(kind, tmp_path / "host", fakenvml_lib)
-    states = {sample.labels["source"]: sample.labels["state"] for family in text_string_to_metric_families(text)
-              for sample in family.samples if sample.name == "kepler_bridge_source_state" and sample.value == 1}
+    states = source_states(text)
     assert {source: states.get(source) for source in kind.states} == kind.states, text
     exported = input_series(rule_series(text))
     case = promtool_case(kind.case)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from scaffold import samples
 
 from agent import KEPLER_BRIDGE, Agent
 from fakenvml import FakeNvml
@@ -16,6 +17,9 @@ from fixtures.sysfs import FakeSysfs
 
 GIB = 1024**3
 SENTINELS = ("4294967295", "4.294967295e+09", "1.8446744073709552e+19", "-1.0")
+
+
+pytestmark = pytest.mark.e2e
 
 
 def nvml_agent(fake: FakeNvml, *args: str, ready: bool = True) -> Agent:
@@ -58,10 +62,7 @@ def test_values_arrive_in_contract_units(fake_nvml: FakeNvml) -> None:
 
 
 def _process_values(text: str, name: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return {s.labels["pid"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name == name and s.labels["gpu"] == "0"}
+    return {s.labels["pid"]: s.value for s in samples(text, name) if s.labels["gpu"] == "0"}
 
 
 def test_memory_falls_back_to_v1(fake_nvml: FakeNvml) -> None:
@@ -197,10 +198,8 @@ def test_xid_codes_beyond_the_64_most_recent_are_summed_as_other(fake_nvml: Fake
 
 
 def _xids(text: str, gpu: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return {sample.labels["xid"]: sample.value for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name == "gpu_xid_errors_total" and sample.labels["gpu"] == gpu}
+    return {sample.labels["xid"]: sample.value for sample in samples(text, "gpu_xid_errors_total")
+            if sample.labels["gpu"] == gpu}
 
 
 def _xid(text: str, gpu: str, xid: str) -> float:

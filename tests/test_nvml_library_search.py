@@ -15,6 +15,9 @@ from agent import KEPLER_BRIDGE
 from fakenvml import FakeNvml
 
 
+pytestmark = pytest.mark.e2e
+
+
 def _collect(fake_nvml: FakeNvml, library: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, **fake_nvml.env(), "KUBE_NODE_NAME": "edge-1"}
     return subprocess.run([KEPLER_BRIDGE, "collect", "--json", "--sources", "nvml", "--nvml-library", str(library)],

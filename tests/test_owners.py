@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from prometheus_client.parser import text_string_to_metric_families
+from scaffold import make_config, samples
 
-from kepler_bridge import config
 from kepler_bridge.exposition import prometheus
 from kepler_bridge.kube.view import Assignment, KubeView, device_owners
 from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, PodRef, ProcessCpu, RaplZone, SourceReading
@@ -77,8 +76,8 @@ def agrees(labels: dict[str, str], pod: str) -> bool:
 
 
 def test_every_series_a_sample_updates_names_the_owner_of_that_sample() -> None:
-    settings = config.load({"sources": "simulated", "kube_source": "off", "pod_resources_socket": "",
-                            "process_metrics": "all", "gpu_idle_watts": "50"}, {})
+    settings = make_config(sources="simulated", kube_source="off", pod_resources_socket="",
+                           process_metrics="all", gpu_idle_watts="50")
     source = Node(settings)
     source.start()
     sampler = Sampler(settings, SnapshotStore(), [Slot("node", source, started=True)])
@@ -88,7 +87,7 @@ def test_every_series_a_sample_updates_names_the_owner_of_that_sample() -> None:
         sampler.kube.current = owned_by(pod)
         text = prometheus.render(sampler.sample(), lambda name: True).decode()
         after = {(sample.name, tuple(sorted(sample.labels.items()))): (sample.labels, sample.value)
-                 for family in text_string_to_metric_families(text) for sample in family.samples}
+                 for sample in samples(text)}
         for name in CURRENT:
             series = [labels for (found, _), (labels, _) in after.items() if found == name]
             assert series or not before, name  # energy series from the second sample on

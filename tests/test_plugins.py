@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from scaffold import values
 
 from agent import KEPLER_BRIDGE, Agent
 
@@ -85,10 +85,10 @@ def python(code: str, *sites: Path) -> str:
 
 
 def source_up(agent: Agent) -> dict[str, float]:
-    return {sample.labels["source"]: sample.value for family in text_string_to_metric_families(agent.metrics())
-            for sample in family.samples if sample.name == "kepler_bridge_source_up"}
+    return values(agent.metrics(), "kepler_bridge_source_up", "source")
 
 
+@pytest.mark.e2e
 def test_an_installed_plugin_serves_like_a_builtin(example_site: Path, tmp_path: Path) -> None:
     sysfs = rk3588(tmp_path / "sys")
     with Agent("--sources", "rknpu", "--sysfs", str(sysfs), "--interval", "0.25s", env=env(example_site)) as agent:
@@ -112,6 +112,7 @@ def test_auto_takes_the_plugins_that_ask_for_it_after_the_builtins(example_site:
     assert groups.count("ignored: a built-in source has that name") == 1
 
 
+@pytest.mark.e2e
 def test_unknown_source_names_the_plugins(example_site: Path) -> None:
     result = subprocess.run([KEPLER_BRIDGE, "serve", "--sources", "rknpux"], capture_output=True, text=True,
                             timeout=30, env={**os.environ, **env(example_site)})
@@ -126,6 +127,7 @@ def test_a_plugin_cannot_replace_a_builtin(fake_site: Path) -> None:
     assert "plug-in source 'nvml' (kb_fake_plugins:Imposter) ignored: a built-in source has that name" in out
 
 
+@pytest.mark.e2e
 def test_a_broken_plugin_is_a_down_source_with_its_reason(fake_site: Path) -> None:
     with Agent("--sources", "broken,notsource,explicit", "--interval", "0.25s", env=env(fake_site)) as agent:
         assert source_up(agent) == {"broken": 0.0, "notsource": 0.0, "explicit": 1.0}

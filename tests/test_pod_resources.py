@@ -7,14 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from scaffold import by_name, make_config
 
 from agent import Agent
 from fakenvml import FakeNvml
 from fixtures.sysfs import FakeSysfs
 from kubefakes import FakePodResources, list_response
 from test_ascend import fake_npu_smi, table
-from kepler_bridge import config
 from kepler_bridge.kube.client import KubeError
 from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.kube.pod_resources import list_assignments
@@ -53,7 +52,7 @@ def test_errors_name_the_socket_and_the_fix(tmp_path: Path) -> None:
 
 
 def kube(socket: Path) -> KubeMetadata:
-    return KubeMetadata(config.load({"kube_source": "off", "pod_resources_socket": str(socket)}, {}), environ={})
+    return KubeMetadata(make_config(kube_source="off", pod_resources_socket=socket), environ={})
 
 
 def test_missing_socket_means_no_assignments_and_no_error(tmp_path: Path) -> None:
@@ -83,8 +82,8 @@ def test_each_vendors_plugin_id_finds_the_device_its_source_reads(tmp_path: Path
     sysfs.amd_mi210(0, "0000:c3:00.0")
     sysfs.intel_dg2_i915(1, "0000:05:00.0")
     sysfs.intel_bmg_xe(2, "0000:06:00.0")
-    settings = config.load({"sysfs": str(sysfs.root), "npu_smi": str(fake_npu_smi(tmp_path / "310p", table("310p3")))},
-                           {})
+    npu_smi = fake_npu_smi(tmp_path / "310p", table("310p3"))
+    settings = make_config(sysfs=sysfs.root, npu_smi=npu_smi)
     readings = []
     for source in (AmdgpuSource(settings), IntelSource(settings), AscendSource(settings)):
         source.start()
@@ -113,14 +112,7 @@ def test_each_vendors_plugin_id_finds_the_device_its_source_reads(tmp_path: Path
     assert not any(gpu.lists_processes for gpu in readings)
 
 
-def families(agent: Agent) -> dict[str, list[tuple[dict[str, str], float]]]:
-    found: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(agent.metrics()):
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return found
-
-
+@pytest.mark.e2e
 def test_agent_names_the_pod_a_gpu_is_assigned_to_in_gpu_pod_info(fake_nvml: FakeNvml, tmp_path: Path) -> None:
     socket = tmp_path / "kubelet.sock"
     fake_nvml.processes(0, [{"pid": 999001, "used_memory": 2 * GIB, "sm_util": 60}])
@@ -130,17 +122,17 @@ def test_agent_names_the_pod_a_gpu_is_assigned_to_in_gpu_pod_info(fake_nvml: Fak
                   "--kube-source", "off", "--pod-resources-socket", str(socket), "--gpu-idle-watts", "100",
                   "--process-metrics", "all", env=fake_nvml.env()) as agent:
         def pod_energy() -> dict:
-            found = families(agent)
+            nonlocal energy
+            found = by_name(agent.metrics())
             pods = {labels["pod"]: value for labels, value in found.get("kepler_bridge_pod_gpu_joules_total", [])}
-            return found if pods.get("train-0", 0) > 0 else {}
+            if pods.get("train-0", 0) > 0:
+                return found
+            energy += 50_000  # 50 J per poll, 0.1 s apart: 500 W on GPU 0
+            fake_nvml.gpu(0, total_energy=energy)
+            return {}
 
         energy = 1_000_000_000
-        deadline = time.monotonic() + 10
-        while not (found := pod_energy()) and time.monotonic() < deadline:
-            energy += 50_000  # 50 J per 0.1 s: 500 W on GPU 0
-            fake_nvml.gpu(0, total_energy=energy)
-            time.sleep(0.1)
-        assert found, agent.output()[-2000:]
+        found = agent.wait_for(pod_energy, what="GPU energy of pod train-0")
     owners = {labels["gpu"]: (labels["namespace"], labels["pod"], labels["container"], value)
               for labels, value in found["gpu_pod_info"]}
     assert owners == {"0": ("ml", "train-0", "main", 1.0)}  # GPU 1 is shared by two pods: no single owner

@@ -7,12 +7,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
-from prometheus_client.parser import text_string_to_metric_families
+import scaffold
 
 from agent import Agent
 from fakenvml import FakeNvml
-from kepler_bridge import config
 from kepler_bridge.exposition import prometheus
 from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.store import SnapshotStore
@@ -30,10 +30,10 @@ sys.stdin.read()
 
 def samples(text: str, name: str) -> dict[str, dict[str, str]]:
     """Label sets of one metric's samples, by pid."""
-    return {sample.labels["pid"]: sample.labels for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name == name}
+    return {sample.labels["pid"]: sample.labels for sample in scaffold.samples(text, name)}
 
 
+@pytest.mark.e2e
 def test_a_gpu_process_named_in_invalid_utf8_keeps_every_gpu_up(fake_nvml: FakeNvml) -> None:
     with subprocess.Popen([sys.executable, "-c", RENAMED, NON_UTF8.hex()], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE) as named:
@@ -47,8 +47,8 @@ def test_a_gpu_process_named_in_invalid_utf8_keeps_every_gpu_up(fake_nvml: FakeN
             expected = NON_UTF8.decode(errors="replace")
             assert samples(text, "gpu_process_memory_used_bytes")[str(named.pid)]["comm"] == expected
             assert samples(text, "kepler_bridge_process_cpu_seconds_total")[str(named.pid)]["comm"] == expected
-            assert {s.labels["source"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
-                    if s.name == "kepler_bridge_source_up"} == {"nvml": 1.0, "procfs": 1.0}
+            up = scaffold.values(text, "kepler_bridge_source_up", "source")
+            assert up == {"nvml": 1.0, "procfs": 1.0}
         named.stdin.close()
 
 
@@ -71,8 +71,8 @@ def test_any_name_and_cgroup_bytes_read_and_render(names: list[tuple[bytes, byte
             (proc / str(pid) / "stat").write_bytes(stat_line(pid, comm))
             (proc / str(pid) / "cgroup").write_bytes(b"0::/" + cgroup + b"\n")
         (proc / "self").symlink_to("100")
-        settings_ = config.load({"sources": "procfs", "procfs": str(proc), "kube_source": "off",
-                                 "pod_resources_socket": ""}, {})
+        settings_ = scaffold.make_config(sources="procfs", procfs=proc, kube_source="off",
+                                         pod_resources_socket="")
         snapshot = Sampler(settings_, SnapshotStore()).sample()
     assert [status.up for status in snapshot.sources] == [True]
     text = prometheus.render(snapshot, lambda name: True).decode()

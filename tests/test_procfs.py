@@ -11,17 +11,13 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from scaffold import make_config
 
 from cpu_helpers import Burner
-from kepler_bridge import config
 from kepler_bridge.sources.base import SourceAbsent
 from kepler_bridge.sources.procfs import CLOCK_TICKS, ProcfsSource, parse_stat
 
 ID = "d" * 64
-
-
-def make_config(**flags: object) -> config.Config:
-    return config.load(flags, {})
 
 
 def stat_line(pid: int, comm: str, utime: int, stime: int, start: int) -> str:

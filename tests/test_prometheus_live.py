@@ -12,6 +12,7 @@ MetaServer; a stub kubelet pod-resources socket assigns fake GPU 0 to that pod. 
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from contextlib import ExitStack, contextmanager
@@ -27,7 +28,8 @@ from cpu_helpers import Burner
 from fakenvml import FakeNvml, default_process
 from fixtures.sysfs import FakeSysfs
 from kubefakes import FakeKube, FakePodResources, list_response, pod, pod_list
-from promserver import Alertmanager, HttpStub, Prometheus, binary, free_port, http_get, wait_until
+from promserver import Alertmanager, HttpStub, Prometheus, binary, http_get
+from scaffold import free_port, require, wait_for
 
 LOST_GPU = 1
 ASSIGNED_GPU = "GPU-fa4e0000-0000-4000-8000-000000000000"  # fake GPU 0
@@ -37,6 +39,11 @@ STALE_AFTER_S = 30
 # Unique per run: other test runs on the machine may use the same kind of cgroup at the same time.
 CONTAINER_ID = f"{os.getpid():016x}" * 4
 POD = {"namespace": "demo", "pod": "inference-0", "container": "server"}
+# Prometheus is asked over HTTP: a refused or reset request counts as "not yet".
+wait_until = functools.partial(wait_for, step=0.25, ignore=(OSError,))
+
+
+pytestmark = pytest.mark.e2e
 
 
 @dataclass
@@ -54,12 +61,10 @@ def container_workload() -> Iterator[Burner]:
     """A CPU-burning child in a CRI-O style cgroup, so the agent sees it as container CONTAINER_ID."""
     root = next((path for path in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
                  if (path / "cgroup.controllers").exists()), None)
-    if root is None or os.geteuid() != 0:
-        why = "not root" if os.geteuid() != 0 else "no cgroup v2 hierarchy is mounted"
-        if not os.environ.get("CI") and os.geteuid() != 0:
-            pytest.skip(f"{why}: the live Prometheus test puts a workload in a test cgroup (CI runs as root)")
-        pytest.fail(f"{why}: the live Prometheus test needs root and cgroup v2 to create a container cgroup",
-                    pytrace=False)
+    require(os.geteuid() == 0, "not root: the live Prometheus test puts a workload in a test cgroup")
+    if root is None:
+        pytest.fail("no cgroup v2 hierarchy is mounted: the live Prometheus test needs one to create a "
+                    "container cgroup", pytrace=False)
     cgroup = root / f"kepler-bridge-live-test-{os.getpid()}" / f"crio-{CONTAINER_ID}.scope"
     cgroup.mkdir(parents=True, exist_ok=True)
     try:

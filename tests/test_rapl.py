@@ -6,18 +6,14 @@ import pathlib
 from pathlib import Path
 
 import pytest
+from scaffold import make_config
 
-from kepler_bridge import config
 from kepler_bridge.sampling.attribution import Attribution, Inputs
 from kepler_bridge.sampling.slots import check_source
 from kepler_bridge.sources.base import SourceAbsent, SourceUnavailable
 from kepler_bridge.sources.procfs import CLOCK_TICKS, read_cpu_times
 from kepler_bridge.sources.rapl import RaplSource
 from powercap import PowercapTree
-
-
-def make_config(**flags: object) -> config.Config:
-    return config.load({key: str(value) for key, value in flags.items()}, {})
 
 
 def procfs(tmp_path: Path, busy: int = 100, idle: int = 300) -> Path:

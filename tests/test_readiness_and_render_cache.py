@@ -5,13 +5,16 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from agent import Agent
-from kepler_bridge.config import load
 from kepler_bridge.exposition import RenderCache, RenderSettings
 from kepler_bridge.model import Snapshot, SourceStatus
 from kepler_bridge.store import SnapshotStore
+from scaffold import make_config
 
 
+@pytest.mark.e2e
 def test_readyz_is_503_while_a_hung_command_holds_the_sampler(tmp_path: Path) -> None:
     hang = tmp_path / "hang.sh"
     hang.write_text("#!/bin/sh\nexec sleep 30\n")
@@ -38,7 +41,7 @@ def test_each_snapshot_is_rendered_once_per_variant_however_many_readers() -> No
         calls.append(snapshot.timestamp)
         return f"{snapshot.timestamp}".encode()
 
-    settings = RenderSettings.of(load({"sources": "simulated"}, environ={}))
+    settings = RenderSettings.of(make_config(sources="simulated"))
     cache = RenderCache(store, lambda: settings, {"probe": render})
     assert cache.get("probe") is None
     store.publish(_snapshot(1.0))

@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import pytest
 import yaml
+from scaffold import make_config, samples
 
 from agent import Agent
 from kepler_bridge.config import load
@@ -37,9 +39,10 @@ def _energy(agent: Agent) -> float:
 
 
 def _names(agent: Agent) -> set[str]:
-    return {line.split("{")[0].split(" ")[0] for line in agent.metrics().splitlines() if not line.startswith("#")}
+    return {sample.name for sample in samples(agent.metrics())}
 
 
+@pytest.mark.e2e
 def test_a_changed_config_file_applies_without_a_restart_and_counters_go_on(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     _write(path, _settings(metrics_deny=["gpu_temperature"]))
@@ -56,6 +59,7 @@ def test_a_changed_config_file_applies_without_a_restart_and_counters_go_on(tmp_
         assert "settings reloaded: metrics_deny" in agent.output()
 
 
+@pytest.mark.e2e
 def test_sighup_rereads_the_settings(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     _write(path, _settings(metrics_deny=["gpu_temperature"]))
@@ -73,6 +77,7 @@ def test_sighup_rereads_the_settings(tmp_path: Path) -> None:
         assert agent.worker_pids() == worker
 
 
+@pytest.mark.e2e
 def test_a_bad_file_is_refused_in_one_line_and_the_running_settings_stay(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     _write(path, _settings(metrics_deny=["gpu_temperature"]))
@@ -87,6 +92,7 @@ def test_a_bad_file_is_refused_in_one_line_and_the_running_settings_stay(tmp_pat
         agent.wait_for(lambda: "gpu_temperature_celsius" in _names(agent), what="the fixed file applied")
 
 
+@pytest.mark.e2e
 def test_a_setting_that_needs_a_restart_is_kept_and_named(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     command = tmp_path / "collector.sh"
@@ -102,7 +108,7 @@ def test_a_setting_that_needs_a_restart_is_kept_and_named(tmp_path: Path) -> Non
 
 
 def test_the_web_settings_are_made_once_per_settings_change() -> None:
-    running = load({"metrics_deny": "gpu_temperature"}, {})
+    running = make_config(metrics_deny="gpu_temperature")
     made = []
     settings = DerivedSettings(lambda: running,
                                lambda config: made.append(config) or WebSettings.of(config))
@@ -113,6 +119,7 @@ def test_the_web_settings_are_made_once_per_settings_change() -> None:
     assert not settings().render.metric_allowed("gpu_power_watts") and len(made) == 2
 
 
+@pytest.mark.e2e
 def test_a_worker_that_replaces_a_crashed_one_keeps_the_reloaded_settings(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     _write(path, _settings(metrics_deny=["gpu_temperature"]))

@@ -10,11 +10,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-from prometheus_client.parser import text_string_to_metric_families
+from scaffold import make_config, samples
 
 from agent import Agent
-from kepler_bridge import config
 from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading
 from kepler_bridge.sampling.sampler import Sampler
@@ -66,7 +66,7 @@ class Replay(Source):
     name = "replay"
 
     def __init__(self, readings: list[Any]) -> None:
-        super().__init__(config.load({}, {}))
+        super().__init__(make_config())
         self.readings = readings
 
     def start(self) -> None:
@@ -78,7 +78,7 @@ class Replay(Source):
 
 def sampler(*slots: Slot, **settings: str) -> Sampler:
     settings = {"sources": "simulated", "kube_source": "off", "pod_resources_socket": "", **settings}
-    return Sampler(config.load(settings, {}), SnapshotStore(), list(slots) or None)
+    return Sampler(make_config(**settings), SnapshotStore(), list(slots) or None)
 
 
 def assert_exportable(collect: bytes, metrics: str) -> None:
@@ -91,7 +91,7 @@ def assert_exportable(collect: bytes, metrics: str) -> None:
         for key in ("usedMemory", "totalMemory") + (("deviceNum",) if entry is node else ()):
             assert type(entry[key]) is int and 0 <= entry[key] < GO_UINT64, (key, entry[key])
         assert 0 <= entry["percent"] <= 1
-    values = [sample.value for family in text_string_to_metric_families(metrics) for sample in family.samples]
+    values = [sample.value for sample in samples(metrics)]
     assert values and all(math.isfinite(value) for value in values)
 
 
@@ -198,10 +198,11 @@ def replace_file(path: Path, text: str) -> None:
 
 
 def devices_tagged(metrics: str, tag: str) -> list[str]:
-    return [sample.labels["uuid"] for family in text_string_to_metric_families(metrics) for sample in family.samples
-            if sample.name == "gpu_info" and sample.labels["uuid"].startswith(f"{tag}-")]
+    return [sample.labels["uuid"] for sample in samples(metrics, "gpu_info")
+            if sample.labels["uuid"].startswith(f"{tag}-")]
 
 
+@pytest.mark.e2e
 def test_hostile_readings_through_the_real_http_server(tmp_path: Path) -> None:
     readings, output = tmp_path / "readings.json", tmp_path / "output.json"
     replace_file(readings, "[]")

@@ -5,14 +5,16 @@ from __future__ import annotations
 import subprocess
 import time
 
+import pytest
+
 from agent import KEPLER_BRIDGE
 from kepler_bridge import __version__
-from kepler_bridge.config import load
 from kepler_bridge.sources.simulated import SimulatedSource
+from scaffold import make_config
 
 
 def source(seed: int, count: int = 3) -> SimulatedSource:
-    sim = SimulatedSource(load({"simulate": str(count), "simulate_seed": str(seed)}, {}))
+    sim = SimulatedSource(make_config(simulate=count, simulate_seed=seed))
     sim.start()
     return sim
 
@@ -39,6 +41,7 @@ def test_readings_are_plausible_and_move() -> None:
     assert energies == sorted(energies) and energies[-1] > energies[0]
 
 
+@pytest.mark.e2e
 def test_version() -> None:
     result = subprocess.run([KEPLER_BRIDGE, "--version"], capture_output=True, text=True, timeout=20)
     assert result.returncode == 0 and result.stdout.strip() == f"kepler-bridge {__version__}"

@@ -22,6 +22,9 @@ SLACK = 3.0
 PROBES = ("/metrics", "/v1/collect", "/healthz", "/readyz")
 
 
+pytestmark = pytest.mark.e2e
+
+
 def _agent(*args: str, ca: str = "") -> Agent:
     return Agent("--simulate", "2", "--sources", "simulated", "--interval", "0.5s",
                  "--http-header-timeout", f"{HEADER_TIMEOUT}s", "--http-write-timeout", f"{WRITE_TIMEOUT}s", *args,

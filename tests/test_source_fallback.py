@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from agent import Agent
+
+
+pytestmark = pytest.mark.e2e
 
 
 def test_ebpf_losing_to_procfs_is_a_warning_with_the_reason(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
+import pytest
+from scaffold import samples, values
 
 from agent import Agent
 from fakenvml import FakeNvml
@@ -21,17 +22,17 @@ def test_up_series_for_sources_in_use_and_a_state_for_every_source() -> None:
                SourceStatus("ascend", False, "npu-smi not found", unused="absent"))
     text = prometheus.render(Snapshot(node="n1", timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0,
                                       sources=sources), lambda name: True).decode()
-    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
-    up = {s.labels["source"]: s.value for s in samples if s.name == "kepler_bridge_source_up"}
-    errors = {s.labels["source"]: s.value for s in samples if s.name == "kepler_bridge_source_errors_total"}
+    up = values(text, "kepler_bridge_source_up", "source")
+    errors = values(text, "kepler_bridge_source_errors_total", "source")
     state = {(s.labels["source"], s.labels["state"]): s.value
-             for s in samples if s.name == "kepler_bridge_source_state"}
+             for s in samples(text, "kepler_bridge_source_state")}
     assert up == {"nvml": 1.0, "amdgpu": 0.0}
     assert errors == {"nvml": 0.0, "amdgpu": 3.0}
     assert state == {(source.name, name): float(name == source.state) for source in sources for name in SOURCE_STATES}
     assert [source.state for source in sources] == ["up", "down", "standby", "absent"]
 
 
+@pytest.mark.e2e
 def test_nvml_without_an_nvidia_gpu_is_absent_says_why_and_starts_when_the_driver_does(
         fake_nvml: FakeNvml, tmp_path: Path) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
@@ -40,8 +41,7 @@ def test_nvml_without_an_nvidia_gpu_is_absent_says_why_and_starts_when_the_drive
     with Agent("--sources", "nvml,amdgpu", "--nvml-library", str(fake_nvml.library), "--sysfs", str(sysfs.root),
                "--interval", "0.25s", env=fake_nvml.env()) as agent:
         assert agent.source_states() == {"nvml": "absent", "amdgpu": "up"}
-        assert "nvml" not in {s.labels["source"] for family in text_string_to_metric_families(agent.metrics())
-                              for s in family.samples if s.name == "kepler_bridge_source_up"}
+        assert "nvml" not in values(agent.metrics(), "kepler_bridge_source_up", "source")
         ready = agent.get("/readyz").json()
         assert ready["ready"] and ready["sources"]["amdgpu"] == {"state": "up", "reason": ""}
         assert ready["sources"]["nvml"]["state"] == "absent"

@@ -68,6 +68,7 @@ def _refused(agent: Agent, client: tuple[Path, Path] | None, path: str = "/healt
     return False
 
 
+@pytest.mark.e2e
 def test_mutual_tls_admits_only_clients_the_ca_signed(tmp_path: Path, pki: dict) -> None:
     ca = pki["ca"][0]
     web = _write(tmp_path / "web.yml", _tls(pki, client_ca_file=str(ca), client_auth_type="RequireAndVerifyClientCert"))
@@ -78,6 +79,7 @@ def test_mutual_tls_admits_only_clients_the_ca_signed(tmp_path: Path, pki: dict)
         assert agent.get("/v1/collect").status_code == 200
 
 
+@pytest.mark.e2e
 def test_client_allowed_sans_limit_which_certificates_are_served(tmp_path: Path, pki: dict) -> None:
     ca = pki["ca"][0]
     web = _write(tmp_path / "web.yml", _tls(pki, client_ca_file=str(ca), client_allowed_sans=["scraper"]))
@@ -86,6 +88,7 @@ def test_client_allowed_sans_limit_which_certificates_are_served(tmp_path: Path,
         assert _refused(agent, pki["intruder"]), "a certificate naming another client was served"
 
 
+@pytest.mark.e2e
 def test_basic_auth_users_guard_metrics_and_the_page_but_not_probes_or_collect(tmp_path: Path) -> None:
     web = _write(tmp_path / "web.yml", {"basic_auth_users": {"alice": _hash(PASSWORD)}})
     with _agent(web, None) as agent:
@@ -99,6 +102,7 @@ def test_basic_auth_users_guard_metrics_and_the_page_but_not_probes_or_collect(t
             assert agent.get(path).status_code == 200, path
 
 
+@pytest.mark.e2e
 def test_certificates_and_users_rotate_without_a_restart_and_a_bad_file_keeps_the_last_good(
         tmp_path: Path, pki: dict) -> None:
     ca = pki["ca"][0]
@@ -129,6 +133,7 @@ def test_certificates_and_users_rotate_without_a_restart_and_a_bad_file_keeps_th
         assert agent.output().count("not reloaded") == logged, "a refused file is logged once, not per request"
 
 
+@pytest.mark.e2e
 def test_web_config_errors_name_the_key(tmp_path: Path, pki: dict) -> None:
     cases = {
         "unknown key": ({"tls_server_config": {"cert_file": "x", "key_file": "y", "cipher_suites": []}}, "cipher_suites"),
@@ -154,6 +159,7 @@ def test_web_config_errors_name_the_key(tmp_path: Path, pki: dict) -> None:
         assert len(run.stderr.strip().splitlines()) == 1 and "web_config_file" in run.stderr, (name, run.stderr)
 
 
+@pytest.mark.e2e
 def test_web_config_and_tls_flags_together_are_refused(tmp_path: Path, pki: dict) -> None:
     path = _write(tmp_path / "web.yml", _tls(pki))
     cert, key = pki["server"]

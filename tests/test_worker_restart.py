@@ -8,8 +8,9 @@ import stat
 import tempfile
 from pathlib import Path
 
+import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
+from scaffold import families
 
 from agent import Agent
 from powercap import PowercapTree
@@ -21,6 +22,9 @@ RESTARTING = ("kepler_bridge_node_cpu_joules_total", "kepler_bridge_pod_cpu_joul
               "kepler_bridge_pod_gpu_joules_total", "gpu_energy_joules_total", "kepler_bridge_process_cpu_seconds_total")
 
 
+pytestmark = pytest.mark.e2e
+
+
 def counters(agent: Agent) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
     """Every counter series of the agent (not prometheus_client's process_*, which describe one worker process),
     or None while no worker answers with a sample."""
@@ -29,7 +33,7 @@ def counters(agent: Agent) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
     except requests.RequestException:
         return None
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text)
+            for family in families(text).values()
             if family.type == "counter" and not family.name.startswith("process_")
             for sample in family.samples if sample.name.endswith("_total")}
 
