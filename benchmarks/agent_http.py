@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from agent import Agent  # noqa: E402
-from fakenvml import FakeNvml, build  # noqa: E402
 from prometheus_client.utils import floatToGoString  # noqa: E402
+
+from fakenvml import FakeNvml, build  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -53,8 +54,12 @@ def concurrent(url: str, clients: int, seconds: int) -> float:
     wrk = shutil.which("wrk")
     if wrk is None:
         raise SystemExit("wrk is missing: apt-get install wrk (make bench installs it)")
-    out = subprocess.run([wrk, "-t2", f"-c{clients}", f"-d{seconds}s", url], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [wrk, "-t2", f"-c{clients}", f"-d{seconds}s", url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", out)
     if errors:
         raise SystemExit(f"wrk saw errors: {errors.group(0)}")
@@ -109,10 +114,16 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="kb-bench-"))
-    fake = FakeNvml(build(work), work / "nvml.conf", gpus=args.gpus, processes_per_gpu=args.processes)
-    env = {"FAKE_NVML_CONFIG": str(fake.config)}  # no call statistics: they cost the fake, not the agent
+    fake = FakeNvml(
+        build(work), work / "nvml.conf", gpus=args.gpus, processes_per_gpu=args.processes
+    )
+    env = {
+        "FAKE_NVML_CONFIG": str(fake.config)
+    }  # no call statistics: they cost the fake, not the agent
     rows: list[tuple[str, str, str]] = []
-    with Agent("--sources", "nvml", "--nvml-library", str(fake.library), "--interval", "1s", env=env) as agent:
+    with Agent(
+        "--sources", "nvml", "--nvml-library", str(fake.library), "--interval", "1s", env=env
+    ) as agent:
         master = agent.process.pid
         worker = int(Path(f"/proc/{master}/task/{master}/children").read_text().split()[0])
         started = time.monotonic()
@@ -121,26 +132,45 @@ def main() -> None:
             timings = sequential(agent.port, path, args.scrapes)
             p50, p99 = percentile(timings, 0.5) * 1e3, percentile(timings, 0.99) * 1e3
             rps = concurrent(agent.url + path, 8, args.load_seconds)
-            rows.append((f"{path} latency p50 / p99", f"{p50:.2f} / {p99:.2f} ms", f"p99 < {p99_target} ms"))
-            rows.append((f"{path} throughput, 8 clients", f"{rps:.0f} req/s",
-                         ">= 1500 req/s" if path == "/metrics" else "-"))
+            rows.append(
+                (f"{path} latency p50 / p99", f"{p50:.2f} / {p99:.2f} ms", f"p99 < {p99_target} ms")
+            )
+            rows.append(
+                (
+                    f"{path} throughput, 8 clients",
+                    f"{rps:.0f} req/s",
+                    ">= 1500 req/s" if path == "/metrics" else "-",
+                )
+            )
         size = len(agent.get("/metrics").content)
         rows.append(("/metrics size", f"{size / 1024:.0f} KiB", "-"))
         delays = freshness(agent, fake, args.fresh_rounds)
-        rows.append(("freshness p50 / p99", f"{percentile(delays, 0.5) * 1e3:.0f} / "
-                     f"{percentile(delays, 0.99) * 1e3:.0f} ms", "p99 < 1200 ms"))
+        rows.append(
+            (
+                "freshness p50 / p99",
+                f"{percentile(delays, 0.5) * 1e3:.0f} / {percentile(delays, 0.99) * 1e3:.0f} ms",
+                "p99 < 1200 ms",
+            )
+        )
         before = cpu_seconds([master, worker])
         window_end = time.monotonic() + args.cpu_seconds
         while time.monotonic() < window_end:  # one scrape every 15 s, as Prometheus by default
             agent.get("/metrics")
             time.sleep(min(15.0, max(0.0, window_end - time.monotonic())))
         per_minute = (cpu_seconds([master, worker]) - before) * 60 / args.cpu_seconds
-        rows.append(("agent CPU, 1 s interval, scrape every 15 s", f"{per_minute:.3f} s/min", "< 0.6 s/min"))
+        rows.append(
+            ("agent CPU, 1 s interval, scrape every 15 s", f"{per_minute:.3f} s/min", "< 0.6 s/min")
+        )
         time.sleep(max(0.0, args.rss_minutes * 60 - (time.monotonic() - started)))
         rss_worker, rss_master = memory_kib(worker, "Rss") / 1024, memory_kib(master, "Rss") / 1024
         pss = (memory_kib(worker, "Pss") + memory_kib(master, "Pss")) / 1024
-        rows.append((f"RSS after {args.rss_minutes:g} min: worker / master",
-                     f"{rss_worker:.1f} / {rss_master:.1f} MB", "< 60 MB"))
+        rows.append(
+            (
+                f"RSS after {args.rss_minutes:g} min: worker / master",
+                f"{rss_worker:.1f} / {rss_master:.1f} MB",
+                "< 60 MB",
+            )
+        )
         rows.append(("PSS worker + master", f"{pss:.1f} MB", "-"))
         samples = agent.samples("kepler_bridge_sample_duration_seconds")[""]
         rows.append(("sample duration (8 GPUs x 16 processes)", f"{samples * 1e3:.1f} ms", "-"))

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent import Agent  # noqa: E402
 from cpu_helpers import Burner, loopback_flood, net_rx_softirqs, short_lived  # noqa: E402
+
 from kepler_bridge import config  # noqa: E402
 from kepler_bridge.sources.ebpf.bpf_syscall import prog_stats  # noqa: E402
 from kepler_bridge.sources.ebpf.source import EbpfSource  # noqa: E402
@@ -130,7 +131,9 @@ def build(directory: Path, name: str, text: str) -> Path:
 
 def ping_pong(binary: Path, round_trips: int, cpu: int) -> tuple[float, float]:
     """Wall seconds, and CPU seconds of both processes."""
-    wall, cpu_seconds = subprocess.check_output([str(binary), str(round_trips), str(cpu)], text=True).split()
+    wall, cpu_seconds = subprocess.check_output(
+        [str(binary), str(round_trips), str(cpu)], text=True
+    ).split()
     return float(wall), float(cpu_seconds)
 
 
@@ -142,10 +145,21 @@ def agent_running() -> Iterator[None]:
         yield
 
 
-def slowdowns(binary: Path, round_trips: int, cpu: int, runs: int,
-              loaded: Callable[[], contextlib.AbstractContextManager]) -> dict[str, list[float]]:
+def slowdowns(
+    binary: Path,
+    round_trips: int,
+    cpu: int,
+    runs: int,
+    loaded: Callable[[], contextlib.AbstractContextManager],
+) -> dict[str, list[float]]:
     """Per ABBA block: wall and CPU slowdown in % with `loaded` against the baseline, and baseline against itself."""
-    found: dict[str, list[float]] = {"wall": [], "cpu": [], "noise_wall": [], "noise_cpu": [], "base": []}
+    found: dict[str, list[float]] = {
+        "wall": [],
+        "cpu": [],
+        "noise_wall": [],
+        "noise_cpu": [],
+        "base": [],
+    }
     ping_pong(binary, round_trips // 10, cpu)  # warm caches and the CPU frequency
     for _ in range(runs):
         first = ping_pong(binary, round_trips, cpu)
@@ -170,8 +184,14 @@ def accuracy_under_load(source: EbpfSource, runs: int) -> list[tuple[float, floa
             source.read()
             burner.burn(3.0)
             row = next(row for row in source.read().processes if row.pid == burner.pid)
-            results.append((row.cpu_seconds, burner.cpu_seconds(), burner.own_cpu_seconds,
-                            net_rx_softirqs() - softirqs))
+            results.append(
+                (
+                    row.cpu_seconds,
+                    burner.cpu_seconds(),
+                    burner.own_cpu_seconds,
+                    net_rx_softirqs() - softirqs,
+                )
+            )
     return results
 
 
@@ -205,8 +225,12 @@ def read_cost(source, reads: int) -> float:
 
 def sample_cost(binary: Path, sleepers: int, reads: int) -> dict[str, float]:
     """read() cost of the ebpf and procfs sources, and BPF run time per task, with `sleepers` more processes."""
-    spawner = subprocess.Popen([str(binary), str(sleepers), "120"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               text=True)
+    spawner = subprocess.Popen(
+        [str(binary), str(sleepers), "120"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     previous = STATS_SYSCTL.read_text().strip()
     ebpf, procfs = EbpfSource(config.load({}, {})), ProcfsSource(config.load({}, {}))
     try:
@@ -216,10 +240,17 @@ def sample_cost(binary: Path, sleepers: int, reads: int) -> dict[str, float]:
         procfs.start()
         ebpf.read()
         procfs.read()  # the first read of each sees every process as new
-        cost = {"sleepers": started, "ebpf": read_cost(ebpf, reads), "procfs": read_cost(procfs, reads),
-                "tasks": ebpf.tasks, "processes": len(ebpf.table)}
+        cost = {
+            "sleepers": started,
+            "ebpf": read_cost(ebpf, reads),
+            "procfs": read_cost(procfs, reads),
+            "tasks": ebpf.tasks,
+            "processes": len(ebpf.table),
+        }
         stats = prog_stats(ebpf.loaded.programs["bpf_iter__task"])
-        cost["bpf_ns_per_task"] = stats.run_time_ns / stats.run_cnt if stats.run_cnt else float("nan")
+        cost["bpf_ns_per_task"] = (
+            stats.run_time_ns / stats.run_cnt if stats.run_cnt else float("nan")
+        )
         return cost
     finally:
         ebpf.stop()
@@ -260,9 +291,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--round-trips", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=8, help="ABBA blocks of ping-pong runs")
-    parser.add_argument("--cpu", type=int, default=0, help="CPU both ping-pong processes run on (-1: any)")
-    parser.add_argument("--sleepers", type=int, default=3000, help="extra sleeping processes for the sample cost")
-    parser.add_argument("--minutes", type=float, default=5.0, help="how long the agent runs before RSS is read")
+    parser.add_argument(
+        "--cpu", type=int, default=0, help="CPU both ping-pong processes run on (-1: any)"
+    )
+    parser.add_argument(
+        "--sleepers", type=int, default=3000, help="extra sleeping processes for the sample cost"
+    )
+    parser.add_argument(
+        "--minutes", type=float, default=5.0, help="how long the agent runs before RSS is read"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: loading BPF programs and kernel.bpf_stats_enabled need it")
@@ -283,23 +320,35 @@ def main() -> None:
 
     blocks = f"{args.runs} ABBA blocks of {args.round_trips} round trips, baseline {statistics.median(pairs['base']):.3f} s"
     print(f"{'measure':44} {'value':46} target")
-    print(f"{'ping-pong slowdown with the agent, wall':44} {spread(pairs['wall']):46} < 1 %, within noise")
-    print(f"{'ping-pong slowdown with the agent, CPU':44} {spread(pairs['cpu']):46} < 1 %, within noise")
+    print(
+        f"{'ping-pong slowdown with the agent, wall':44} {spread(pairs['wall']):46} < 1 %, within noise"
+    )
+    print(
+        f"{'ping-pong slowdown with the agent, CPU':44} {spread(pairs['cpu']):46} < 1 %, within noise"
+    )
     print(f"{'baseline noise (run to run), wall':44} {spread(pairs['noise_wall']):46} ({blocks})")
     print(f"{'baseline noise (run to run), CPU':44} {spread(pairs['noise_cpu']):46}")
     for counted_s, proc_s, own_s, softirqs in accuracy:
-        print(f"{'burner under loopback flood: counted':44} {f'{counted_s:.3f} s, /proc {proc_s:.3f} s':46} "
-              f"within 1 %: {abs(counted_s / proc_s - 1) * 100:.2f} % (own clock {own_s:.3f} s, "
-              f"{softirqs} NET_RX softirqs)")
-    print(f"{'30 ms processes counted':44} {f'{counted} of 20, error <= {error * 1e6:.0f} us':46} "
-          f"all (visible after <= {waited * 1000:.0f} ms)")
+        print(
+            f"{'burner under loopback flood: counted':44} {f'{counted_s:.3f} s, /proc {proc_s:.3f} s':46} "
+            f"within 1 %: {abs(counted_s / proc_s - 1) * 100:.2f} % (own clock {own_s:.3f} s, "
+            f"{softirqs} NET_RX softirqs)"
+        )
+    print(
+        f"{'30 ms processes counted':44} {f'{counted} of 20, error <= {error * 1e6:.0f} us':46} "
+        f"all (visible after <= {waited * 1000:.0f} ms)"
+    )
     ebpf_cost, procfs_cost = f"{cost['ebpf'] * 1000:.1f} ms", f"{cost['procfs'] * 1000:.1f} ms"
-    print(f"{'sample cost (read()), ebpf':44} {ebpf_cost:46} "
-          f"({cost['processes']} processes, {cost['tasks']} tasks; {cost['sleepers']} sleepers added)")
+    print(
+        f"{'sample cost (read()), ebpf':44} {ebpf_cost:46} "
+        f"({cost['processes']} processes, {cost['tasks']} tasks; {cost['sleepers']} sleepers added)"
+    )
     print(f"{'sample cost (read()), procfs for comparison':44} {procfs_cost:46}")
     print(f"{'BPF run time per task visited':44} {cost['bpf_ns_per_task']:.0f} ns")
-    print(f"{'agent worker RSS after ' + f'{args.minutes:g}' + ' min, eBPF loaded':44} "
-          f"{f'{rss / 1024:.1f} MiB (peak {peak / 1024:.1f} MiB)':46} < 45 MB   ({rows} process series)")
+    print(
+        f"{'agent worker RSS after ' + f'{args.minutes:g}' + ' min, eBPF loaded':44} "
+        f"{f'{rss / 1024:.1f} MiB (peak {peak / 1024:.1f} MiB)':46} < 45 MB   ({rows} process series)"
+    )
 
 
 if __name__ == "__main__":

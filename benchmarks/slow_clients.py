@@ -38,28 +38,44 @@ def main() -> None:
     timings: dict[str, list[float]] = {path: [] for path in PATHS}
     failures = 0
     with Agent("--simulate", "2", "--sources", "simulated") as agent:
-        with Attack(agent.port, silent=args.silent, dripping=args.dripping, non_readers=args.non_readers,
-                    drip_every=args.drip_every, max_seconds=args.seconds + 30, reconnect=True) as attack:
+        with Attack(
+            agent.port,
+            silent=args.silent,
+            dripping=args.dripping,
+            non_readers=args.non_readers,
+            drip_every=args.drip_every,
+            max_seconds=args.seconds + 30,
+            reconnect=True,
+        ) as attack:
             deadline = time.monotonic() + args.seconds
             while time.monotonic() < deadline:
                 for path in PATHS:
                     started = time.perf_counter()
                     try:
-                        ok = requests.get(agent.url + path, timeout=CLIENT_TIMEOUT).status_code == 200
+                        ok = (
+                            requests.get(agent.url + path, timeout=CLIENT_TIMEOUT).status_code
+                            == 200
+                        )
                     except requests.RequestException:
                         ok = False
                     timings[path].append(time.perf_counter() - started)
                     failures += not ok
-    print(f"{args.silent} silent + {args.dripping} dripping (every {args.drip_every:g} s) + "
-          f"{args.non_readers} non-reading clients, {args.seconds:g} s, client timeout {CLIENT_TIMEOUT:g} s")
+    print(
+        f"{args.silent} silent + {args.dripping} dripping (every {args.drip_every:g} s) + "
+        f"{args.non_readers} non-reading clients, {args.seconds:g} s, client timeout {CLIENT_TIMEOUT:g} s"
+    )
     print(f"{'path':<12} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for path, values in timings.items():
         ordered = sorted(values)
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-        print(f"{path:<12} {len(values):>8} {statistics.median(values) * 1e3:>8.1f} {p99 * 1e3:>8.1f} "
-              f"{ordered[-1] * 1e3:>8.1f}")
-    print(f"failed or timed-out requests: {failures}; connections the agent closed and the attack reopened: "
-          f"{attack.reconnects}")
+        print(
+            f"{path:<12} {len(values):>8} {statistics.median(values) * 1e3:>8.1f} {p99 * 1e3:>8.1f} "
+            f"{ordered[-1] * 1e3:>8.1f}"
+        )
+    print(
+        f"failed or timed-out requests: {failures}; connections the agent closed and the attack reopened: "
+        f"{attack.reconnects}"
+    )
 
 
 if __name__ == "__main__":

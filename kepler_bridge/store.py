@@ -18,7 +18,9 @@ class _Sample(NamedTuple):
     """One snapshot summarised: FIELDS per device in `uuids` order, rounded, NaN where a device reported nothing."""
 
     timestamp: float
-    uuids: tuple[str, ...]  # the previous sample's tuple when the devices did not change, so it is shared
+    uuids: tuple[
+        str, ...
+    ]  # the previous sample's tuple when the devices did not change, so it is shared
     values: array
 
 
@@ -36,7 +38,7 @@ class History:
             uuids = samples[-1].uuids
         values = array("d", [_value(gpu, name) for gpu in snapshot.gpus for name in FIELDS])
         oldest = snapshot.timestamp - MAX_SECONDS
-        kept = tuple(s for s in samples[-(MAX_SAMPLES - 1):] if s.timestamp > oldest)
+        kept = tuple(s for s in samples[-(MAX_SAMPLES - 1) :] if s.timestamp > oldest)
         self._samples = (*kept, _Sample(snapshot.timestamp, uuids, values))
 
     def samples(self) -> tuple[_Sample, ...]:

@@ -36,7 +36,9 @@ class RenderSettings:
 # Variant name -> renderer; "+gzip" variants are the compressed bytes of the plain one.
 RENDERERS: dict[str, Callable[[Snapshot, RenderSettings], bytes]] = {
     "text": lambda snap, settings: prometheus.render(snap, settings.metric_allowed),
-    "openmetrics": lambda snap, settings: prometheus.render(snap, settings.metric_allowed, openmetrics=True),
+    "openmetrics": lambda snap, settings: prometheus.render(
+        snap, settings.metric_allowed, openmetrics=True
+    ),
     "baetyl": lambda snap, settings: baetyl.render(snap, settings.memory_unit),
 }
 
@@ -44,8 +46,12 @@ RENDERERS: dict[str, Callable[[Snapshot, RenderSettings], bytes]] = {
 class RenderCache:
     """Bytes of the newest snapshot per variant, made lazily on first request and reused; `extra` adds variants."""
 
-    def __init__(self, store: SnapshotStore, settings: Callable[[], RenderSettings],
-                 extra: Mapping[str, Callable[[Snapshot, RenderSettings], bytes]] | None = None) -> None:
+    def __init__(
+        self,
+        store: SnapshotStore,
+        settings: Callable[[], RenderSettings],
+        extra: Mapping[str, Callable[[Snapshot, RenderSettings], bytes]] | None = None,
+    ) -> None:
         """`settings`: the render settings in force now (they change on reload; a render uses those of its moment)."""
         self.store = store
         self.settings = settings

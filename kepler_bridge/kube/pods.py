@@ -7,8 +7,15 @@ from typing import Any
 from kepler_bridge.model import PodRef
 
 STATUS_LISTS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
-_JSON_NAMES = {dict: "an object", list: "a list", str: "a string", type(None): "null", bool: "a boolean",
-               int: "a number", float: "a number"}
+_JSON_NAMES = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    type(None): "null",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+}
 
 
 def containers_of(pod_list: Any) -> dict[str, PodRef]:
@@ -23,13 +30,18 @@ def containers_of(pod_list: Any) -> dict[str, PodRef]:
     for pod in _field(pod_list, "items", list, "PodList"):
         pod = _checked(pod, dict, "items[]")
         metadata, status = _field(pod, "metadata", dict, "pod"), _field(pod, "status", dict, "pod")
-        namespace, name = _field(metadata, "namespace", str, "metadata"), _field(metadata, "name", str, "metadata")
+        namespace, name = (
+            _field(metadata, "namespace", str, "metadata"),
+            _field(metadata, "name", str, "metadata"),
+        )
         for kind in STATUS_LISTS:
             for container in _field(status, kind, list, "status"):
                 container = _checked(container, dict, f"status.{kind}[]")
                 container_id = _field(container, "containerID", str, kind).partition("://")[2]
                 if container_id:
-                    found[container_id] = PodRef(namespace, name, _field(container, "name", str, kind))
+                    found[container_id] = PodRef(
+                        namespace, name, _field(container, "name", str, kind)
+                    )
     return found
 
 
@@ -40,6 +52,8 @@ def _field(parent: dict, key: str, kind: type, where: str) -> Any:
 
 def _checked(value: Any, kind: type, where: str) -> Any:
     if not isinstance(value, kind):
-        raise ValueError(f"not a PodList: {where} is {_JSON_NAMES[type(value)]}, expected {_JSON_NAMES[kind]}; "
-                         "check the endpoint's version and logs")
+        raise ValueError(
+            f"not a PodList: {where} is {_JSON_NAMES[type(value)]}, expected {_JSON_NAMES[kind]}; "
+            "check the endpoint's version and logs"
+        )
     return value

@@ -34,7 +34,7 @@ def device_key(device_id: str) -> str:
     """
     key = device_id.strip().lower().split("::", 1)[0]
     if key.startswith("mig-gpu-"):
-        key = key[len("mig-"):].split("/", 1)[0]
+        key = key[len("mig-") :].split("/", 1)[0]
     key = _INTEL_REPLICA.sub(r"\1", key)
     key = _ASCEND_VNPU.sub(r"\1-\2", key)
     pci = _PCI.match(key)

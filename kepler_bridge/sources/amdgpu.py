@@ -8,7 +8,15 @@ from pathlib import Path
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, device_reading
-from kepler_bridge.sources.sysfs import DrmCard, Hwmon, device_hwmon, drm_cards, read_int, read_text, scaled
+from kepler_bridge.sources.sysfs import (
+    DrmCard,
+    Hwmon,
+    device_hwmon,
+    drm_cards,
+    read_int,
+    read_text,
+    scaled,
+)
 
 VENDOR = "amd"
 PWM_MAX = 255  # pwm1 range when pwm1_max is absent
@@ -32,8 +40,10 @@ class AmdgpuSource(Source):
         sysfs = self.config.sysfs
         found = drm_cards(sysfs, ("amdgpu",))
         if not found:
-            raise SourceAbsent(f"no DRM card bound to the amdgpu driver in {sysfs}/class/drm: load it "
-                               "(modprobe amdgpu); in a pod mount the host's /sys and pass --sysfs /host/sys")
+            raise SourceAbsent(
+                f"no DRM card bound to the amdgpu driver in {sysfs}/class/drm: load it "
+                "(modprobe amdgpu); in a pod mount the host's /sys and pass --sysfs /host/sys"
+            )
         self.cards = [_Card(card, _uuid(card), _model(card.device)) for card in found]
         self.driver_version = read_text(Path(sysfs, "module", "amdgpu", "version")) or ""
 
@@ -42,12 +52,22 @@ class AmdgpuSource(Source):
         return device_reading(gpus, "AMD GPU")
 
     def _read_card(self, index: int, card: _Card) -> GpuReading:
-        identity = dict(index=index, uuid=card.uuid, vendor=VENDOR, model=card.model,
-                        driver_version=self.driver_version, pci_bus_id=card.drm.pci_bus_id, lists_processes=False)
+        identity = dict(
+            index=index,
+            uuid=card.uuid,
+            vendor=VENDOR,
+            model=card.model,
+            driver_version=self.driver_version,
+            pci_bus_id=card.drm.pci_bus_id,
+            lists_processes=False,
+        )
         if not card.drm.present():
-            return GpuReading(**identity, up=False,
-                              error=f"{card.drm.name} ({card.drm.pci_bus_id}) is gone: the card was removed or "
-                                    "amdgpu unbound; check dmesg")
+            return GpuReading(
+                **identity,
+                up=False,
+                error=f"{card.drm.name} ({card.drm.pci_bus_id}) is gone: the card was removed or "
+                "amdgpu unbound; check dmesg",
+            )
         device = card.drm.device
         used = ranges.byte_count(read_int(device / "mem_info_vram_used"))
         total = ranges.byte_count(read_int(device / "mem_info_vram_total"))
@@ -57,9 +77,11 @@ class AmdgpuSource(Source):
             **identity,
             utilization=ranges.ratio_from_percent(read_int(device / "gpu_busy_percent")),
             memory_utilization=ranges.ratio_from_percent(read_int(device / "mem_busy_percent")),
-            memory_used_bytes=used, memory_total_bytes=total,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
             memory_free_bytes=ranges.free_bytes(total, used),
-            ecc_corrected_total=corrected, ecc_uncorrected_total=uncorrected,
+            ecc_corrected_total=corrected,
+            ecc_uncorrected_total=uncorrected,
             **(_sensors(hwmon) if hwmon else {}),
         )
 
@@ -71,7 +93,9 @@ def _sensors(hwmon: Hwmon) -> dict[str, float | None]:
         power = hwmon.value("power1_input")
     return dict(
         # MI-series cards have no edge sensor: their junction sensor is the core temperature.
-        temperature_celsius=ranges.celsius(scaled(hwmon.labelled("temp", ("edge", "junction", "temp1")), 1000)),
+        temperature_celsius=ranges.celsius(
+            scaled(hwmon.labelled("temp", ("edge", "junction", "temp1")), 1000)
+        ),
         memory_temperature_celsius=ranges.celsius(scaled(hwmon.labelled("temp", ("mem",)), 1000)),
         power_watts=ranges.watts(scaled(power, 1e6)),
         power_limit_watts=ranges.watts(scaled(hwmon.value("power1_cap"), 1e6)),
@@ -108,4 +132,6 @@ def _uuid(card: DrmCard) -> str:
 
 def _model(device: Path) -> str:
     """product_name (from the board's FRU, server cards) or the PCI device id."""
-    return read_text(device / "product_name") or f"AMD GPU {read_text(device / 'device') or 'unknown'}"
+    return (
+        read_text(device / "product_name") or f"AMD GPU {read_text(device / 'device') or 'unknown'}"
+    )

@@ -55,11 +55,19 @@ class AscendSource(Source):
     def start(self) -> None:
         configured = self.config.npu_smi or "npu-smi"
         found = shutil.which(configured) or next(
-            (path for path in (shutil.which(configured, path=directory) for directory in SEARCH_DIRS) if path), None)
+            (
+                path
+                for path in (shutil.which(configured, path=directory) for directory in SEARCH_DIRS)
+                if path
+            ),
+            None,
+        )
         if found is None:
             where = "" if "/" in configured else f" in PATH or {', '.join(SEARCH_DIRS)}"
-            message = (f"{configured} not found{where}: install the Ascend driver, mount the host's npu-smi and "
-                       "driver libraries into the pod, or pass --npu-smi PATH")
+            message = (
+                f"{configured} not found{where}: install the Ascend driver, mount the host's npu-smi and "
+                "driver libraries into the pod, or pass --npu-smi PATH"
+            )
             if on_pci_bus(self.config.sysfs, HUAWEI_PCI_VENDOR, PROCESSING_ACCELERATOR_CLASS):
                 raise SourceUnavailable(f"Huawei NPUs are on the PCI bus but {message}")
             raise SourceAbsent(message)
@@ -71,22 +79,37 @@ class AscendSource(Source):
         self.driver_version, chips = parse(text)
         if not chips:
             raise RuntimeError(f"{self.npu_smi} info listed no NPU; run it on the host to see why")
-        return SourceReading(gpus=tuple(self._reading(index, chip) for index, chip in enumerate(chips)))
+        return SourceReading(
+            gpus=tuple(self._reading(index, chip) for index, chip in enumerate(chips))
+        )
 
     def describe(self, reading: SourceReading) -> str:
         return f"{super().describe(reading)}; driver {self.driver_version or 'unknown'} ({self.npu_smi})"
 
     def _reading(self, index: int, chip: Chip) -> GpuReading:
-        used = ranges.byte_count(int(chip.memory_used_mib * MIB) if chip.memory_used_mib is not None else None)
-        total = ranges.byte_count(int(chip.memory_total_mib * MIB) if chip.memory_total_mib is not None else None)
+        used = ranges.byte_count(
+            int(chip.memory_used_mib * MIB) if chip.memory_used_mib is not None else None
+        )
+        total = ranges.byte_count(
+            int(chip.memory_total_mib * MIB) if chip.memory_total_mib is not None else None
+        )
         down = chip.health in DOWN_HEALTH
         return GpuReading(
-            index=index, uuid=f"ASCEND-{chip.bus_id or f'npu{chip.npu}'}-{chip.chip}", vendor=VENDOR,
-            model=f"Ascend {chip.name}", driver_version=self.driver_version, pci_bus_id=chip.bus_id,
-            device_ids=_plugin_ids(chip), lists_processes=False, up=not down,
-            error=f"npu-smi health {chip.health}: see `npu-smi info -t health -i {chip.npu}`" if down else "",
+            index=index,
+            uuid=f"ASCEND-{chip.bus_id or f'npu{chip.npu}'}-{chip.chip}",
+            vendor=VENDOR,
+            model=f"Ascend {chip.name}",
+            driver_version=self.driver_version,
+            pci_bus_id=chip.bus_id,
+            device_ids=_plugin_ids(chip),
+            lists_processes=False,
+            up=not down,
+            error=f"npu-smi health {chip.health}: see `npu-smi info -t health -i {chip.npu}`"
+            if down
+            else "",
             utilization=ranges.ratio_from_percent(chip.aicore_percent),
-            memory_used_bytes=used, memory_total_bytes=total,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
             memory_free_bytes=ranges.free_bytes(total, used),
             temperature_celsius=ranges.celsius(chip.temperature_celsius),
             power_watts=ranges.watts(chip.power_watts),
@@ -139,14 +162,19 @@ def _chip(first: list[str], second: list[str]) -> Chip:
     aicore = second[2].split()
     chip_device = second[0].split()
     return Chip(
-        npu=int(npu), chip=int(chip_device[0]),
-        device=int(chip_device[1]) if len(chip_device) > 1 and chip_device[1].isdigit() else int(npu),
-        name=name, health=first[1],
+        npu=int(npu),
+        chip=int(chip_device[0]),
+        device=int(chip_device[1])
+        if len(chip_device) > 1 and chip_device[1].isdigit()
+        else int(npu),
+        name=name,
+        health=first[1],
         bus_id="" if second[1] in ("", "NA") else second[1],
         power_watts=_number(power_temp[0]) if power_temp else None,
         temperature_celsius=_number(power_temp[1]) if len(power_temp) > 1 else None,
         aicore_percent=_number(aicore[0]) if aicore else None,
-        memory_used_mib=_number(used), memory_total_mib=_number(total),
+        memory_used_mib=_number(used),
+        memory_total_mib=_number(total),
     )
 
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 import os
 import re
 
-_ID = re.compile(r"^(?:(?:docker|cri-containerd|crio|cri-o|libpod|containerd|nerdctl|podman)-)?"
-                 r"([0-9a-f]{64})(?:\.scope)?$")
+_ID = re.compile(
+    r"^(?:(?:docker|cri-containerd|crio|cri-o|libpod|containerd|nerdctl|podman)-)?"
+    r"([0-9a-f]{64})(?:\.scope)?$"
+)
 # Where the unified (v2) hierarchy is mounted: pure v2 hosts, then hybrid v1/v2 hosts.
 _CGROUP2_MOUNTS = ("fs/cgroup", "fs/cgroup/unified")
 

@@ -67,7 +67,9 @@ class Run:
             _running.add(self.process.pid)
         return self.process
 
-    def _start_in_cgroup(self, argv: Sequence[str], env: dict[str, str], popen: dict) -> subprocess.Popen | None:
+    def _start_in_cgroup(
+        self, argv: Sequence[str], env: dict[str, str], popen: dict
+    ) -> subprocess.Popen | None:
         """The program started inside the cgroup; None (and the cgroup gone) when it cannot enter it."""
         try:
             procs = os.open(f"{self.cgroup}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
@@ -76,8 +78,12 @@ class Run:
         try:
             # The only code the child runs before exec: one write(2) to a descriptor opened here, which is
             # what makes preexec_fn safe in a threaded agent (it takes no lock another thread could hold).
-            return subprocess.Popen(argv, env=env, preexec_fn=lambda: os.write(procs, b"0"), **popen)
-        except subprocess.SubprocessError:  # the write failed in the child, which then did not run the program
+            return subprocess.Popen(
+                argv, env=env, preexec_fn=lambda: os.write(procs, b"0"), **popen
+            )
+        except (
+            subprocess.SubprocessError
+        ):  # the write failed in the child, which then did not run the program
             return self._without_cgroup(f"cannot move a process into {self.cgroup}")
         finally:
             os.close(procs)
@@ -164,7 +170,7 @@ def _end_stale(parent: str) -> None:
     except OSError:
         return
     for entry in entries:
-        pid = entry.name[len(CGROUP_PREFIX):].partition("-")[0]
+        pid = entry.name[len(CGROUP_PREFIX) :].partition("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
             _write(f"{entry.path}/cgroup.kill", "1")
             with _lock:
@@ -194,8 +200,11 @@ def _give_up_cgroups(reason: str) -> None:
     global _cgroups_usable
     if _cgroups_usable:
         _cgroups_usable = False
-        log.info("commands run without a cgroup of their own (%s): their orphans are killed by their mark in "
-                 "the environment instead, which a child that clears its environment escapes", reason)
+        log.info(
+            "commands run without a cgroup of their own (%s): their orphans are killed by their mark in "
+            "the environment instead, which a child that clears its environment escapes",
+            reason,
+        )
 
 
 def _write(path: str, text: str) -> None:
@@ -212,8 +221,12 @@ def _drain(path: str) -> None:
     while "populated 1" in _read(f"{path}/cgroup.events") and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
     if not _remove(path):
-        log.warning("processes of a command did not die within %gs of SIGKILL (uninterruptible sleep in a "
-                    "driver?); %s is removed once they do", END_SECONDS, path)
+        log.warning(
+            "processes of a command did not die within %gs of SIGKILL (uninterruptible sleep in a "
+            "driver?); %s is removed once they do",
+            END_SECONDS,
+            path,
+        )
         with _lock:
             _leftovers.append(path)
 
@@ -239,8 +252,11 @@ def _read(path: str) -> str:
 def _become_subreaper() -> None:
     # Every time: the flag is the process's, and a forked gunicorn worker does not inherit it.
     if _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        log.warning("prctl(PR_SET_CHILD_SUBREAPER): %s; children that leave a command's process group "
-                    "survive its timeout", os.strerror(ctypes.get_errno()))
+        log.warning(
+            "prctl(PR_SET_CHILD_SUBREAPER): %s; children that leave a command's process group "
+            "survive its timeout",
+            os.strerror(ctypes.get_errno()),
+        )
 
 
 @functools.cache
@@ -274,7 +290,10 @@ def _kill(pid: int) -> None:
 def _reap(pid: int, deadline: float) -> None:
     while True:
         try:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG) is not None or time.monotonic() >= deadline:
+            if (
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG) is not None
+                or time.monotonic() >= deadline
+            ):
                 return
         except ChildProcessError:
             return

@@ -15,7 +15,15 @@ from kepler_bridge.config import Config
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, device_reading
-from kepler_bridge.sources.sysfs import DrmCard, Hwmon, device_hwmon, drm_cards, read_int, read_text, scaled
+from kepler_bridge.sources.sysfs import (
+    DrmCard,
+    Hwmon,
+    device_hwmon,
+    drm_cards,
+    read_int,
+    read_text,
+    scaled,
+)
 
 VENDOR = "intel"
 MHZ = 1e6
@@ -51,12 +59,19 @@ class IntelSource(Source):
 
     def start(self) -> None:
         sysfs = self.config.sysfs
-        self.cards = [_Card(card, f"Intel GPU {read_text(card.device / 'device') or 'unknown'}",
-                            read_text(Path(sysfs, "module", card.driver, "version")) or "")
-                      for card in drm_cards(sysfs, ("i915", "xe"))]
+        self.cards = [
+            _Card(
+                card,
+                f"Intel GPU {read_text(card.device / 'device') or 'unknown'}",
+                read_text(Path(sysfs, "module", card.driver, "version")) or "",
+            )
+            for card in drm_cards(sysfs, ("i915", "xe"))
+        ]
         if not self.cards:
-            raise SourceAbsent(f"no DRM card bound to the i915 or xe driver in {sysfs}/class/drm: load it "
-                               "(modprobe i915 or xe); in a pod mount the host's /sys and pass --sysfs /host/sys")
+            raise SourceAbsent(
+                f"no DRM card bound to the i915 or xe driver in {sysfs}/class/drm: load it "
+                "(modprobe i915 or xe); in a pod mount the host's /sys and pass --sysfs /host/sys"
+            )
 
     def read(self) -> SourceReading:
         now = time.monotonic()
@@ -66,22 +81,37 @@ class IntelSource(Source):
     def _read_card(self, index: int, card: _Card, now: float) -> GpuReading:
         drm = card.drm
         # Intel's device plugin names a card by its DRM name (card0-<replica> in pod-resources).
-        identity = dict(index=index, uuid=f"INTEL-{drm.pci_bus_id}", vendor=VENDOR, model=card.model,
-                        driver_version=card.driver_version, pci_bus_id=drm.pci_bus_id, device_ids=(drm.name,),
-                        lists_processes=False)
+        identity = dict(
+            index=index,
+            uuid=f"INTEL-{drm.pci_bus_id}",
+            vendor=VENDOR,
+            model=card.model,
+            driver_version=card.driver_version,
+            pci_bus_id=drm.pci_bus_id,
+            device_ids=(drm.name,),
+            lists_processes=False,
+        )
         if not drm.present():
             card.last_energy = None
-            return GpuReading(**identity, up=False,
-                              error=f"{drm.name} ({drm.pci_bus_id}) is gone: the card was removed or "
-                                    f"{drm.driver} unbound; check dmesg")
+            return GpuReading(
+                **identity,
+                up=False,
+                error=f"{drm.name} ({drm.pci_bus_id}) is gone: the card was removed or "
+                f"{drm.driver} unbound; check dmesg",
+            )
         used, total = _memory(drm)
         mhz = _frequency_mhz(drm)
         # Device-level hwmon only: i915 also registers per-GT ones ("i915_gt0") under the same device.
         hwmon = device_hwmon(drm.device, (drm.driver,))
-        energy = ranges.joules(scaled(hwmon.labelled("energy", ("card", "pkg", "energy1")), 1e6)) if hwmon else None
+        energy = (
+            ranges.joules(scaled(hwmon.labelled("energy", ("card", "pkg", "energy1")), 1e6))
+            if hwmon
+            else None
+        )
         return GpuReading(
             **identity,
-            memory_used_bytes=used, memory_total_bytes=total,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
             memory_free_bytes=ranges.free_bytes(total, used),
             energy_joules=energy,
             power_watts=card.power(energy, now),
@@ -110,7 +140,9 @@ def _frequency_mhz(drm: DrmCard) -> int | None:
 def _memory(drm: DrmCard) -> tuple[int | None, int | None]:
     """(used, total) local memory in bytes; None where the driver does not say."""
     if drm.driver == "xe":
-        sizes = [read_int(path) for path in sorted(drm.device.glob("tile*/physical_vram_size_bytes"))]
+        sizes = [
+            read_int(path) for path in sorted(drm.device.glob("tile*/physical_vram_size_bytes"))
+        ]
         known = [size for size in sizes if size is not None]
         return None, ranges.byte_count(sum(known)) if known else None
     # i915 builds with local-memory support (discrete cards) publish these on the card.

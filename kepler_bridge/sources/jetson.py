@@ -53,34 +53,57 @@ class JetsonSource(Source):
 
     def start(self) -> None:
         sysfs = Path(self.config.sysfs)
-        found = [entry for entry in sorted((sysfs / "class" / "devfreq").glob("*"))
-                 if read_text(entry / "device" / "of_node" / "name") in GPU_NODES]
+        found = [
+            entry
+            for entry in sorted((sysfs / "class" / "devfreq").glob("*"))
+            if read_text(entry / "device" / "of_node" / "name") in GPU_NODES
+        ]
         if not found:
-            raise SourceAbsent(f"no Tegra GPU in {sysfs}/class/devfreq (device-tree node "
-                               f"{', '.join(GPU_NODES)}): not a Jetson; in a pod mount the host's /sys and pass "
-                               "--sysfs /host/sys")
+            raise SourceAbsent(
+                f"no Tegra GPU in {sysfs}/class/devfreq (device-tree node "
+                f"{', '.join(GPU_NODES)}): not a Jetson; in a pod mount the host's /sys and pass "
+                "--sysfs /host/sys"
+            )
         self.devfreq = found[0]
         devicetree = sysfs / "firmware" / "devicetree" / "base"
         serial = read_text(devicetree / "serial-number")
         self.uuid = f"JETSON-{serial or self.devfreq.name}"
         self.model = read_text(devicetree / "model") or "NVIDIA Jetson"
         self.rail = _gpu_rail(self.config.sysfs)
-        self.thermal = next((zone for zone in sorted((sysfs / "class" / "thermal").glob("thermal_zone*"))
-                             if (read_text(zone / "type") or "").lower() in GPU_THERMAL_ZONES), None)
+        self.thermal = next(
+            (
+                zone
+                for zone in sorted((sysfs / "class" / "thermal").glob("thermal_zone*"))
+                if (read_text(zone / "type") or "").lower() in GPU_THERMAL_ZONES
+            ),
+            None,
+        )
 
     def read(self) -> SourceReading:
         load = read_int(self.devfreq / "device" / "load")
         used, total = _shared_memory(self.config.procfs)
-        return SourceReading(gpus=(GpuReading(
-            index=0, uuid=self.uuid, vendor=VENDOR, model=self.model, lists_processes=False,
-            utilization=ranges.ratio(load / LOAD_FULL_SCALE if load is not None else None),
-            sm_clock_hertz=ranges.hertz(read_int(self.devfreq / "cur_freq")),
-            memory_used_bytes=used, memory_total_bytes=total,
-            memory_free_bytes=ranges.free_bytes(total, used),
-            power_watts=ranges.watts(self.rail.watts()) if self.rail else None,
-            temperature_celsius=ranges.celsius(scaled(read_int(self.thermal / "temp"), 1000))
-            if self.thermal else None,
-        ),))
+        return SourceReading(
+            gpus=(
+                GpuReading(
+                    index=0,
+                    uuid=self.uuid,
+                    vendor=VENDOR,
+                    model=self.model,
+                    lists_processes=False,
+                    utilization=ranges.ratio(load / LOAD_FULL_SCALE if load is not None else None),
+                    sm_clock_hertz=ranges.hertz(read_int(self.devfreq / "cur_freq")),
+                    memory_used_bytes=used,
+                    memory_total_bytes=total,
+                    memory_free_bytes=ranges.free_bytes(total, used),
+                    power_watts=ranges.watts(self.rail.watts()) if self.rail else None,
+                    temperature_celsius=ranges.celsius(
+                        scaled(read_int(self.thermal / "temp"), 1000)
+                    )
+                    if self.thermal
+                    else None,
+                ),
+            )
+        )
 
     def describe(self, reading: SourceReading) -> str:
         rail = f"power rail {self.rail.label}" if self.rail else "no GPU power rail"
@@ -98,14 +121,21 @@ def _rails(sysfs: str) -> list[_Rail]:
                 rails.append(_Rail(label, (hwmon.path / f"{channel}_input", current)))
     for name_file in sorted(Path(sysfs, "bus", "i2c", "devices").glob("*/iio:device*/rail_name_*")):
         number = name_file.name.removeprefix("rail_name_")
-        rails.append(_Rail(read_text(name_file) or name_file.name, (name_file.with_name(f"in_power{number}_input"),)))
+        rails.append(
+            _Rail(
+                read_text(name_file) or name_file.name,
+                (name_file.with_name(f"in_power{number}_input"),),
+            )
+        )
     return rails
 
 
 def _gpu_rail(sysfs: str) -> _Rail | None:
     """The rail feeding the GPU alone (VDD_GPU_SOC, GPU, POM_5V_GPU); else one shared with the CPU (VDD_CPU_GPU_CV)."""
     rails = [rail for rail in _rails(sysfs) if "GPU" in rail.label.upper()]
-    return next((rail for rail in rails if "CPU" not in rail.label.upper()), rails[0] if rails else None)
+    return next(
+        (rail for rail in rails if "CPU" not in rail.label.upper()), rails[0] if rails else None
+    )
 
 
 def _shared_memory(procfs: str) -> tuple[int | None, int | None]:

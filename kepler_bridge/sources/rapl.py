@@ -95,28 +95,40 @@ class RaplSource(Source):
             raise SourceAbsent(
                 f"no RAPL energy zones under {root} (virtual machines and ARM boards have none; on an Intel or "
                 "AMD host load the intel_rapl_msr module, and in a pod mount the host's /sys and pass --sysfs): "
-                "CPU energy series are absent; set cpu_tdp_watts to export an estimate")
+                "CPU energy series are absent; set cpu_tdp_watts to export an estimate"
+            )
         for zone in self.zones:
             try:
                 Path(zone.energy_path).read_text()
             except PermissionError:
                 raise SourceUnavailable(
                     f"cannot read {zone.energy_path}: since Linux 5.10 RAPL counters are readable by root only; "
-                    "run the agent as root (in Kubernetes: securityContext.privileged: true)") from None
+                    "run the agent as root (in Kubernetes: securityContext.privileged: true)"
+                ) from None
         try:
             read_cpu_times(self.config.procfs)
         except (OSError, ValueError) as err:
-            raise SourceUnavailable(f"cannot read the node's CPU time: {err}; mount the host's /proc and pass "
-                                    "--procfs") from None
+            raise SourceUnavailable(
+                f"cannot read the node's CPU time: {err}; mount the host's /proc and pass --procfs"
+            ) from None
 
     def read(self) -> SourceReading:
-        zones = tuple(RaplZone(zone.id, zone.zone, int(Path(zone.energy_path).read_text()), zone.max_energy_range_uj)
-                      for zone in self.zones)
+        zones = tuple(
+            RaplZone(
+                zone.id,
+                zone.zone,
+                int(Path(zone.energy_path).read_text()),
+                zone.max_energy_range_uj,
+            )
+            for zone in self.zones
+        )
         return SourceReading(rapl_zones=zones, cpu_times=read_cpu_times(self.config.procfs))
 
     def describe(self, reading: SourceReading) -> str:
         if not self.zones:
-            return (f"no RAPL zones under {self.config.sysfs}/class/powercap; estimating CPU power as "
-                    f"cpu_tdp_watts={self.config.cpu_tdp_watts:g} W x CPU usage")
+            return (
+                f"no RAPL zones under {self.config.sysfs}/class/powercap; estimating CPU power as "
+                f"cpu_tdp_watts={self.config.cpu_tdp_watts:g} W x CPU usage"
+            )
         kinds = sorted({zone.zone for zone in self.zones})
         return f"{len(self.zones)} RAPL zone(s) under {self.config.sysfs}/class/powercap: {', '.join(kinds)}"

@@ -40,7 +40,9 @@ class Btf:
     def __init__(self, data: bytes, origin: str = BTF_PATH) -> None:
         if len(data) < 24 or struct.unpack_from("<H", data)[0] != _MAGIC:
             raise BtfError(f"{origin} is not BTF (bad magic)")
-        _, _, _, header, type_off, type_len, str_off, str_len = struct.unpack_from("<HBBIIIII", data)
+        _, _, _, header, type_off, type_len, str_off, str_len = struct.unpack_from(
+            "<HBBIIIII", data
+        )
         self.data, self.origin = data, origin
         self._strings = (header + str_off, header + str_off + str_len)
         self._positions = [0]  # type id 0 is void
@@ -63,7 +65,7 @@ class Btf:
 
     def _name(self, offset: int) -> str:
         start = self._strings[0] + offset
-        return self.data[start:self.data.index(b"\0", start)].decode(errors="replace")
+        return self.data[start : self.data.index(b"\0", start)].decode(errors="replace")
 
     def _type(self, type_id: int) -> tuple[int, int, int, int, int]:
         """name_off, kind, vlen, kind_flag, size_or_type of a type id."""
@@ -114,7 +116,9 @@ class Btf:
         if kind not in (_STRUCT, _UNION):
             return None
         for index in range(vlen):
-            name_off, member_type, offset = _TYPE.unpack_from(self.data, self._positions[type_id] + 12 + 12 * index)
+            name_off, member_type, offset = _TYPE.unpack_from(
+                self.data, self._positions[type_id] + 12 + 12 * index
+            )
             bits = offset & 0xFFFFFF if bitfields else offset
             if name_off and self._name(name_off) == name:
                 return bits, member_type

@@ -21,8 +21,11 @@ import socket
 import sys
 import traceback
 
-BCC_DIRS = ("/usr/lib/python3/dist-packages", "/usr/lib/python3/site-packages",
-            *sorted(glob.glob("/usr/lib*/python3*/site-packages")))
+BCC_DIRS = (
+    "/usr/lib/python3/dist-packages",
+    "/usr/lib/python3/site-packages",
+    *sorted(glob.glob("/usr/lib*/python3*/site-packages")),
+)
 MAPS = ("exits", "exits_lost")
 ITERATOR = "bpf_iter__task"
 BPF_TRACE_ITER = 28  # enum bpf_attach_type
@@ -38,7 +41,11 @@ FIELDS = {
     "SIGNAL_LIVE": ("signal_struct", ("live",), 4),
     "SIGNAL_RUNTIME": ("signal_struct", ("sum_sched_runtime",), 8),
     # seqlock_t holds a seqcount_spinlock_t since 5.10, a plain seqcount_t before.
-    "SIGNAL_SEQ": ("signal_struct", ("stats_lock.seqcount.seqcount.sequence", "stats_lock.seqcount.sequence"), 4),
+    "SIGNAL_SEQ": (
+        "signal_struct",
+        ("stats_lock.seqcount.seqcount.sequence", "stats_lock.seqcount.sequence"),
+        4,
+    ),
     "CSS_SET_CGROUP": ("css_set", ("dfl_cgrp",), 8),
     "CGROUP_KN": ("cgroup", ("kn",), 8),
     "KERNFS_ID": ("kernfs_node", ("id",), 8),
@@ -51,8 +58,10 @@ class LoadError(Exception):
 
 def _sibling(name: str):
     """Import a module next to this file (isolated mode puts no script directory on sys.path)."""
-    spec = importlib.util.spec_from_file_location(f"_kepler_bridge_{name}",
-                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(
+        f"_kepler_bridge_{name}",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"),
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -67,12 +76,15 @@ def import_bcc():
             init = os.path.join(directory, "bcc", "__init__.py")
             if os.path.isfile(init):
                 spec = importlib.util.spec_from_file_location(
-                    "bcc", init, submodule_search_locations=[os.path.dirname(init)])
+                    "bcc", init, submodule_search_locations=[os.path.dirname(init)]
+                )
                 break
     if spec is None:
-        raise LoadError("bcc's Python package is not installed (looked on sys.path and in "
-                        f"{', '.join(BCC_DIRS)}): install python3-bpfcc (Debian/Ubuntu) or python3-bcc "
-                        "(Fedora), or run make deps")
+        raise LoadError(
+            "bcc's Python package is not installed (looked on sys.path and in "
+            f"{', '.join(BCC_DIRS)}): install python3-bpfcc (Debian/Ubuntu) or python3-bcc "
+            "(Fedora), or run make deps"
+        )
     module = importlib.util.module_from_spec(spec)
     sys.modules["bcc"] = module
     spec.loader.exec_module(module)
@@ -86,13 +98,17 @@ def field_offsets(btf_path: str | None = None) -> dict[str, int]:
     try:
         types = btf.Btf.load(path)
     except OSError as err:
-        raise LoadError(f"cannot read the kernel's BTF ({err.strerror}: {path}): the ebpf source needs a kernel "
-                        "built with CONFIG_DEBUG_INFO_BTF=y (5.8 or newer; Debian 11+, Ubuntu 20.10+, RHEL 8.2+); "
-                        "in a pod mount the host's /sys") from None
+        raise LoadError(
+            f"cannot read the kernel's BTF ({err.strerror}: {path}): the ebpf source needs a kernel "
+            "built with CONFIG_DEBUG_INFO_BTF=y (5.8 or newer; Debian 11+, Ubuntu 20.10+, RHEL 8.2+); "
+            "in a pod mount the host's /sys"
+        ) from None
     except btf.BtfError as err:
         raise LoadError(str(err)) from None
     if not types.has_function("bpf_iter_task"):
-        raise LoadError(f"{path} has no bpf_iter_task: the kernel lacks BPF task iterators (5.8 or newer needed)")
+        raise LoadError(
+            f"{path} has no bpf_iter_task: the kernel lacks BPF task iterators (5.8 or newer needed)"
+        )
     offsets = {}
     for macro, (struct_name, paths, size) in FIELDS.items():
         problems = []
@@ -103,13 +119,17 @@ def field_offsets(btf_path: str | None = None) -> dict[str, int]:
                 problems.append(str(err))
                 continue
             if member.size != size:
-                problems.append(f"{struct_name}.{path_in_struct} has {member.size} bytes, not {size}")
+                problems.append(
+                    f"{struct_name}.{path_in_struct} has {member.size} bytes, not {size}"
+                )
                 continue
             offsets[macro] = member.offset
             break
         else:
-            raise LoadError("this kernel's task accounting fields differ from what the program reads: " +
-                            "; ".join(problems))
+            raise LoadError(
+                "this kernel's task accounting fields differ from what the program reads: "
+                + "; ".join(problems)
+            )
     return offsets
 
 
@@ -124,7 +144,9 @@ def _attach_iterator(bcc, bpf) -> int:
     create.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     link = create(function.fd, 0, BPF_TRACE_ITER, None)
     if link < 0:
-        raise LoadError(f"creating the task iterator link failed: {os.strerror(ctypes.get_errno() or -link)}")
+        raise LoadError(
+            f"creating the task iterator link failed: {os.strerror(ctypes.get_errno() or -link)}"
+        )
     return link
 
 
@@ -135,8 +157,11 @@ def load(request: dict) -> tuple[dict, list[int]]:
     """
     offsets = field_offsets(request.get("btf"))
     bcc = import_bcc()
-    cflags = [f"-DMAP_ENTRIES={int(request['map_entries'])}", *request.get("cflags", ()),
-              *(f"-D{macro}={offset}" for macro, offset in offsets.items())]
+    cflags = [
+        f"-DMAP_ENTRIES={int(request['map_entries'])}",
+        *request.get("cflags", ()),
+        *(f"-D{macro}={offset}" for macro, offset in offsets.items()),
+    ]
     try:
         bpf = bcc.BPF(src_file=request["program"].encode(), cflags=cflags)
     except Exception as err:
@@ -148,7 +173,10 @@ def load(request: dict) -> tuple[dict, list[int]]:
     for name, function in bpf.funcs.items():
         reply["programs"][name.decode()] = len(fds)
         fds.append(function.fd)
-    for name, fd in (("task_iterator", link), *((tp.decode(), fd) for tp, fd in bpf.raw_tracepoint_fds.items())):
+    for name, fd in (
+        ("task_iterator", link),
+        *((tp.decode(), fd) for tp, fd in bpf.raw_tracepoint_fds.items()),
+    ):
         reply["attached"][name] = len(fds)
         fds.append(fd)
     for name in MAPS:
@@ -167,7 +195,11 @@ def main(argv: list[str]) -> None:
     except LoadError as err:
         sock.send(json.dumps({"error": str(err)}).encode())
     except Exception:
-        sock.send(json.dumps({"error": "the eBPF loader failed: " + traceback.format_exc(limit=3)}).encode())
+        sock.send(
+            json.dumps(
+                {"error": "the eBPF loader failed: " + traceback.format_exc(limit=3)}
+            ).encode()
+        )
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip bcc's atexit cleanup: it would detach the programs the agent now holds.
