@@ -15,7 +15,8 @@ FIELDS = ("utilization", "memory_used_bytes", "temperature_celsius", "power_watt
 
 
 class _Sample(NamedTuple):
-    """One snapshot summarised: FIELDS per device in `uuids` order, rounded, NaN where a device reported nothing."""
+    """One snapshot summarised: FIELDS per device in `uuids` order, rounded, NaN where a device
+    reported nothing."""
 
     timestamp: float
     uuids: tuple[
@@ -52,7 +53,8 @@ def _value(gpu: GpuReading, name: str) -> float:
 
 
 class SnapshotStore:
-    """Holds the newest snapshot and the recent history; publication is one reference swap, so readers never lock."""
+    """Holds the newest snapshot and the recent history; publication is one reference swap, so
+    readers never lock."""
 
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None

@@ -1,4 +1,5 @@
-"""Write the generated deployment assets (alert rules, dashboards, manifests), or --check they are current."""
+"""Write the generated deployment assets (alert rules, dashboards, manifests), or --check they
+are current."""
 
 from __future__ import annotations
 

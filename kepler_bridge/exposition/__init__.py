@@ -15,7 +15,8 @@ from kepler_bridge.store import SnapshotStore
 
 @dataclass(frozen=True)
 class RenderSettings:
-    """What the renderers need: the allow/deny prefixes of /metrics and the memory unit of /v1/collect."""
+    """What the renderers need: the allow/deny prefixes of /metrics and the memory unit of
+    /v1/collect."""
 
     metrics_allow: tuple[str, ...]
     metrics_deny: tuple[str, ...]
@@ -44,7 +45,8 @@ RENDERERS: dict[str, Callable[[Snapshot, RenderSettings], bytes]] = {
 
 
 class RenderCache:
-    """Bytes of the newest snapshot per variant, made lazily on first request and reused; `extra` adds variants."""
+    """Bytes of the newest snapshot per variant, made lazily on first request and reused; `extra`
+    adds variants."""
 
     def __init__(
         self,
@@ -52,7 +54,8 @@ class RenderCache:
         settings: Callable[[], RenderSettings],
         extra: Mapping[str, Callable[[Snapshot, RenderSettings], bytes]] | None = None,
     ) -> None:
-        """`settings`: the render settings in force now (they change on reload; a render uses those of its moment)."""
+        """`settings`: the render settings in force now (they change on reload; a render uses those
+        of its moment)."""
         self.store = store
         self.settings = settings
         self._renderers = {**RENDERERS, **(extra or {})}

@@ -1,4 +1,5 @@
-"""The `/api/v1/history` JSON: the held samples as one column per device and field, for the live page."""
+"""The `/api/v1/history` JSON: the held samples as one column per device and field, for the live
+page."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def render(history: History, snapshot: Snapshot) -> bytes:
 
 
 def _picks(uuids: tuple[str, ...], snapshot: Snapshot) -> list[int]:
-    """Where each of the snapshot's devices' FIELDS sit in a sample of devices `uuids`; -1 where absent."""
+    """Where each of the snapshot's devices' FIELDS sit in a sample of devices `uuids`; -1 where
+    absent."""
     where = _positions(uuids)
     return [
         where[key] * len(FIELDS) + offset if key in where else -1
@@ -77,7 +79,8 @@ def _picks(uuids: tuple[str, ...], snapshot: Snapshot) -> list[int]:
 
 
 def _positions(uuids: tuple[str, ...]) -> dict[tuple[str, int], int]:
-    """(uuid, how many devices before had it) -> index: two sources reporting one device stay two series."""
+    """(uuid, how many devices before had it) -> index: two sources reporting one device stay two
+    series."""
     seen: dict[str, int] = {}
     positions = {}
     for index, uuid in enumerate(uuids):

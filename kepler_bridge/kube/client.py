@@ -1,4 +1,5 @@
-"""Pod lists of this node from the kubelet, the API server or KubeEdge's edge MetaServer, over HTTP(S)."""
+"""Pod lists of this node from the kubelet, the API server or KubeEdge's edge MetaServer, over
+HTTP(S)."""
 
 from __future__ import annotations
 
@@ -92,7 +93,8 @@ def fetch_pods(endpoint: Endpoint, config: Config, timeout: float) -> dict[str, 
     # Proxies from the environment never apply: every endpoint is on this node or in the cluster.
     handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
     if endpoint.url.startswith("https:"):
-        # The token is a credential: it only travels encrypted. Bound tokens rotate, so it is read each time.
+        # The token is a credential: it only travels encrypted. Bound tokens rotate, so it is read
+        # each time.
         try:
             with open(config.kube_token_file, encoding="utf-8") as file:
                 request.add_header("Authorization", f"Bearer {file.read().strip()}")
@@ -130,11 +132,14 @@ def fetch_pods(endpoint: Endpoint, config: Config, timeout: float) -> dict[str, 
 
 def _advice(endpoint: Endpoint, status: int, config: Config) -> str:
     if status == 401:
-        return f"the token in {config.kube_token_file} was refused; mount the service account's token there"
+        return (
+            f"the token in {config.kube_token_file} was refused; "
+            "mount the service account's token there"
+        )
     if status == 403:
         return (
-            "the agent's service account may not read pods: grant it get on nodes/proxy (kubelet) or "
-            "list on pods (API server)"
+            "the agent's service account may not read pods: grant it get on nodes/proxy "
+            "(kubelet) or list on pods (API server)"
         )
     if status:
         return "check the endpoint's logs"

@@ -1,4 +1,5 @@
-"""Keeps the Kubernetes view fresh in a background thread; the sampler only ever reads the newest view."""
+"""Keeps the Kubernetes view fresh in a background thread; the sampler only ever reads the newest
+view."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ MAX_NOTICED = 10000
 
 
 class KubeMetadata:
-    """Pod lists and device assignments, refreshed every `period` seconds and soon after an unknown container
-    shows up; when an endpoint is down the last good answer stays."""
+    """Pod lists and device assignments, refreshed every `period` seconds and soon after an unknown
+    container shows up; when an endpoint is down the last good answer stays."""
 
     def __init__(
         self,
@@ -51,7 +52,8 @@ class KubeMetadata:
         return self._view
 
     def start(self) -> None:
-        """Start refreshing in the background (nothing to do when neither pods nor devices are asked for)."""
+        """Start refreshing in the background (nothing to do when neither pods nor devices are
+        asked for)."""
         if self._thread is None and (self.endpoints or self.socket):
             self._stop.clear()
             self._thread = threading.Thread(
@@ -67,7 +69,8 @@ class KubeMetadata:
             self._thread = None
 
     def notice(self, container_ids: Iterable[str]) -> None:
-        """Ask for an early refresh when containers the view does not name show up (each id asks once)."""
+        """Ask for an early refresh when containers the view does not name show up (each id asks
+        once)."""
         new = set(container_ids) - self._noticed - self._view.containers.keys()
         if new:
             if len(self._noticed) > MAX_NOTICED:
@@ -76,7 +79,8 @@ class KubeMetadata:
             self._wake.set()
 
     def refresh(self) -> None:
-        """Read the pod list and the device assignments once, keeping the last good answer of each."""
+        """Read the pod list and the device assignments once, keeping the last good answer of
+        each."""
         if self.endpoints:
             self._refresh_pods()
         if self.socket and os.path.exists(self.socket):

@@ -1,4 +1,6 @@
-"""Which container the kubelet assigned each device to, from its pod-resources socket (v1.PodResourcesLister/List).
+"""Which container the kubelet assigned each device to, from its pod-resources socket.
+
+The socket answers v1.PodResourcesLister/List.
 
 The message classes are built at import from a descriptor holding only the
 fields read here, with the kubelet's field numbers (k8s.io/kubelet
@@ -83,8 +85,9 @@ def list_assignments(socket_path: str, timeout: float) -> tuple[Assignment, ...]
             response = call(request_class(), timeout=timeout)
         except grpc.RpcError as err:
             raise KubeError(
-                f"pod-resources {socket_path}: {err.code().name}: {err.details()}; mount the kubelet's "
-                "/var/lib/kubelet/pod-resources directory read-write and run the agent as root"
+                f"pod-resources {socket_path}: {err.code().name}: {err.details()}; mount the "
+                "kubelet's /var/lib/kubelet/pod-resources directory read-write and run the agent "
+                "as root"
             ) from None
     return tuple(
         Assignment(

@@ -1,4 +1,5 @@
-"""Container id -> (namespace, pod, container) from a v1 PodList (kubelet, API server and MetaServer alike)."""
+"""Container id -> (namespace, pod, container) from a v1 PodList (kubelet, API server and
+MetaServer alike)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ _JSON_NAMES = {
 
 
 def containers_of(pod_list: Any) -> dict[str, PodRef]:
-    """Every container of the list by its runtime id (``containerd://<id>`` -> ``<id>``, as cgroup paths name it).
+    """Every container of the list by its runtime id (``containerd://<id>`` -> ``<id>``, as
+    cgroup paths name it).
 
-    Anything shaped unlike a PodList (null where an object, list or string belongs) is a ValueError: the
-    endpoint that sent it is broken, and the next one is asked.
+    Anything shaped unlike a PodList (null where an object, list or string belongs) is a
+    ValueError: the endpoint that sent it is broken, and the next one is asked.
     """
     if not isinstance(pod_list, dict):
         raise ValueError("not a PodList: expected a JSON object with an items list")
@@ -46,7 +48,8 @@ def containers_of(pod_list: Any) -> dict[str, PodRef]:
 
 
 def _field(parent: dict, key: str, kind: type, where: str) -> Any:
-    """parent[key] when it has the JSON type kind; an empty one when absent (Kubernetes omits empty fields)."""
+    """parent[key] when it has the JSON type kind; an empty one when absent (Kubernetes omits
+    empty fields)."""
     return _checked(parent.get(key, kind()), kind, f"{where}.{key}")
 
 

@@ -87,7 +87,8 @@ class AmdgpuSource(Source):
 
 
 def _sensors(hwmon: Hwmon) -> dict[str, float | None]:
-    """Temperatures (millidegrees), power (microwatts), clocks (Hz), fan and energy (microjoules)."""
+    """Temperatures (millidegrees), power (microwatts), clocks (Hz), fan and energy
+    (microjoules)."""
     power = hwmon.value("power1_average")
     if power is None:
         power = hwmon.value("power1_input")

@@ -1,8 +1,10 @@
-"""Huawei Ascend NPUs from the table `npu-smi info` prints (Atlas 200/300/800 with 310, 310B, 310P, 910, 910B).
+"""Huawei Ascend NPUs from the table `npu-smi info` prints.
 
-Each chip takes two table rows: "NPU Name | Health | Power(W) Temp(C) Hugepages-Usage(page)" and
-"Chip [Device] | Bus-Id | AICore(%) Memory-Usage(MB) [HBM-Usage(MB)]". Device memory is HBM where the chip has
-it (910 series; Memory-Usage there is the control CPU's DDR), else Memory-Usage. "NA" reads as cannot report.
+Atlas 200/300/800 with 310, 310B, 310P, 910, 910B. Each chip takes two table rows:
+"NPU Name | Health | Power(W) Temp(C) Hugepages-Usage(page)" and
+"Chip [Device] | Bus-Id | AICore(%) Memory-Usage(MB) [HBM-Usage(MB)]". Device memory is HBM where
+the chip has it (910 series; Memory-Usage there is the control CPU's DDR), else Memory-Usage.
+"NA" reads as cannot report.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ MIB = 1024 * 1024
 HUAWEI_PCI_VENDOR = "0x19e5"
 PROCESSING_ACCELERATOR_CLASS = "0x1200"  # PCI class 12h subclass 00h: processing accelerator
 SEARCH_DIRS = ("/usr/local/sbin", "/usr/local/bin")  # where the Ascend driver installs npu-smi
-# Health words of npu-smi: OK, Warning (minor), Alarm (major), Critical (urgent). Only Critical takes a chip down:
-# Atlas 200I boards report Alarm in normal operation, and hiding their memory would help nobody.
+# Health words of npu-smi: OK, Warning (minor), Alarm (major), Critical (urgent). Only Critical
+# takes a chip down: Atlas 200I boards report Alarm in normal operation, and hiding their memory
+# would help nobody.
 DOWN_HEALTH = ("Critical",)
 
 _VERSION = re.compile(r"Version:\s*(\S+)")
@@ -36,7 +39,9 @@ class Chip:
 
     npu: int
     chip: int
-    device: int  # the chip's device id: npu-smi's Device column where printed (several chips a card), else the NPU
+    # The chip's device id: npu-smi's Device column where printed (several chips a card), else
+    # the NPU.
+    device: int
     name: str
     health: str
     bus_id: str
@@ -48,7 +53,8 @@ class Chip:
 
 
 class AscendSource(Source):
-    """Runs `npu-smi info` each interval (under --command-timeout) and reads every chip from its table."""
+    """Runs `npu-smi info` each interval (under --command-timeout) and reads every chip from its
+    table."""
 
     name = "ascend"
 
@@ -65,8 +71,8 @@ class AscendSource(Source):
         if found is None:
             where = "" if "/" in configured else f" in PATH or {', '.join(SEARCH_DIRS)}"
             message = (
-                f"{configured} not found{where}: install the Ascend driver, mount the host's npu-smi and "
-                "driver libraries into the pod, or pass --npu-smi PATH"
+                f"{configured} not found{where}: install the Ascend driver, mount the host's "
+                "npu-smi and driver libraries into the pod, or pass --npu-smi PATH"
             )
             if on_pci_bus(self.config.sysfs, HUAWEI_PCI_VENDOR, PROCESSING_ACCELERATOR_CLASS):
                 raise SourceUnavailable(f"Huawei NPUs are on the PCI bus but {message}")
@@ -84,7 +90,8 @@ class AscendSource(Source):
         )
 
     def describe(self, reading: SourceReading) -> str:
-        return f"{super().describe(reading)}; driver {self.driver_version or 'unknown'} ({self.npu_smi})"
+        driver = self.driver_version or "unknown"
+        return f"{super().describe(reading)}; driver {driver} ({self.npu_smi})"
 
     def _reading(self, index: int, chip: Chip) -> GpuReading:
         used = ranges.byte_count(
@@ -117,14 +124,16 @@ class AscendSource(Source):
 
 
 def parse(text: str) -> tuple[str, list[Chip]]:
-    """The driver version and the chips of an `npu-smi info` table; the process table after it is ignored."""
+    """The driver version and the chips of an `npu-smi info` table; the process table after it is
+    ignored."""
     version = _VERSION.search(text)
     chips = [_chip(*block) for block in _blocks(text) if _is_chip(block)]
     return (version.group(1) if version else ""), chips
 
 
 def _plugin_ids(chip: Chip) -> tuple[str, ...]:
-    """The name Ascend's device plugin gives the chip in pod-resources: Ascend910-<id> (910 series), Ascend310P-<id>."""
+    """The name Ascend's device plugin gives the chip in pod-resources: Ascend910-<id> (910
+    series), Ascend310P-<id>."""
     family = _FAMILY.match(chip.name)
     if family is None:
         return ()
@@ -145,7 +154,8 @@ def _blocks(text: str) -> list[list[list[str]]]:
 
 
 def _is_chip(block: list[list[str]]) -> bool:
-    """Two rows of three cells: "<npu> <name>" over "<chip> [<device>]" (headers and processes do not fit)."""
+    """Two rows of three cells: "<npu> <name>" over "<chip> [<device>]" (headers and processes do
+    not fit)."""
     if len(block) != 2 or any(len(row) != 3 for row in block):
         return False
     head, status = block[0][0].split(), block[1][0].split()

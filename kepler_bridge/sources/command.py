@@ -1,8 +1,9 @@
-"""Any accelerator the agent does not know: a configured executable prints its readings as JSON each interval.
+"""Any accelerator the agent does not know: a configured executable prints its readings as JSON.
 
 The output is a superset of what a BIE custom accelerator collector returns on
 /v1/collect (docs/command-source.md): such a collector's body is accepted as
-it is, and each device may add identity and the other metrics in contract units.
+it is, and each device may add identity and the other metrics in contract units. The executable
+runs once each interval.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ BYTE_FIELDS = {"memory_used_bytes", "memory_total_bytes", "memory_free_bytes"}
 
 
 class CommandSource(Source):
-    """Runs --command each interval, without a shell, under --command-timeout and a 1 MiB output cap."""
+    """Runs --command each interval, without a shell, under --command-timeout and a 1 MiB output
+    cap."""
 
     name = "command"
 
@@ -76,14 +78,16 @@ class CommandSource(Source):
 
 
 class OutputError(ValueError):
-    """The command's output does not follow the schema; the message points at the offending value."""
+    """The command's output does not follow the schema; the message points at the offending
+    value."""
 
     def __init__(self, where: str, problem: str) -> None:
         super().__init__(f"command output {where}: {problem}; see docs/command-source.md")
 
 
 def parse(text: str) -> tuple[GpuReading, ...]:
-    """Readings from the command's stdout: {"devices": [...]} or a BIE body {"<node>": {"devices": [...]}}."""
+    """Readings from the command's stdout: {"devices": [...]} or a BIE body
+    {"<node>": {"devices": [...]}}."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -97,7 +101,8 @@ def parse(text: str) -> tuple[GpuReading, ...]:
         if reading.uuid in seen:
             raise OutputError(
                 f"devices[{reading.index}].uuid",
-                f"{reading.uuid!r} repeats devices[{seen[reading.uuid]}]; give each device its own uuid",
+                f"{reading.uuid!r} repeats devices[{seen[reading.uuid]}]; "
+                "give each device its own uuid",
             )
         seen[reading.uuid] = reading.index
     return readings

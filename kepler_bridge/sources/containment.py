@@ -1,9 +1,10 @@
-"""Nothing a command starts outlives its run, not even a child that left the process group with setsid().
+"""Nothing a command starts outlives its run, not even a child that left its group with setsid().
 
-Where the agent can create a cgroup v2 below its own, each run gets a transient one that the program enters
-before exec; `cgroup.kill` then ends everything in it, and the cgroup is removed. Elsewhere (read-only
-cgroupfs, cgroup v1 only, kernels before 5.14) the agent is a child subreaper: orphans of the run are
-re-parented to it instead of init, and those carrying the run's mark in their environment are killed.
+Where the agent can create a cgroup v2 below its own, each run gets a transient one that the
+program enters before exec; `cgroup.kill` then ends everything in it, and the cgroup is removed.
+Elsewhere (read-only cgroupfs, cgroup v1 only, kernels before 5.14) the agent is a child
+subreaper: orphans of the run are re-parented to it instead of init, and those carrying the run's
+mark in their environment are killed.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ _active: set[Run] = set()
 
 
 class Run:
-    """One run of a program: start() it; end(), or leaving the `with` block, kills and reaps all it started."""
+    """One run of a program: start() it; end(), or leaving the `with` block, kills and reaps all
+    it started."""
 
     def __init__(self) -> None:
         self.mark = secrets.token_hex(8)
@@ -56,7 +58,8 @@ class Run:
         self.end()
 
     def start(self, argv: Sequence[str], **popen: Any) -> subprocess.Popen:
-        """subprocess.Popen(argv, **popen) with the run's mark in its environment, inside the run's cgroup."""
+        """subprocess.Popen(argv, **popen) with the run's mark in its environment, inside the run's
+        cgroup."""
         env = {**os.environ, MARK_VARIABLE: self.mark}
         if self.cgroup:
             self.process = self._start_in_cgroup(argv, env, popen)
@@ -70,14 +73,16 @@ class Run:
     def _start_in_cgroup(
         self, argv: Sequence[str], env: dict[str, str], popen: dict
     ) -> subprocess.Popen | None:
-        """The program started inside the cgroup; None (and the cgroup gone) when it cannot enter it."""
+        """The program started inside the cgroup; None (and the cgroup gone) when it cannot
+        enter it."""
         try:
             procs = os.open(f"{self.cgroup}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
         except OSError as err:
             return self._without_cgroup(f"cannot open {self.cgroup}/cgroup.procs: {err.strerror}")
         try:
-            # The only code the child runs before exec: one write(2) to a descriptor opened here, which is
-            # what makes preexec_fn safe in a threaded agent (it takes no lock another thread could hold).
+            # The only code the child runs before exec: one write(2) to a descriptor opened here,
+            # which is what makes preexec_fn safe in a threaded agent (it takes no lock another
+            # thread could hold).
             return subprocess.Popen(
                 argv, env=env, preexec_fn=lambda: os.write(procs, b"0"), **popen
             )
@@ -94,7 +99,8 @@ class Run:
         self.cgroup = ""
 
     def end(self) -> None:
-        """Kill the program's process group and everything else it started, reap the program, clean up."""
+        """Kill the program's process group and everything else it started, reap the program,
+        clean up."""
         process = self.process
         if process is not None:
             try:
@@ -114,7 +120,8 @@ class Run:
             _active.discard(self)
 
     def _sweep(self) -> None:
-        """Kill and reap the run's orphans re-parented to the agent, and the orphans of each killed one."""
+        """Kill and reap the run's orphans re-parented to the agent, and the orphans of each
+        killed one."""
         deadline = time.monotonic() + END_SECONDS
         while time.monotonic() < deadline:
             children = _children()
@@ -130,7 +137,8 @@ class Run:
 
 @atexit.register
 def _end_all() -> None:
-    """A worker stopped in the middle of a run ends it, so that neither its processes nor its cgroup stay."""
+    """A worker stopped in the middle of a run ends it, so that neither its processes nor its
+    cgroup stay."""
     with _lock:
         runs = list(_active)
     for run in runs:
@@ -164,7 +172,8 @@ def _new_cgroup() -> str:
 
 
 def _end_stale(parent: str) -> None:
-    """Kill what is left in the run cgroups of agents that died during a run (their pid is in the name)."""
+    """Kill what is left in the run cgroups of agents that died during a run (their pid is in
+    the name)."""
     try:
         entries = [entry for entry in os.scandir(parent) if entry.name.startswith(CGROUP_PREFIX)]
     except OSError:
@@ -201,8 +210,8 @@ def _give_up_cgroups(reason: str) -> None:
     if _cgroups_usable:
         _cgroups_usable = False
         log.info(
-            "commands run without a cgroup of their own (%s): their orphans are killed by their mark in "
-            "the environment instead, which a child that clears its environment escapes",
+            "commands run without a cgroup of their own (%s): their orphans are killed by their "
+            "mark in the environment instead, which a child that clears its environment escapes",
             reason,
         )
 
@@ -216,7 +225,8 @@ def _write(path: str, text: str) -> None:
 
 
 def _drain(path: str) -> None:
-    """Wait until the cgroup is empty, then remove it; one that stays populated is retried by a later run."""
+    """Wait until the cgroup is empty, then remove it; one that stays populated is retried by a
+    later run."""
     deadline = time.monotonic() + END_SECONDS
     while "populated 1" in _read(f"{path}/cgroup.events") and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
@@ -301,8 +311,8 @@ def _reap(pid: int, deadline: float) -> None:
 
 
 def _reap_orphaned_zombies(children: list[int]) -> None:
-    """Reap dead orphans of earlier runs. Only a command's descendants have a session other than the agent's
-    (commands run in a session of their own), and no Popen waits for them."""
+    """Reap dead orphans of earlier runs. Only a command's descendants have a session other than
+    the agent's (commands run in a session of their own), and no Popen waits for them."""
     session = os.getsid(0)
     with _lock:
         running = set(_running)

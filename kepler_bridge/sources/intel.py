@@ -40,7 +40,8 @@ class _Card:
     last_time: float = 0.0
 
     def power(self, energy: float | None, now: float) -> float | None:
-        """Watts since the previous sample; None on the first sample and when the counter went back."""
+        """Watts since the previous sample; None on the first sample and when the counter went
+        back."""
         previous, elapsed = self.last_energy, now - self.last_time
         self.last_energy, self.last_time = energy, now
         if energy is None or previous is None or energy < previous or elapsed <= 0:
@@ -101,7 +102,8 @@ class IntelSource(Source):
             )
         used, total = _memory(drm)
         mhz = _frequency_mhz(drm)
-        # Device-level hwmon only: i915 also registers per-GT ones ("i915_gt0") under the same device.
+        # Device-level hwmon only: i915 also registers per-GT ones ("i915_gt0") under the same
+        # device.
         hwmon = device_hwmon(drm.device, (drm.driver,))
         energy = (
             ranges.joules(scaled(hwmon.labelled("energy", ("card", "pkg", "energy1")), 1e6))
@@ -121,7 +123,8 @@ class IntelSource(Source):
 
 
 def _sensors(hwmon: Hwmon) -> dict[str, float | None]:
-    """Temperatures (millidegrees; xe labels them pkg and vram) and the PL1 power limit (microwatts)."""
+    """Temperatures (millidegrees; xe labels them pkg and vram) and the PL1 power limit
+    (microwatts)."""
     limit = hwmon.value("power1_max")
     return dict(
         temperature_celsius=ranges.celsius(scaled(hwmon.labelled("temp", ("pkg", "temp1")), 1000)),

@@ -1,4 +1,5 @@
-"""NVIDIA Jetson (Tegra) integrated GPU: devfreq load and clock, INA3221 power rails, thermal zones, shared RAM.
+"""NVIDIA Jetson (Tegra) integrated GPU: devfreq load and clock, INA3221 power rails, thermal
+zones, shared RAM.
 
 The GPU has no memory of its own: it allocates from system RAM, so memory is
 reported as the RAM it can use (MemTotal) and the RAM in use (MemTotal -
@@ -17,7 +18,8 @@ from kepler_bridge.sources.base import Source, SourceAbsent
 from kepler_bridge.sources.sysfs import class_hwmons, read_int, read_text, scaled
 
 VENDOR = "nvidia"
-# Device-tree node names of Tegra GPUs: gp10b (TX2), gv11b (Xavier), ga10b (Orin), gpu (Nano; Orin on JetPack 6).
+# Device-tree node names of Tegra GPUs: gp10b (TX2), gv11b (Xavier), ga10b (Orin), gpu (Nano;
+# Orin on JetPack 6).
 GPU_NODES = ("gp10b", "gv11b", "ga10b", "gpu")
 GPU_THERMAL_ZONES = ("gpu-therm", "gpu-thermal")
 LOAD_FULL_SCALE = 1000  # the devfreq device's `load` is per mille
@@ -25,7 +27,8 @@ LOAD_FULL_SCALE = 1000  # the devfreq device's `load` is per mille
 
 @dataclass(frozen=True)
 class _Rail:
-    """One INA3221 channel: hwmon (millivolts and milliamperes) or the older iio driver (milliwatts)."""
+    """One INA3221 channel: hwmon (millivolts and milliamperes) or the older iio driver
+    (milliwatts)."""
 
     label: str
     files: tuple[Path, ...]
@@ -131,7 +134,8 @@ def _rails(sysfs: str) -> list[_Rail]:
 
 
 def _gpu_rail(sysfs: str) -> _Rail | None:
-    """The rail feeding the GPU alone (VDD_GPU_SOC, GPU, POM_5V_GPU); else one shared with the CPU (VDD_CPU_GPU_CV)."""
+    """The rail feeding the GPU alone (VDD_GPU_SOC, GPU, POM_5V_GPU); else one shared with the CPU
+    (VDD_CPU_GPU_CV)."""
     rails = [rail for rail in _rails(sysfs) if "GPU" in rail.label.upper()]
     return next(
         (rail for rail in rails if "CPU" not in rail.label.upper()), rails[0] if rails else None

@@ -26,15 +26,18 @@ _TERMINAL = re.compile(
 
 
 class CommandFailed(Exception):
-    """The program could not start, ran too long, printed too much or exited non-zero; the message says which."""
+    """The program could not start, ran too long, printed too much or exited non-zero; the
+    message says which."""
 
 
 def run(argv: Sequence[str], timeout: float, max_bytes: int = MAX_OUTPUT_BYTES) -> str:
-    """Run argv and return its stdout; raise CommandFailed otherwise. Whatever it started dies with it."""
+    """Run argv and return its stdout; raise CommandFailed otherwise. Whatever it started dies
+    with it."""
     program = Path(argv[0]).name
     with containment.Run() as contained:
         try:
-            # A session of its own too: its process group is killed even where no cgroup can hold it.
+            # A session of its own too: its process group is killed even where no cgroup can hold
+            # it.
             process = contained.start(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -62,8 +65,8 @@ def run(argv: Sequence[str], timeout: float, max_bytes: int = MAX_OUTPUT_BYTES) 
 
 
 def _printable(text: str) -> str:
-    """Text without terminal escape sequences (CSI, OSC, ...) and control characters other than newline and tab,
-    so a program's stderr cannot rewrite the terminal that shows the agent's log or `doctor`."""
+    """Text without terminal escape sequences (CSI, OSC, ...) and control characters other than
+    newline and tab, so a program's stderr cannot rewrite the terminal of the log or `doctor`."""
     return _TERMINAL.sub("", text)
 
 
@@ -100,7 +103,8 @@ def _collect(
                         "only the readings"
                     )
                 del stderr[:-STDERR_KEPT_BYTES]
-    # Wait without reaping: until the run ends and reaps it, its pid (its group id) cannot be reused.
+    # Wait without reaping: until the run ends and reaps it, its pid (its group id) cannot be
+    # reused.
     while os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
         if time.monotonic() >= deadline:
             raise CommandFailed(

@@ -28,7 +28,8 @@ class _SimGpu:
 
 
 class SimulatedSource(Source):
-    """N fake accelerators whose utilization follows a wave, power follows utilization, heat follows power."""
+    """N fake accelerators whose utilization follows a wave, power follows utilization, heat
+    follows power."""
 
     name = "simulated"
 

@@ -70,7 +70,8 @@ def drm_cards(sysfs: str, drivers: tuple[str, ...]) -> list[DrmCard]:
 
 
 def on_pci_bus(sysfs: str, vendor: str, class_prefix: str) -> bool:
-    """Whether a PCI function of this vendor (e.g. "0x10de") whose class code starts with class_prefix is present."""
+    """Whether a PCI function of this vendor (e.g. "0x10de") whose class code starts with
+    class_prefix is present."""
     for device in Path(sysfs, "bus", "pci", "devices").glob("*"):
         if read_text(device / "vendor") == vendor and (
             read_text(device / "class") or ""
@@ -131,7 +132,8 @@ def device_hwmon(device: Path, names: tuple[str, ...]) -> Hwmon | None:
 
 
 def class_hwmons(sysfs: str, name: str) -> list[Hwmon]:
-    """Every ``class/hwmon`` directory whose ``name`` is name (for sensors not tied to a DRM card)."""
+    """Every ``class/hwmon`` directory whose ``name`` is name (for sensors not tied to a DRM
+    card)."""
     return [
         Hwmon(path)
         for path in sorted(Path(sysfs, "class", "hwmon").glob("hwmon*"))

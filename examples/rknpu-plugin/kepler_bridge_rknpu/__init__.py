@@ -1,8 +1,9 @@
 """kepler-bridge source for Rockchip NPUs: load from the rknpu driver, clock from devfreq.
 
-The rknpu driver prints its load in debugfs (mounted at /sys/kernel/debug, so it follows --sysfs) as
-"NPU load:  Core0: 12%, Core1:  0%, Core2:  0%," on three-core NPUs or "NPU load:  12%" on one core;
-devfreq's ``cur_freq`` is the NPU clock in hertz. The NPU allocates from system RAM: no memory is reported.
+The rknpu driver prints its load in debugfs (mounted at /sys/kernel/debug, so it follows --sysfs)
+as "NPU load:  Core0: 12%, Core1:  0%, Core2:  0%," on three-core NPUs or "NPU load:  12%" on one
+core; devfreq's ``cur_freq`` is the NPU clock in hertz. The NPU allocates from system RAM: no
+memory is reported.
 """
 
 from __future__ import annotations

@@ -134,7 +134,8 @@ def _address(buffer: ctypes.Array) -> int:
 
 @dataclass(frozen=True)
 class ProgStats:
-    """A program's identity and kernel run-time statistics (counted while kernel.bpf_stats_enabled=1)."""
+    """A program's identity and kernel run-time statistics (counted while
+    kernel.bpf_stats_enabled=1)."""
 
     id: int
     name: str
@@ -150,7 +151,8 @@ def prog_stats(fd: int) -> ProgStats:
 
 
 def read_iterator(link_fd: int, chunk: int = 1 << 17) -> bytes:
-    """Run one pass of the BPF iterator behind link_fd (BPF_ITER_CREATE, then read to the end) and return its output."""
+    """Run one pass of the BPF iterator behind link_fd (BPF_ITER_CREATE, then read to the end)
+    and return its output."""
     fd = _bpf(ITER_CREATE, _IterCreateAttr(link_fd, 0))
     try:
         parts = []
@@ -164,7 +166,8 @@ def read_iterator(link_fd: int, chunk: int = 1 << 17) -> bytes:
 
 
 class BpfMap:
-    """A map held by file descriptor (the program's maps are plain hash and array maps, not per-CPU ones)."""
+    """A map held by file descriptor (the program's maps are plain hash and array maps, not
+    per-CPU ones)."""
 
     def __init__(self, fd: int) -> None:
         info = _MapInfo()

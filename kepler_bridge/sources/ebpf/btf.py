@@ -79,7 +79,8 @@ class Btf:
         return type_id
 
     def has_function(self, name: str) -> bool:
-        """Whether the kernel has a function of this name (iterator targets are functions bpf_iter_<target>)."""
+        """Whether the kernel has a function of this name (iterator targets are functions
+        bpf_iter_<target>)."""
         return (_FUNC, name) in self._named
 
     def size(self, type_id: int) -> int:
@@ -94,7 +95,8 @@ class Btf:
         return size if kind in (_INT, _STRUCT, _UNION, _ENUM, _FLOAT, _ENUM64) else 0
 
     def member(self, struct_name: str, path: str) -> Member:
-        """Offset and size of struct_name.path, where path may name embedded members ("se.sum_exec_runtime")."""
+        """Offset and size of struct_name.path, where path may name embedded members
+        ("se.sum_exec_runtime")."""
         type_id = self._named.get((_STRUCT, struct_name))
         if type_id is None:
             raise BtfError(f"{self.origin} has no struct {struct_name}")
@@ -111,7 +113,8 @@ class Btf:
         return Member(offset, self.size(type_id))
 
     def _find(self, type_id: int, name: str) -> tuple[int, int] | None:
-        """Bit offset and type of a member, looking into anonymous structs and unions (randomized layouts use them)."""
+        """Bit offset and type of a member, looking into anonymous structs and unions (randomized
+        layouts use them)."""
         _, kind, vlen, bitfields, _ = self._type(type_id)
         if kind not in (_STRUCT, _UNION):
             return None

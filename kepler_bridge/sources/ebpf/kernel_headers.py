@@ -41,7 +41,8 @@ class HeaderTree:
 
 
 def host_root(procfs: str) -> str:
-    """The host's root mount implied by --procfs (``/host/proc`` -> ``/host``), or '' for ``/proc``."""
+    """The host's root mount implied by --procfs (``/host/proc`` -> ``/host``), or '' for
+    ``/proc``."""
     path = os.path.normpath(procfs)
     if path == "/proc" or os.path.basename(path) != "proc":
         return ""
@@ -92,10 +93,11 @@ def find(
     raise HeadersMissing(
         f"no kernel headers for {release}: "
         + "; ".join(checked)
-        + f". Fix: install the headers of the running kernel (Debian/Ubuntu: apt-get install linux-headers-{release};"
-        f" Fedora/RHEL: dnf install kernel-devel-{release}); in a pod, mount the host's /lib/modules and /usr/src"
-        " read-only at the same paths; or set BCC_KERNEL_SOURCE to a configured header tree. On a machine whose"
-        " kernel has no header package, scripts/prepare-bpf-host.sh (make deps) links Debian's generic headers."
+        + ". Fix: install the headers of the running kernel (Debian/Ubuntu: apt-get install "
+        f"linux-headers-{release}; Fedora/RHEL: dnf install kernel-devel-{release}); in a pod, "
+        "mount the host's /lib/modules and /usr/src read-only at the same paths; or set "
+        "BCC_KERNEL_SOURCE to a configured header tree. On a machine whose kernel has no header "
+        "package, scripts/prepare-bpf-host.sh (make deps) links Debian's generic headers."
     )
 
 

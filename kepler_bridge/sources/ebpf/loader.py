@@ -29,7 +29,8 @@ BCC_DIRS = (
 MAPS = ("exits", "exits_lost")
 ITERATOR = "bpf_iter__task"
 BPF_TRACE_ITER = 28  # enum bpf_attach_type
-# Macro -> struct and member paths (alternatives, newest kernel first) and the size the program reads.
+# Macro -> struct and member paths (alternatives, newest kernel first) and the size the program
+# reads.
 FIELDS = {
     "TASK_PID": ("task_struct", ("pid",), 4),
     "TASK_TGID": ("task_struct", ("tgid",), 4),
@@ -92,22 +93,24 @@ def import_bcc():
 
 
 def field_offsets(btf_path: str | None = None) -> dict[str, int]:
-    """Byte offset of every member the program reads, from the running kernel's BTF; LoadError says what lacks."""
+    """Byte offset of every member the program reads, from the running kernel's BTF; LoadError
+    says what lacks."""
     btf = _sibling("btf")
     path = btf_path or btf.BTF_PATH
     try:
         types = btf.Btf.load(path)
     except OSError as err:
         raise LoadError(
-            f"cannot read the kernel's BTF ({err.strerror}: {path}): the ebpf source needs a kernel "
-            "built with CONFIG_DEBUG_INFO_BTF=y (5.8 or newer; Debian 11+, Ubuntu 20.10+, RHEL 8.2+); "
-            "in a pod mount the host's /sys"
+            f"cannot read the kernel's BTF ({err.strerror}: {path}): the ebpf source needs a "
+            "kernel built with CONFIG_DEBUG_INFO_BTF=y (5.8 or newer; Debian 11+, Ubuntu 20.10+, "
+            "RHEL 8.2+); in a pod mount the host's /sys"
         ) from None
     except btf.BtfError as err:
         raise LoadError(str(err)) from None
     if not types.has_function("bpf_iter_task"):
         raise LoadError(
-            f"{path} has no bpf_iter_task: the kernel lacks BPF task iterators (5.8 or newer needed)"
+            f"{path} has no bpf_iter_task: the kernel lacks BPF task iterators "
+            "(5.8 or newer needed)"
         )
     offsets = {}
     for macro, (struct_name, paths, size) in FIELDS.items():
@@ -153,7 +156,8 @@ def _attach_iterator(bcc, bpf) -> int:
 def load(request: dict) -> tuple[dict, list[int]]:
     """Compile, load and attach; return the reply and the fds to send.
 
-    request: program (path), map_entries, cflags; btf (optional path of the BTF to read offsets from).
+    request: program (path), map_entries, cflags; btf (optional path of the BTF to read offsets
+    from).
     """
     offsets = field_offsets(request.get("btf"))
     bcc = import_bcc()
