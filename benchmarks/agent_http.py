@@ -64,7 +64,9 @@ def concurrent(url: str, clients: int, seconds: int) -> float:
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", out)
     if errors:
         raise SystemExit(f"wrk saw errors: {errors.group(0)}")
-    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    assert rate is not None, out
+    return float(rate.group(1))
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -180,6 +182,7 @@ def main() -> None:
     with Agent(
         "--sources", "nvml", "--nvml-library", str(fake.library), "--interval", "1s", env=env
     ) as agent:
+        assert agent.process is not None  # started by the with
         master = agent.process.pid
         worker = int(Path(f"/proc/{master}/task/{master}/children").read_text().split()[0])
         started = time.monotonic()

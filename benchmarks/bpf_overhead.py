@@ -35,6 +35,7 @@ from agent import Agent  # noqa: E402
 from cpu_helpers import Burner, loopback_flood, net_rx_softirqs, short_lived  # noqa: E402
 
 from kepler_bridge import config  # noqa: E402
+from kepler_bridge.sources.base import Source  # noqa: E402
 from kepler_bridge.sources.ebpf.bpf_syscall import prog_stats  # noqa: E402
 from kepler_bridge.sources.ebpf.source import EbpfSource  # noqa: E402
 from kepler_bridge.sources.procfs import ProcfsSource  # noqa: E402
@@ -220,7 +221,7 @@ def short_lived_counted(source: EbpfSource, runs: int) -> tuple[int, float, floa
     return counted, error, waited
 
 
-def read_cost(source, reads: int) -> float:
+def read_cost(source: Source, reads: int) -> float:
     """Median seconds of one read() of a started source."""
     times = []
     for _ in range(reads):
@@ -239,6 +240,7 @@ def sample_cost(binary: Path, sleepers: int, reads: int) -> dict[str, float]:
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert spawner.stdin is not None and spawner.stdout is not None  # both piped
     previous = STATS_SYSCTL.read_text().strip()
     ebpf, procfs = EbpfSource(config.load({}, {})), ProcfsSource(config.load({}, {}))
     try:
@@ -255,6 +257,7 @@ def sample_cost(binary: Path, sleepers: int, reads: int) -> dict[str, float]:
             "tasks": ebpf.tasks,
             "processes": len(ebpf.table),
         }
+        assert ebpf.loaded is not None  # started above
         stats = prog_stats(ebpf.loaded.programs["bpf_iter__task"])
         cost["bpf_ns_per_task"] = (
             stats.run_time_ns / stats.run_cnt if stats.run_cnt else float("nan")
@@ -288,6 +291,7 @@ def rss_after(minutes: float) -> tuple[int, int, int]:
             subprocess.run(["/bin/true"])
             time.sleep(0.01)
         rows = agent.metrics().count("kepler_bridge_process_cpu_seconds_total{")
+        assert agent.process is not None  # started by the with
         worker = worker_pid(agent.process.pid)
         return status_kib(worker, "VmRSS"), status_kib(worker, "VmHWM"), rows
 

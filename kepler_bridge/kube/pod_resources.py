@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
 
 from kepler_bridge.kube.client import KubeError
 from kepler_bridge.kube.view import Assignment
@@ -45,7 +46,7 @@ _SCHEMA: dict[str, tuple[tuple[str, int, int, int, str], ...]] = {
 }
 
 
-def _message_classes() -> dict[str, type]:
+def _message_classes() -> dict[str, type[Message]]:
     proto = descriptor_pb2.FileDescriptorProto(
         name="kepler_bridge/podresources_v1.proto", package="v1", syntax="proto3"
     )

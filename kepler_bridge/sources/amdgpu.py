@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict
 
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges
@@ -52,7 +53,7 @@ class AmdgpuSource(Source):
         return device_reading(gpus, "AMD GPU")
 
     def _read_card(self, index: int, card: _Card) -> GpuReading:
-        identity = dict(
+        identity = GpuReading(
             index=index,
             uuid=card.uuid,
             vendor=VENDOR,
@@ -62,8 +63,8 @@ class AmdgpuSource(Source):
             lists_processes=False,
         )
         if not card.drm.present():
-            return GpuReading(
-                **identity,
+            return replace(
+                identity,
                 up=False,
                 error=f"{card.drm.name} ({card.drm.pci_bus_id}) is gone: the card was removed or "
                 "amdgpu unbound; check dmesg",
@@ -73,8 +74,8 @@ class AmdgpuSource(Source):
         total = ranges.byte_count(read_int(device / "mem_info_vram_total"))
         hwmon = device_hwmon(device, ("amdgpu",))
         corrected, uncorrected = _ecc(device)
-        return GpuReading(
-            **identity,
+        reading = replace(
+            identity,
             utilization=ranges.ratio_from_percent(read_int(device / "gpu_busy_percent")),
             memory_utilization=ranges.ratio_from_percent(read_int(device / "mem_busy_percent")),
             memory_used_bytes=used,
@@ -82,17 +83,28 @@ class AmdgpuSource(Source):
             memory_free_bytes=ranges.free_bytes(total, used),
             ecc_corrected_total=corrected,
             ecc_uncorrected_total=uncorrected,
-            **(_sensors(hwmon) if hwmon else {}),
         )
+        return replace(reading, **_sensors(hwmon)) if hwmon else reading
 
 
-def _sensors(hwmon: Hwmon) -> dict[str, float | None]:
+class _Sensors(TypedDict):
+    temperature_celsius: float | None
+    memory_temperature_celsius: float | None
+    power_watts: float | None
+    power_limit_watts: float | None
+    energy_joules: float | None
+    sm_clock_hertz: float | None
+    memory_clock_hertz: float | None
+    fan_speed_ratio: float | None
+
+
+def _sensors(hwmon: Hwmon) -> _Sensors:
     """Temperatures (millidegrees), power (microwatts), clocks (Hz), fan and energy
     (microjoules)."""
     power = hwmon.value("power1_average")
     if power is None:
         power = hwmon.value("power1_input")
-    return dict(
+    return _Sensors(
         # MI-series cards have no edge sensor: their junction sensor is the core temperature.
         temperature_celsius=ranges.celsius(
             scaled(hwmon.labelled("temp", ("edge", "junction", "temp1")), 1000)

@@ -71,14 +71,15 @@ class Run:
         return self.process
 
     def _start_in_cgroup(
-        self, argv: Sequence[str], env: dict[str, str], popen: dict
+        self, argv: Sequence[str], env: dict[str, str], popen: dict[str, Any]
     ) -> subprocess.Popen | None:
         """The program started inside the cgroup; None (and the cgroup gone) when it cannot
         enter it."""
         try:
             procs = os.open(f"{self.cgroup}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
         except OSError as err:
-            return self._without_cgroup(f"cannot open {self.cgroup}/cgroup.procs: {err.strerror}")
+            self._without_cgroup(f"cannot open {self.cgroup}/cgroup.procs: {err.strerror}")
+            return None
         try:
             # The only code the child runs before exec: one write(2) to a descriptor opened here,
             # which is what makes preexec_fn safe in a threaded agent (it takes no lock another
@@ -86,10 +87,10 @@ class Run:
             return subprocess.Popen(
                 argv, env=env, preexec_fn=lambda: os.write(procs, b"0"), **popen
             )
-        except (
-            subprocess.SubprocessError
-        ):  # the write failed in the child, which then did not run the program
-            return self._without_cgroup(f"cannot move a process into {self.cgroup}")
+        except subprocess.SubprocessError:
+            # The write failed in the child, which then did not run the program.
+            self._without_cgroup(f"cannot move a process into {self.cgroup}")
+            return None
         finally:
             os.close(procs)
 

@@ -8,8 +8,9 @@ two samples. Local memory exists on discrete cards only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict
 
 from kepler_bridge.config import Config
 from kepler_bridge.model import GpuReading, SourceReading
@@ -81,21 +82,11 @@ class IntelSource(Source):
 
     def _read_card(self, index: int, card: _Card, now: float) -> GpuReading:
         drm = card.drm
-        # Intel's device plugin names a card by its DRM name (card0-<replica> in pod-resources).
-        identity = dict(
-            index=index,
-            uuid=f"INTEL-{drm.pci_bus_id}",
-            vendor=VENDOR,
-            model=card.model,
-            driver_version=card.driver_version,
-            pci_bus_id=drm.pci_bus_id,
-            device_ids=(drm.name,),
-            lists_processes=False,
-        )
+        identity = _identity(index, card)
         if not drm.present():
             card.last_energy = None
-            return GpuReading(
-                **identity,
+            return replace(
+                identity,
                 up=False,
                 error=f"{drm.name} ({drm.pci_bus_id}) is gone: the card was removed or "
                 f"{drm.driver} unbound; check dmesg",
@@ -110,23 +101,45 @@ class IntelSource(Source):
             if hwmon
             else None
         )
-        return GpuReading(
-            **identity,
+        reading = replace(
+            identity,
             memory_used_bytes=used,
             memory_total_bytes=total,
             memory_free_bytes=ranges.free_bytes(total, used),
             energy_joules=energy,
             power_watts=card.power(energy, now),
             sm_clock_hertz=ranges.hertz(mhz * MHZ if mhz is not None else None),
-            **(_sensors(hwmon) if hwmon else {}),
         )
+        return replace(reading, **_sensors(hwmon)) if hwmon else reading
 
 
-def _sensors(hwmon: Hwmon) -> dict[str, float | None]:
+def _identity(index: int, card: _Card) -> GpuReading:
+    """Who the card is: the fields of its reading that stay the same from sample to sample."""
+    drm = card.drm
+    # Intel's device plugin names a card by its DRM name (card0-<replica> in pod-resources).
+    return GpuReading(
+        index=index,
+        uuid=f"INTEL-{drm.pci_bus_id}",
+        vendor=VENDOR,
+        model=card.model,
+        driver_version=card.driver_version,
+        pci_bus_id=drm.pci_bus_id,
+        device_ids=(drm.name,),
+        lists_processes=False,
+    )
+
+
+class _Sensors(TypedDict):
+    temperature_celsius: float | None
+    memory_temperature_celsius: float | None
+    power_limit_watts: float | None
+
+
+def _sensors(hwmon: Hwmon) -> _Sensors:
     """Temperatures (millidegrees; xe labels them pkg and vram) and the PL1 power limit
     (microwatts)."""
     limit = hwmon.value("power1_max")
-    return dict(
+    return _Sensors(
         temperature_celsius=ranges.celsius(scaled(hwmon.labelled("temp", ("pkg", "temp1")), 1000)),
         memory_temperature_celsius=ranges.celsius(scaled(hwmon.labelled("temp", ("vram",)), 1000)),
         power_limit_watts=ranges.watts(scaled(limit, 1e6)) if limit else None,  # 0 = limit disabled

@@ -34,8 +34,9 @@ class _Rail:
     files: tuple[Path, ...]
 
     def watts(self) -> float | None:
-        values = [read_int(path) for path in self.files]
-        if None in values:
+        read = [read_int(path) for path in self.files]
+        values = [value for value in read if value is not None]
+        if len(values) < len(read):
             return None
         if len(values) == 1:
             return values[0] / 1e3

@@ -43,7 +43,9 @@ def zone_kind(name: str) -> str:
 def _sort_key(directory: str) -> tuple[int, int, int]:
     """Interfaces in INTERFACES order, then zone and subzone number; a parent before its
     subzones."""
-    interface, zone, subzone = _ZONE_DIR.match(directory).groups()
+    match = _ZONE_DIR.match(directory)
+    assert match is not None  # only directories that match are zones
+    interface, zone, subzone = match.groups()
     return INTERFACES.index(interface), int(zone), int(subzone or -1)
 
 

@@ -49,6 +49,7 @@ def run(argv: Sequence[str], timeout: float, max_bytes: int = MAX_OUTPUT_BYTES) 
             raise CommandFailed(
                 f"cannot run {argv[0]}: {err.strerror or err}; check the path and its permissions"
             ) from None
+        assert process.stdout is not None and process.stderr is not None  # piped above
         with process.stdout, process.stderr:
             stdout, stderr = _collect(
                 process, program, time.monotonic() + timeout, timeout, max_bytes
@@ -80,6 +81,7 @@ def _signal_name(number: int) -> str:
 def _collect(
     process: subprocess.Popen, program: str, deadline: float, timeout: float, max_bytes: int
 ) -> tuple[bytes, bytes]:
+    assert process.stdout is not None and process.stderr is not None  # piped by run()
     stdout, stderr = bytearray(), bytearray()
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ, stdout)

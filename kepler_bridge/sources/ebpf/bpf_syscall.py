@@ -155,7 +155,7 @@ def read_iterator(link_fd: int, chunk: int = 1 << 17) -> bytes:
     and return its output."""
     fd = _bpf(ITER_CREATE, _IterCreateAttr(link_fd, 0))
     try:
-        parts = []
+        parts: list[bytes] = []
         while True:
             part = os.read(fd, chunk)
             if not part:

@@ -20,6 +20,8 @@ import os
 import socket
 import sys
 import traceback
+from types import ModuleType
+from typing import Any
 
 BCC_DIRS = (
     "/usr/lib/python3/dist-packages",
@@ -57,19 +59,20 @@ class LoadError(Exception):
     """Loading failed; the message says what is missing and how to fix it."""
 
 
-def _sibling(name: str):
+def _sibling(name: str) -> ModuleType:
     """Import a module next to this file (isolated mode puts no script directory on sys.path)."""
     spec = importlib.util.spec_from_file_location(
         f"_kepler_bridge_{name}",
         os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"),
     )
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-def import_bcc():
+def import_bcc() -> ModuleType:
     """Import bcc from sys.path, else from the system's package directories (that package only)."""
     spec = importlib.util.find_spec("bcc")
     if spec is None:
@@ -86,6 +89,7 @@ def import_bcc():
             f"{', '.join(BCC_DIRS)}): install python3-bpfcc (Debian/Ubuntu) or python3-bcc "
             "(Fedora), or run make deps"
         )
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["bcc"] = module
     spec.loader.exec_module(module)
@@ -136,7 +140,7 @@ def field_offsets(btf_path: str | None = None) -> dict[str, int]:
     return offsets
 
 
-def _attach_iterator(bcc, bpf) -> int:
+def _attach_iterator(bcc: ModuleType, bpf: Any) -> int:
     """Load the task iterator program and create its link; return the link fd."""
     try:
         function = bpf.load_func(ITERATOR.encode(), bcc.BPF.TRACING, attach_type=BPF_TRACE_ITER)
