@@ -89,6 +89,26 @@ def fetch_pods(endpoint: Endpoint, config: Config, timeout: float) -> dict[str, 
             f"{endpoint.name}: KUBERNETES_SERVICE_HOST is not set (the agent runs outside a pod): "
             "run it in a pod, or set kube_source to kubelet or metaserver"
         )
+    request, handlers = _request(endpoint, config)
+    try:
+        with urllib.request.build_opener(*handlers).open(request, timeout=timeout) as response:
+            return containers_of(json.load(response))
+    except urllib.error.HTTPError as err:
+        raise KubeError(
+            f"{endpoint.name} {endpoint.url} answered {err.code} {err.reason}: "
+            f"{_advice(endpoint, err.code, config)}"
+        ) from None
+    except urllib.error.URLError as err:
+        raise _unreachable(endpoint, err.reason, config) from None
+    except (OSError, ValueError, RecursionError, http.client.HTTPException) as err:
+        # A broken or hostile answer.
+        raise KubeError(f"{endpoint.name} {endpoint.url}: {err}") from None
+
+
+def _request(
+    endpoint: Endpoint, config: Config
+) -> tuple[urllib.request.Request, list[urllib.request.BaseHandler]]:
+    """The endpoint's request and the handlers to open it with: the token and TLS over HTTPS."""
     request = urllib.request.Request(endpoint.url, headers={"Accept": "application/json"})
     # Proxies from the environment never apply: every endpoint is on this node or in the cluster.
     handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
@@ -101,33 +121,19 @@ def fetch_pods(endpoint: Endpoint, config: Config, timeout: float) -> dict[str, 
         except OSError:
             pass
         handlers.append(urllib.request.HTTPSHandler(context=_tls(config)))
-    try:
-        with urllib.request.build_opener(*handlers).open(request, timeout=timeout) as response:
-            return containers_of(json.load(response))
-    except urllib.error.HTTPError as err:
-        raise KubeError(
-            f"{endpoint.name} {endpoint.url} answered {err.code} {err.reason}: "
-            f"{_advice(endpoint, err.code, config)}"
-        ) from None
-    except urllib.error.URLError as err:
-        reason = err.reason
-        if isinstance(reason, ssl.SSLCertVerificationError):
-            raise KubeError(
-                f"{endpoint.name} {endpoint.url}: its certificate is not trusted "
-                f"({reason.verify_message}): set kube_ca_file to the CA that signed it, or "
-                "kube_insecure_skip_tls_verify=true (kubelets often serve a self-signed "
-                "certificate)"
-            ) from None
-        raise KubeError(
-            f"{endpoint.name} {endpoint.url}: {reason}; {_advice(endpoint, 0, config)}"
-        ) from None
-    except (
-        OSError,
-        ValueError,
-        RecursionError,
-        http.client.HTTPException,
-    ) as err:  # a broken or hostile answer
-        raise KubeError(f"{endpoint.name} {endpoint.url}: {err}") from None
+    return request, handlers
+
+
+def _unreachable(endpoint: Endpoint, reason: str | BaseException, config: Config) -> KubeError:
+    """Why the endpoint could not be reached, and what to set."""
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        return KubeError(
+            f"{endpoint.name} {endpoint.url}: its certificate is not trusted "
+            f"({reason.verify_message}): set kube_ca_file to the CA that signed it, or "
+            "kube_insecure_skip_tls_verify=true (kubelets often serve a self-signed "
+            "certificate)"
+        )
+    return KubeError(f"{endpoint.name} {endpoint.url}: {reason}; {_advice(endpoint, 0, config)}")
 
 
 def _advice(endpoint: Endpoint, status: int, config: Config) -> str:
