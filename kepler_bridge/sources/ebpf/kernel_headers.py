@@ -59,18 +59,10 @@ def find(
     """The header tree for the running kernel, or HeadersMissing naming each place checked."""
     release = release or platform.release()
     environ = os.environ if environ is None else environ
-    checked: list[str] = []
-
     explicit = environ.get("BCC_KERNEL_SOURCE")
     if explicit:
-        problem = _single_tree_problem(explicit)
-        if problem is None:
-            return HeaderTree(explicit, explicit, f"BCC_KERNEL_SOURCE={explicit}")
-        # bcc itself never looks further once BCC_KERNEL_SOURCE is set.
-        raise HeadersMissing(
-            f"BCC_KERNEL_SOURCE={explicit}: {problem}; point it at a configured kernel "
-            f"header tree for {release}, or unset it to use {modules_dir}/{release}/build"
-        )
+        return _explicit_tree(explicit, release, modules_dir)
+    checked: list[str] = []
 
     tree, problem = _modules_tree(f"{modules_dir}/{release}", "")
     if tree:
@@ -89,8 +81,23 @@ def find(
     checked.append(
         f"{kheaders} does not exist (kernel without CONFIG_IKHEADERS, or run: modprobe kheaders)"
     )
+    raise _missing(release, checked)
 
+
+def _explicit_tree(explicit: str, release: str, modules_dir: str) -> HeaderTree:
+    """The tree BCC_KERNEL_SOURCE names; bcc itself never looks further once it is set."""
+    problem = _single_tree_problem(explicit)
+    if problem is None:
+        return HeaderTree(explicit, explicit, f"BCC_KERNEL_SOURCE={explicit}")
     raise HeadersMissing(
+        f"BCC_KERNEL_SOURCE={explicit}: {problem}; point it at a configured kernel "
+        f"header tree for {release}, or unset it to use {modules_dir}/{release}/build"
+    )
+
+
+def _missing(release: str, checked: list[str]) -> HeadersMissing:
+    """No headers anywhere: each place checked, and how to install or mount them."""
+    return HeadersMissing(
         f"no kernel headers for {release}: "
         + "; ".join(checked)
         + ". Fix: install the headers of the running kernel (Debian/Ubuntu: apt-get install "
