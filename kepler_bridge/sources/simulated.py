@@ -62,21 +62,8 @@ class SimulatedSource(Source):
     def _read_one(self, index: int, gpu: _SimGpu, wall: float, elapsed: float) -> GpuReading:
         wave = 0.5 + 0.45 * math.sin(2 * math.pi * wall / gpu.period + gpu.phase)
         util = min(1.0, max(0.0, wave + self.rng.uniform(-0.03, 0.03)))
-        power = gpu.idle_watts + (gpu.max_watts - gpu.idle_watts) * util
-        gpu.energy += power * elapsed
-        target = 30.0 + power * 0.15
-        gpu.temperature += (target - gpu.temperature) * min(1.0, elapsed / 20.0)
+        power = _advance(gpu, util, elapsed)
         used = int(gpu.memory_total * (0.2 + 0.6 * wave))
-        pids = self.pids[index]
-        processes = tuple(
-            GpuProcess(
-                pid=pid,
-                comm=COMMS[(pid + index) % len(COMMS)],
-                memory_used_bytes=used // len(pids),
-                utilization=util / len(pids),
-            )
-            for pid in pids
-        )
         return GpuReading(
             index=index,
             uuid=f"SIM-{self.config.simulate_seed:04d}-{index:04d}",
@@ -110,5 +97,27 @@ class SimulatedSource(Source):
             ),
             ecc_corrected_total=0,
             ecc_uncorrected_total=0,
-            processes=processes,
+            processes=_processes(self.pids[index], index, util, used),
         )
+
+
+def _advance(gpu: _SimGpu, util: float, elapsed: float) -> float:
+    """The power drawn at this utilization; the GPU's energy and temperature move on by it."""
+    power = gpu.idle_watts + (gpu.max_watts - gpu.idle_watts) * util
+    gpu.energy += power * elapsed
+    target = 30.0 + power * 0.15
+    gpu.temperature += (target - gpu.temperature) * min(1.0, elapsed / 20.0)
+    return power
+
+
+def _processes(pids: list[int], index: int, util: float, used: int) -> tuple[GpuProcess, ...]:
+    """The GPU's processes, sharing its utilization and memory evenly."""
+    return tuple(
+        GpuProcess(
+            pid=pid,
+            comm=COMMS[(pid + index) % len(COMMS)],
+            memory_used_bytes=used // len(pids),
+            utilization=util / len(pids),
+        )
+        for pid in pids
+    )
