@@ -21,7 +21,10 @@ import socket
 import sys
 import traceback
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kepler_bridge.sources.ebpf.btf import Btf
 
 BCC_DIRS = (
     "/usr/lib/python3/dist-packages",
@@ -100,9 +103,17 @@ def field_offsets(btf_path: str | None = None) -> dict[str, int]:
     """Byte offset of every member the program reads, from the running kernel's BTF; LoadError
     says what lacks."""
     btf = _sibling("btf")
-    path = btf_path or btf.BTF_PATH
+    types = _kernel_types(btf, btf_path or btf.BTF_PATH)
+    return {
+        macro: _offset(btf, types, struct_name, paths, size)
+        for macro, (struct_name, paths, size) in FIELDS.items()
+    }
+
+
+def _kernel_types(btf: ModuleType, path: str) -> Btf:
+    """The BTF at path, which must describe a kernel with BPF task iterators."""
     try:
-        types = btf.Btf.load(path)
+        types: Btf = btf.Btf.load(path)
     except OSError as err:
         raise LoadError(
             f"cannot read the kernel's BTF ({err.strerror}: {path}): the ebpf source needs a "
@@ -116,28 +127,27 @@ def field_offsets(btf_path: str | None = None) -> dict[str, int]:
             f"{path} has no bpf_iter_task: the kernel lacks BPF task iterators "
             "(5.8 or newer needed)"
         )
-    offsets = {}
-    for macro, (struct_name, paths, size) in FIELDS.items():
-        problems = []
-        for path_in_struct in paths:
-            try:
-                member = types.member(struct_name, path_in_struct)
-            except btf.BtfError as err:
-                problems.append(str(err))
-                continue
-            if member.size != size:
-                problems.append(
-                    f"{struct_name}.{path_in_struct} has {member.size} bytes, not {size}"
-                )
-                continue
-            offsets[macro] = member.offset
-            break
-        else:
-            raise LoadError(
-                "this kernel's task accounting fields differ from what the program reads: "
-                + "; ".join(problems)
-            )
-    return offsets
+    return types
+
+
+def _offset(
+    btf: ModuleType, types: Btf, struct_name: str, paths: tuple[str, ...], size: int
+) -> int:
+    """The offset of the first of the member's paths this kernel has, with the size read."""
+    problems = []
+    for path_in_struct in paths:
+        try:
+            member = types.member(struct_name, path_in_struct)
+        except btf.BtfError as err:
+            problems.append(str(err))
+            continue
+        if member.size == size:
+            return member.offset
+        problems.append(f"{struct_name}.{path_in_struct} has {member.size} bytes, not {size}")
+    raise LoadError(
+        "this kernel's task accounting fields differ from what the program reads: "
+        + "; ".join(problems)
+    )
 
 
 def _attach_iterator(bcc: ModuleType, bpf: Any) -> int:
