@@ -1,23 +1,43 @@
 """Generate the plain-YAML deployment manifests (kubernetes/, kubeedge/, baetyl/) from one pod
-template."""
+template.
+
+The objects around the pods are in cluster_objects.py, the nodes they run on in scheduling.py,
+the hardened pods' seccomp profile in seccomp_profile.py; this folder is no package, so they
+import by name from it.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from cluster_objects import (  # noqa: E402
+    NAMESPACE,
+    PORT,
+    labels,
+    meta,
+    namespace,
+    network_policy,
+    rbac,
+    service,
+    service_account,
+    service_monitor,
+)
+from scheduling import cloud_scheduling, edge_scheduling  # noqa: E402
+from seccomp_profile import seccomp_profile  # noqa: E402
+
 VERSION = "0.1.0"
 IMAGE = f"ghcr.io/kepler-bridge/kepler-bridge:{VERSION}"
-PORT = 30060
-NAMESPACE = "kepler-bridge"
 BAETYL_NAMESPACE = "baetyl-edge-system"
 GPU_NODE_SELECTOR = {"kubernetes.io/os": "linux", "feature.node.kubernetes.io/gpu": "true"}
-EDGE_ROLE = "node-role.kubernetes.io/edge"
 # The host's /usr, under which every driver layout keeps libnvidia-ml.so.1 (lib/x86_64-linux-gnu,
 # lib/aarch64-linux-gnu, its tegra/, lib64, local/nvidia/lib64); the agent searches it
 # (manifests/README.md).
@@ -58,92 +78,8 @@ RESOURCES = {
     "limits": {"cpu": "500m", "memory": "256Mi"},
 }
 HARDENED_CAPABILITIES = ["BPF", "PERFMON", "SYS_RESOURCE"]
-# The hardened pods' seccomp profile: the default profile of containers-common (podman's and
-# CRI-O's RuntimeDefault), /usr/share/containers/seccomp.json of Debian bookworm's
-# golang-github-containers-common 0.50.1+ds1-4, copied unchanged, resolved for the hardened
-# capabilities, plus the eBPF system calls that CAP_BPF and CAP_PERFMON allow (that base allows
-# them only with CAP_SYS_ADMIN).
-SECCOMP_BASE = HERE / "seccomp" / "containers-common-0.50.1.json"
 # localhostProfile: relative to the kubelet's /var/lib/kubelet/seccomp.
 SECCOMP_PROFILE = "kepler-bridge.json"
-SECCOMP_EBPF = {"bpf": "CAP_BPF", "perf_event_open": "CAP_PERFMON"}
-# The ABIs of the image's architectures (amd64, arm64): seccomp's names and those of the base's
-# "arches".
-SECCOMP_ARCHES = {
-    "SCMP_ARCH_X86_64": "amd64",
-    "SCMP_ARCH_X86": "x86",
-    "SCMP_ARCH_X32": "x32",
-    "SCMP_ARCH_AARCH64": "arm64",
-    "SCMP_ARCH_ARM": "arm",
-}
-
-
-def labels(instance: str, component: bool = False) -> dict[str, str]:
-    """Recommended labels; `component` marks the agent pods themselves."""
-    result = {
-        "app.kubernetes.io/name": "kepler-bridge",
-        "app.kubernetes.io/instance": instance,
-        "app.kubernetes.io/part-of": "kepler-bridge",
-    }
-    if component:
-        result["app.kubernetes.io/component"] = "agent"
-    return result
-
-
-def meta(name: str, namespace: str | None, instance: str, **extra: Any) -> dict[str, Any]:
-    """Object metadata."""
-    result: dict[str, Any] = {"name": name}
-    if namespace:
-        result["namespace"] = namespace
-    result["labels"] = labels(instance)
-    result.update(extra)
-    return result
-
-
-def namespace() -> dict[str, Any]:
-    """The agent's namespace; hostPID and hostPath volumes need the privileged Pod Security
-    level."""
-    policy = {
-        f"pod-security.kubernetes.io/{mode}": "privileged" for mode in ("enforce", "audit", "warn")
-    }
-    policy["pod-security.kubernetes.io/enforce-version"] = "latest"
-    return {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {"name": NAMESPACE, "labels": labels("kepler-bridge") | policy},
-    }
-
-
-def service_account(ns: str) -> dict[str, Any]:
-    """The agent's identity; its token is mounted only into pods that ask for it."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": meta("kepler-bridge", ns, "kepler-bridge"),
-        "automountServiceAccountToken": False,
-    }
-
-
-def rbac(ns: str, binding: str) -> list[dict[str, Any]]:
-    """Read-only access to pods: the agent names the namespace/pod/container of each process."""
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": meta("kepler-bridge", None, "kepler-bridge"),
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
-    }
-    bind = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": meta(binding, None, "kepler-bridge"),
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": "kepler-bridge",
-        },
-        "subjects": [{"kind": "ServiceAccount", "name": "kepler-bridge", "namespace": ns}],
-    }
-    return [role, bind]
 
 
 def host_path(name: str, path: str, kind: str = "Directory") -> dict[str, Any]:
@@ -174,8 +110,7 @@ def container(hardened: bool, extra_env: list[dict[str, Any]]) -> dict[str, Any]
             "name": "KUBE_NODE_NAME",
             "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}},
         },
-        # The NVIDIA container toolkit injects the driver library and devices when it is the
-        # runtime.
+        # Where the NVIDIA container toolkit is the runtime, it injects the library and devices.
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
         {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
     ]
@@ -187,20 +122,8 @@ def container(hardened: bool, extra_env: list[dict[str, Any]]) -> dict[str, Any]
         mount("pod-resources", POD_RESOURCES),
         {"name": "tmp", "mountPath": "/tmp"},
     ]
-    if hardened:
-        security: dict[str, Any] = {
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsUser": 0,
-            "runAsNonRoot": False,
-            "capabilities": {"drop": ["ALL"], "add": HARDENED_CAPABILITIES},
-            "seccompProfile": {"type": "Localhost", "localhostProfile": SECCOMP_PROFILE},
-        }
-    else:
-        security = {"privileged": True, "runAsUser": 0}
-        # A directory: the agent loads the first libnvidia-ml.so.1 it finds in the driver layouts
-        # under it.
+    if not hardened:
+        # A directory: the agent loads the first libnvidia-ml.so.1 of the driver layouts in it.
         env.append({"name": "KEPLER_BRIDGE_NVML_LIBRARY", "value": NVIDIA_DRIVER_MOUNT})
         mounts.append(mount("nvidia-driver", NVIDIA_DRIVER_MOUNT))
     return {
@@ -215,9 +138,25 @@ def container(hardened: bool, extra_env: list[dict[str, Any]]) -> dict[str, Any]
         "livenessProbe": probe("/healthz", 10, 3),
         "readinessProbe": probe("/readyz", 5, 2),
         "resources": RESOURCES,
-        "securityContext": security,
+        "securityContext": security_context(hardened),
         "volumeMounts": mounts,
     }
+
+
+def security_context(hardened: bool) -> dict[str, Any]:
+    """Privileged, or hardened: root with only HARDENED_CAPABILITIES, a read-only root file system
+    and the seccomp profile."""
+    if hardened:
+        return {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "capabilities": {"drop": ["ALL"], "add": HARDENED_CAPABILITIES},
+            "seccompProfile": {"type": "Localhost", "localhostProfile": SECCOMP_PROFILE},
+        }
+    return {"privileged": True, "runAsUser": 0}
 
 
 def pod_spec(hardened: bool, kube_source: str, edge: bool = False) -> dict[str, Any]:
@@ -288,102 +227,6 @@ def variant(hardened: bool) -> str:
     return "hardened" if hardened else "privileged"
 
 
-def service(name: str, instance: str) -> dict[str, Any]:
-    """A headless Service: one endpoint per agent pod, for ServiceMonitors and annotation-based
-    scraping."""
-    annotations = {
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(PORT),
-        "prometheus.io/path": "/metrics",
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": meta(name, NAMESPACE, instance, annotations=annotations),
-        "spec": {
-            "clusterIP": "None",
-            "selector": labels(instance, component=True),
-            "ports": [
-                {"name": "metrics", "port": PORT, "targetPort": "metrics", "protocol": "TCP"}
-            ],
-        },
-    }
-
-
-def network_policy(instance: str) -> dict[str, Any]:
-    """Ingress to the agent pods on the metrics port only; nothing else reaches them."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": meta(instance, NAMESPACE, instance),
-        "spec": {
-            "podSelector": {"matchLabels": labels(instance, component=True)},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"ports": [{"port": PORT, "protocol": "TCP"}]}],
-        },
-    }
-
-
-def service_monitor(name: str, instance: str) -> dict[str, Any]:
-    """prometheus-operator scrape config; the job label is the Service's name (matched by the
-    alerts)."""
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "ServiceMonitor",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": labels(instance) | {"release": "kube-prometheus-stack"},
-        },
-        "spec": {
-            "selector": {"matchLabels": labels(instance)},
-            "namespaceSelector": {"matchNames": [NAMESPACE]},
-            "endpoints": [
-                {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
-            ],
-        },
-    }
-
-
-def edge_scheduling() -> dict[str, Any]:
-    """Only KubeEdge edge nodes; stay through cloud disconnections (edge autonomy)."""
-    return {
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": EDGE_ROLE, "operator": "Exists"}]}
-                    ]
-                }
-            }
-        },
-        "tolerations": [
-            {"key": EDGE_ROLE, "operator": "Exists", "effect": "NoSchedule"},
-            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
-            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
-            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-        ],
-    }
-
-
-def cloud_scheduling(*absent_labels: str) -> dict[str, Any]:
-    """Every selected node except KubeEdge edge nodes (kubeedge/ covers those) and those with
-    absent_labels."""
-    expressions = [
-        {"key": label, "operator": "DoesNotExist"} for label in (EDGE_ROLE, *absent_labels)
-    ]
-    return {
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": expressions}]
-                }
-            }
-        },
-        "tolerations": [{"operator": "Exists"}],
-    }
-
-
 def with_ascend(workload: dict[str, Any]) -> dict[str, Any]:
     """The workload with the host's Ascend driver, DCMI, npu-smi and install record mounted where
     npu-smi wants them."""
@@ -424,45 +267,6 @@ def baetyl_deployment(hardened: bool) -> dict[str, Any]:
     }
 
 
-def seccomp_profile() -> dict[str, Any]:
-    """SECCOMP_BASE for a container with exactly HARDENED_CAPABILITIES on SECCOMP_ARCHES, as a
-    flat OCI profile.
-
-    containerd reads Localhost profiles as the OCI runtime spec's LinuxSeccomp, which has no
-    conditions: a rule's `includes`/`excludes` (capabilities, architectures) are resolved here, the
-    way runtimes resolve their default profile for a container. Then the eBPF system calls are
-    allowed for their capabilities.
-    """
-    base = json.loads(SECCOMP_BASE.read_text(encoding="utf-8"))
-    caps = {f"CAP_{cap}" for cap in HARDENED_CAPABILITIES}
-    allowed = [name for name, cap in SECCOMP_EBPF.items() if cap in caps]
-    rules = []
-    for rule in base["syscalls"]:
-        includes, excludes = rule.get("includes", {}), rule.get("excludes", {})
-        unknown = set(includes) - {"caps", "arches"} | set(excludes) - {"caps"}
-        assert not unknown, (
-            f"{SECCOMP_BASE.name}: rule {rule['names']} has conditions {unknown} "
-            "that render.py ignores"
-        )
-        if not set(includes.get("caps", [])) <= caps or caps & set(excludes.get("caps", [])):
-            continue
-        if "arches" in includes and not set(includes["arches"]) & set(SECCOMP_ARCHES.values()):
-            continue
-        names = [name for name in rule["names"] if name not in allowed]
-        if names:
-            rules.append(
-                {"names": names, "action": rule["action"]}
-                | {key: rule[key] for key in ("args", "errnoRet") if rule.get(key)}
-            )
-    rules.append({"names": allowed, "action": "SCMP_ACT_ALLOW"})
-    return {
-        "defaultAction": base["defaultAction"],
-        "defaultErrnoRet": base["defaultErrnoRet"],
-        "architectures": list(SECCOMP_ARCHES),
-        "syscalls": rules,
-    }
-
-
 def documents(*objects: dict[str, Any] | list[dict[str, Any]]) -> str:
     """Objects as one multi-document YAML file."""
     flat: list[dict[str, Any]] = []
@@ -473,15 +277,29 @@ def documents(*objects: dict[str, Any] | list[dict[str, Any]]) -> str:
 
 def rendered() -> dict[Path, str]:
     """Every generated manifest and the text it must hold."""
-    k8s, edge, baetyl = HERE / "kubernetes", HERE / "kubeedge", HERE / "baetyl"
-    shared = {
-        "00-namespace.yaml": documents(namespace()),
-        "10-serviceaccount.yaml": documents(service_account(NAMESPACE)),
+    return {
+        **_kubernetes(HERE / "kubernetes"),
+        **_ascend(HERE / "kubernetes" / "ascend"),
+        **_kubeedge(HERE / "kubeedge"),
+        **_baetyl(HERE / "baetyl"),
+        HERE / "seccomp" / SECCOMP_PROFILE: (
+            json.dumps(seccomp_profile(HARDENED_CAPABILITIES), indent=2) + "\n"
+        ),
     }
-    outputs: dict[Path, str] = {}
-    for folder in (k8s, edge):
-        outputs.update({folder / name: text for name, text in shared.items()})
-    # Edge pods read pod names from edgecore's MetaServer, so kubeedge/ grants nothing.
+
+
+def _namespace_files(folder: Path) -> dict[Path, str]:
+    """The namespace and the service account, which kubernetes/ and kubeedge/ share."""
+    return {
+        folder / "00-namespace.yaml": documents(namespace()),
+        folder / "10-serviceaccount.yaml": documents(service_account(NAMESPACE)),
+    }
+
+
+def _kubernetes(k8s: Path) -> dict[Path, str]:
+    """The cluster's DaemonSets (privileged and hardened) with RBAC, Service, NetworkPolicy and
+    ServiceMonitor."""
+    outputs = _namespace_files(k8s)
     outputs[k8s / "20-rbac.yaml"] = documents(rbac(NAMESPACE, "kepler-bridge"))
     for hardened in (False, True):
         sub = "hardened/" if hardened else ""
@@ -494,6 +312,42 @@ def rendered() -> dict[Path, str]:
                 scheduling=cloud_scheduling(ASCEND_NODE_LABEL),
             )
         )
+    outputs[k8s / "40-service.yaml"] = documents(service("kepler-bridge", "kepler-bridge"))
+    outputs[k8s / "50-networkpolicy.yaml"] = documents(network_policy("kepler-bridge"))
+    outputs[k8s / "60-servicemonitor.yaml"] = documents(
+        service_monitor("kepler-bridge", "kepler-bridge")
+    )
+    return outputs
+
+
+def _ascend(ascend: Path) -> dict[Path, str]:
+    """The DaemonSet for Huawei Ascend nodes, with the host's driver and npu-smi mounted."""
+    workload = daemonset(
+        "kepler-bridge-ascend",
+        NAMESPACE,
+        "kepler-bridge-ascend",
+        False,
+        node_selector={"kubernetes.io/os": "linux", ASCEND_NODE_LABEL: "true"},
+        scheduling=cloud_scheduling(),
+    )
+    return {
+        ascend / "30-daemonset.yaml": documents(with_ascend(workload)),
+        ascend / "40-service.yaml": documents(
+            service("kepler-bridge-ascend", "kepler-bridge-ascend")
+        ),
+        ascend / "50-networkpolicy.yaml": documents(network_policy("kepler-bridge-ascend")),
+        ascend / "60-servicemonitor.yaml": documents(
+            service_monitor("kepler-bridge-ascend", "kepler-bridge-ascend")
+        ),
+    }
+
+
+def _kubeedge(edge: Path) -> dict[Path, str]:
+    """The DaemonSets for KubeEdge edge nodes. Edge pods read pod names from edgecore's
+    MetaServer, so kubeedge/ grants nothing."""
+    outputs = _namespace_files(edge)
+    for hardened in (False, True):
+        sub = "hardened/" if hardened else ""
         outputs[edge / f"{sub}30-daemonset.yaml"] = documents(
             daemonset(
                 "kepler-bridge-edge",
@@ -505,6 +359,20 @@ def rendered() -> dict[Path, str]:
                 scheduling=edge_scheduling(),
             )
         )
+    outputs[edge / "40-service.yaml"] = documents(
+        service("kepler-bridge-edge", "kepler-bridge-edge")
+    )
+    outputs[edge / "60-servicemonitor.yaml"] = documents(
+        service_monitor("kepler-bridge-edge", "kepler-bridge-edge")
+    )
+    return outputs
+
+
+def _baetyl(baetyl: Path) -> dict[Path, str]:
+    """Baetyl's cluster DaemonSets and single-node Deployments, each with its account and RBAC."""
+    outputs: dict[Path, str] = {}
+    for hardened in (False, True):
+        sub = "hardened/" if hardened else ""
         outputs[baetyl / "cluster" / f"{sub}30-daemonset.yaml"] = documents(
             daemonset(
                 "kepler-bridge",
@@ -518,37 +386,6 @@ def rendered() -> dict[Path, str]:
         outputs[baetyl / "single-node" / f"{sub}30-deployment.yaml"] = documents(
             baetyl_deployment(hardened)
         )
-    outputs[k8s / "40-service.yaml"] = documents(service("kepler-bridge", "kepler-bridge"))
-    outputs[k8s / "50-networkpolicy.yaml"] = documents(network_policy("kepler-bridge"))
-    outputs[k8s / "60-servicemonitor.yaml"] = documents(
-        service_monitor("kepler-bridge", "kepler-bridge")
-    )
-    ascend = k8s / "ascend"
-    outputs[ascend / "30-daemonset.yaml"] = documents(
-        with_ascend(
-            daemonset(
-                "kepler-bridge-ascend",
-                NAMESPACE,
-                "kepler-bridge-ascend",
-                False,
-                node_selector={"kubernetes.io/os": "linux", ASCEND_NODE_LABEL: "true"},
-                scheduling=cloud_scheduling(),
-            )
-        )
-    )
-    outputs[ascend / "40-service.yaml"] = documents(
-        service("kepler-bridge-ascend", "kepler-bridge-ascend")
-    )
-    outputs[ascend / "50-networkpolicy.yaml"] = documents(network_policy("kepler-bridge-ascend"))
-    outputs[ascend / "60-servicemonitor.yaml"] = documents(
-        service_monitor("kepler-bridge-ascend", "kepler-bridge-ascend")
-    )
-    outputs[edge / "40-service.yaml"] = documents(
-        service("kepler-bridge-edge", "kepler-bridge-edge")
-    )
-    outputs[edge / "60-servicemonitor.yaml"] = documents(
-        service_monitor("kepler-bridge-edge", "kepler-bridge-edge")
-    )
     for folder in ("cluster", "single-node"):
         outputs[baetyl / folder / "10-serviceaccount.yaml"] = documents(
             service_account(BAETYL_NAMESPACE)
@@ -556,5 +393,4 @@ def rendered() -> dict[Path, str]:
         outputs[baetyl / folder / "20-rbac.yaml"] = documents(
             rbac(BAETYL_NAMESPACE, "kepler-bridge-baetyl")
         )
-    outputs[HERE / "seccomp" / SECCOMP_PROFILE] = json.dumps(seccomp_profile(), indent=2) + "\n"
     return outputs
