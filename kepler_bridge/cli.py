@@ -20,21 +20,35 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line and exits 2, like every other bad setting."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_SETTING, f"kepler-bridge: bad setting: {one_line(message)}; "
-                                    f"see kepler-bridge {self.prog.split()[-1]} --help\n")
+        self.exit(
+            EXIT_BAD_SETTING,
+            f"kepler-bridge: bad setting: {one_line(message)}; "
+            f"see kepler-bridge {self.prog.split()[-1]} --help\n",
+        )
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kepler-bridge", description="Accelerator and workload energy metrics for one node.")
+    parser = _Parser(
+        prog="kepler-bridge", description="Accelerator and workload energy metrics for one node."
+    )
     parser.add_argument("--version", action="version", version=f"kepler-bridge {__version__}")
     # dest is not "command": that is a setting (--command) and would overwrite the subcommand name.
     commands = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser)
-    add_arguments(commands.add_parser("serve", help="run the agent: /metrics and /v1/collect over HTTP"))
+    add_arguments(
+        commands.add_parser("serve", help="run the agent: /metrics and /v1/collect over HTTP")
+    )
     collect = commands.add_parser("collect", help="take one sample, print it, exit")
     form = collect.add_mutually_exclusive_group()
-    form.add_argument("--json", action="store_const", const="json", dest="form", help="/v1/collect JSON")
-    form.add_argument("--prometheus", action="store_const", const="prometheus", dest="form",
-                      help="Prometheus text (the default)")
+    form.add_argument(
+        "--json", action="store_const", const="json", dest="form", help="/v1/collect JSON"
+    )
+    form.add_argument(
+        "--prometheus",
+        action="store_const",
+        const="prometheus",
+        dest="form",
+        help="Prometheus text (the default)",
+    )
     add_arguments(collect)
     add_arguments(commands.add_parser("doctor", help="say which sources work here, and why not"))
     return parser
@@ -44,8 +58,11 @@ def _validate_sources(config: Config) -> None:
     known = available()
     unknown = [name for name in config.sources if name != "auto" and name not in known]
     if unknown:
-        raise ConfigError("sources", ",".join(config.sources),
-                          f"unknown source {unknown[0]!r}; known: auto, {', '.join(sorted(known))}")
+        raise ConfigError(
+            "sources",
+            ",".join(config.sources),
+            f"unknown source {unknown[0]!r}; known: auto, {', '.join(sorted(known))}",
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -57,7 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"kepler-bridge: {err}", file=sys.stderr)
         return EXIT_BAD_SETTING
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.subcommand == "serve":
         from kepler_bridge.http.server import serve
 

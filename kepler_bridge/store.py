@@ -14,11 +14,14 @@ MAX_SECONDS = 300.0
 FIELDS = ("utilization", "memory_used_bytes", "temperature_celsius", "power_watts")
 
 
-class _Sample(NamedTuple):
-    """One snapshot summarised: FIELDS per device in `uuids` order, rounded, NaN where a device reported nothing."""
+class Sample(NamedTuple):
+    """One snapshot summarised: FIELDS per device in `uuids` order, rounded, NaN where a device
+    reported nothing."""
 
     timestamp: float
-    uuids: tuple[str, ...]  # the previous sample's tuple when the devices did not change, so it is shared
+    uuids: tuple[
+        str, ...
+    ]  # the previous sample's tuple when the devices did not change, so it is shared
     values: array
 
 
@@ -26,7 +29,7 @@ class History:
     """The newest samples, at most MAX_SAMPLES and MAX_SECONDS; one writer, readers never lock."""
 
     def __init__(self) -> None:
-        self._samples: tuple[_Sample, ...] = ()
+        self._samples: tuple[Sample, ...] = ()
 
     def add(self, snapshot: Snapshot) -> None:
         """Append the snapshot's summary and drop what falls out of the window."""
@@ -36,10 +39,10 @@ class History:
             uuids = samples[-1].uuids
         values = array("d", [_value(gpu, name) for gpu in snapshot.gpus for name in FIELDS])
         oldest = snapshot.timestamp - MAX_SECONDS
-        kept = tuple(s for s in samples[-(MAX_SAMPLES - 1):] if s.timestamp > oldest)
-        self._samples = (*kept, _Sample(snapshot.timestamp, uuids, values))
+        kept = tuple(s for s in samples[-(MAX_SAMPLES - 1) :] if s.timestamp > oldest)
+        self._samples = (*kept, Sample(snapshot.timestamp, uuids, values))
 
-    def samples(self) -> tuple[_Sample, ...]:
+    def samples(self) -> tuple[Sample, ...]:
         """The samples held now, oldest first."""
         return self._samples
 
@@ -50,7 +53,8 @@ def _value(gpu: GpuReading, name: str) -> float:
 
 
 class SnapshotStore:
-    """Holds the newest snapshot and the recent history; publication is one reference swap, so readers never lock."""
+    """Holds the newest snapshot and the recent history; publication is one reference swap, so
+    readers never lock."""
 
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None

@@ -1,4 +1,5 @@
-"""Write the generated deployment assets (alert rules, dashboards, manifests), or --check they are current."""
+"""Write the generated deployment assets (alert rules, dashboards, manifests), or --check they
+are current."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
-GENERATORS = (ROOT / "alerts" / "render.py", ROOT / "grafana" / "dashboards.py", ROOT / "manifests" / "render.py")
+GENERATORS = (
+    ROOT / "alerts" / "render.py",
+    ROOT / "grafana" / "dashboards.py",
+    ROOT / "manifests" / "render.py",
+)
 
 
 def load(path: Path) -> ModuleType:
@@ -31,14 +36,21 @@ def rendered() -> dict[Path, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is out of date")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if a generated file is out of date"
+    )
     args = parser.parse_args(argv)
     outputs = rendered()
-    stale = [path for path, text in outputs.items()
-             if not path.exists() or path.read_text(encoding="utf-8") != text]
+    stale = [
+        path
+        for path, text in outputs.items()
+        if not path.exists() or path.read_text(encoding="utf-8") != text
+    ]
     if args.check:
         for path in stale:
-            sys.stderr.write(f"{path.relative_to(ROOT)} is out of date: run python scripts/render_assets.py\n")
+            sys.stderr.write(
+                f"{path.relative_to(ROOT)} is out of date: run python scripts/render_assets.py\n"
+            )
         return 1 if stale else 0
     for path, text in outputs.items():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,8 @@ from kepler_bridge.store import SnapshotStore
 
 @dataclass(frozen=True)
 class RenderSettings:
-    """What the renderers need: the allow/deny prefixes of /metrics and the memory unit of /v1/collect."""
+    """What the renderers need: the allow/deny prefixes of /metrics and the memory unit of
+    /v1/collect."""
 
     metrics_allow: tuple[str, ...]
     metrics_deny: tuple[str, ...]
@@ -36,17 +37,25 @@ class RenderSettings:
 # Variant name -> renderer; "+gzip" variants are the compressed bytes of the plain one.
 RENDERERS: dict[str, Callable[[Snapshot, RenderSettings], bytes]] = {
     "text": lambda snap, settings: prometheus.render(snap, settings.metric_allowed),
-    "openmetrics": lambda snap, settings: prometheus.render(snap, settings.metric_allowed, openmetrics=True),
+    "openmetrics": lambda snap, settings: prometheus.render(
+        snap, settings.metric_allowed, openmetrics=True
+    ),
     "baetyl": lambda snap, settings: baetyl.render(snap, settings.memory_unit),
 }
 
 
 class RenderCache:
-    """Bytes of the newest snapshot per variant, made lazily on first request and reused; `extra` adds variants."""
+    """Bytes of the newest snapshot per variant, made lazily on first request and reused; `extra`
+    adds variants."""
 
-    def __init__(self, store: SnapshotStore, settings: Callable[[], RenderSettings],
-                 extra: Mapping[str, Callable[[Snapshot, RenderSettings], bytes]] | None = None) -> None:
-        """`settings`: the render settings in force now (they change on reload; a render uses those of its moment)."""
+    def __init__(
+        self,
+        store: SnapshotStore,
+        settings: Callable[[], RenderSettings],
+        extra: Mapping[str, Callable[[Snapshot, RenderSettings], bytes]] | None = None,
+    ) -> None:
+        """`settings`: the render settings in force now (they change on reload; a render uses those
+        of its moment)."""
         self.store = store
         self.settings = settings
         self._renderers = {**RENDERERS, **(extra or {})}

@@ -25,9 +25,20 @@ def render(snapshot: Snapshot, unit: str = "bytes") -> bytes:
         used = (gpu.memory_used_bytes or 0) if gpu.up else 0
         total = (gpu.memory_total_bytes or 0) if gpu.up else 0
         used_sum, total_sum = used_sum + used, total_sum + total
-        devices.append({"usedMemory": used // divisor, "totalMemory": total // divisor,
-                        "percent": _ratio(used, total)})
-    body = {snapshot.node: {"deviceNum": len(devices), "devices": devices,
-                            "usedMemory": used_sum // divisor, "totalMemory": total_sum // divisor,
-                            "percent": _ratio(used_sum, total_sum)}}
+        devices.append(
+            {
+                "usedMemory": used // divisor,
+                "totalMemory": total // divisor,
+                "percent": _ratio(used, total),
+            }
+        )
+    body = {
+        snapshot.node: {
+            "deviceNum": len(devices),
+            "devices": devices,
+            "usedMemory": used_sum // divisor,
+            "totalMemory": total_sum // divisor,
+            "percent": _ratio(used_sum, total_sum),
+        }
+    }
     return json.dumps(body, allow_nan=False, separators=(",", ":")).encode()

@@ -1,4 +1,5 @@
-"""Keeps the Kubernetes view fresh in a background thread; the sampler only ever reads the newest view."""
+"""Keeps the Kubernetes view fresh in a background thread; the sampler only ever reads the newest
+view."""
 
 from __future__ import annotations
 
@@ -21,11 +22,17 @@ MAX_NOTICED = 10000
 
 
 class KubeMetadata:
-    """Pod lists and device assignments, refreshed every `period` seconds and soon after an unknown container
-    shows up; when an endpoint is down the last good answer stays."""
+    """Pod lists and device assignments, refreshed every `period` seconds and soon after an unknown
+    container shows up; when an endpoint is down the last good answer stays."""
 
-    def __init__(self, config: Config, environ: Mapping[str, str] | None = None, period: float = REFRESH_SECONDS,
-                 min_period: float = MIN_REFRESH_SECONDS, timeout: float = TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self,
+        config: Config,
+        environ: Mapping[str, str] | None = None,
+        period: float = REFRESH_SECONDS,
+        min_period: float = MIN_REFRESH_SECONDS,
+        timeout: float = TIMEOUT_SECONDS,
+    ) -> None:
         self.config = config
         self.endpoints = endpoints(config, os.environ if environ is None else environ)
         self.socket = config.pod_resources_socket
@@ -45,10 +52,13 @@ class KubeMetadata:
         return self._view
 
     def start(self) -> None:
-        """Start refreshing in the background (nothing to do when neither pods nor devices are asked for)."""
+        """Start refreshing in the background (nothing to do when neither pods nor devices are
+        asked for)."""
         if self._thread is None and (self.endpoints or self.socket):
             self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="kepler-bridge-kube", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="kepler-bridge-kube", daemon=True
+            )
             self._thread.start()
 
     def stop(self, timeout: float = 1.0) -> None:
@@ -59,7 +69,8 @@ class KubeMetadata:
             self._thread = None
 
     def notice(self, container_ids: Iterable[str]) -> None:
-        """Ask for an early refresh when containers the view does not name show up (each id asks once)."""
+        """Ask for an early refresh when containers the view does not name show up (each id asks
+        once)."""
         new = set(container_ids) - self._noticed - self._view.containers.keys()
         if new:
             if len(self._noticed) > MAX_NOTICED:
@@ -68,7 +79,8 @@ class KubeMetadata:
             self._wake.set()
 
     def refresh(self) -> None:
-        """Read the pod list and the device assignments once, keeping the last good answer of each."""
+        """Read the pod list and the device assignments once, keeping the last good answer of
+        each."""
         if self.endpoints:
             self._refresh_pods()
         if self.socket and os.path.exists(self.socket):
@@ -90,8 +102,11 @@ class KubeMetadata:
             return
         # With auto and nothing ever answering, this node is most likely not in Kubernetes at all.
         quiet = self.config.kube_source == "auto" and self._preferred is None
-        self._report("pods", "; ".join(problems) + (" (keeping the last pod list)" if self._containers else ""),
-                     logging.INFO if quiet else logging.WARNING)
+        self._report(
+            "pods",
+            "; ".join(problems) + (" (keeping the last pod list)" if self._containers else ""),
+            logging.INFO if quiet else logging.WARNING,
+        )
 
     def _refresh_devices(self) -> None:
         # Imported here: grpc loads only where a pod-resources socket exists.
@@ -100,7 +115,10 @@ class KubeMetadata:
         try:
             self._assignments = list_assignments(self.socket, self.timeout)
         except KubeError as err:
-            self._report("devices", f"{err}" + (" (keeping the last assignments)" if self._assignments else ""))
+            self._report(
+                "devices",
+                f"{err}" + (" (keeping the last assignments)" if self._assignments else ""),
+            )
             return
         self._report("devices", "")
 

@@ -1,4 +1,6 @@
-"""Which container the kubelet assigned each device to, from its pod-resources socket (v1.PodResourcesLister/List).
+"""Which container the kubelet assigned each device to, from its pod-resources socket.
+
+The socket answers v1.PodResourcesLister/List.
 
 The message classes are built at import from a descriptor holding only the
 fields read here, with the kubelet's field numbers (k8s.io/kubelet
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
 
 from kepler_bridge.kube.client import KubeError
 from kepler_bridge.kube.view import Assignment
@@ -27,17 +30,26 @@ _REPEATED = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
 _SCHEMA: dict[str, tuple[tuple[str, int, int, int, str], ...]] = {
     "ListPodResourcesRequest": (),
     "ListPodResourcesResponse": (("pod_resources", 1, _MESSAGE, _REPEATED, ".v1.PodResources"),),
-    "PodResources": (("name", 1, _STRING, _OPTIONAL, ""), ("namespace", 2, _STRING, _OPTIONAL, ""),
-                     ("containers", 3, _MESSAGE, _REPEATED, ".v1.ContainerResources")),
-    "ContainerResources": (("name", 1, _STRING, _OPTIONAL, ""),
-                           ("devices", 2, _MESSAGE, _REPEATED, ".v1.ContainerDevices")),
-    "ContainerDevices": (("resource_name", 1, _STRING, _OPTIONAL, ""), ("device_ids", 2, _STRING, _REPEATED, "")),
+    "PodResources": (
+        ("name", 1, _STRING, _OPTIONAL, ""),
+        ("namespace", 2, _STRING, _OPTIONAL, ""),
+        ("containers", 3, _MESSAGE, _REPEATED, ".v1.ContainerResources"),
+    ),
+    "ContainerResources": (
+        ("name", 1, _STRING, _OPTIONAL, ""),
+        ("devices", 2, _MESSAGE, _REPEATED, ".v1.ContainerDevices"),
+    ),
+    "ContainerDevices": (
+        ("resource_name", 1, _STRING, _OPTIONAL, ""),
+        ("device_ids", 2, _STRING, _REPEATED, ""),
+    ),
 }
 
 
-def _message_classes() -> dict[str, type]:
-    proto = descriptor_pb2.FileDescriptorProto(name="kepler_bridge/podresources_v1.proto", package="v1",
-                                               syntax="proto3")
+def _message_classes() -> dict[str, type[Message]]:
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="kepler_bridge/podresources_v1.proto", package="v1", syntax="proto3"
+    )
     for message_name, fields in _SCHEMA.items():
         message = proto.message_type.add(name=message_name)
         for name, number, kind, label, type_name in fields:
@@ -47,7 +59,10 @@ def _message_classes() -> dict[str, type]:
     # A private pool: another library registering package v1 in the default pool cannot clash.
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"v1.{name}")) for name in _SCHEMA}
+    return {
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"v1.{name}"))
+        for name in _SCHEMA
+    }
 
 
 MESSAGES = _message_classes()
@@ -55,16 +70,32 @@ MESSAGES = _message_classes()
 
 def list_assignments(socket_path: str, timeout: float) -> tuple[Assignment, ...]:
     """Every device of every container on this node, as the kubelet assigned them."""
-    request_class, response_class = MESSAGES["ListPodResourcesRequest"], MESSAGES["ListPodResourcesResponse"]
-    with grpc.insecure_channel(f"unix://{socket_path}",
-                               options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]) as channel:
-        call = channel.unary_unary(LIST_METHOD, request_serializer=request_class.SerializeToString,
-                                   response_deserializer=response_class.FromString)
+    request_class, response_class = (
+        MESSAGES["ListPodResourcesRequest"],
+        MESSAGES["ListPodResourcesResponse"],
+    )
+    with grpc.insecure_channel(
+        f"unix://{socket_path}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+    ) as channel:
+        call = channel.unary_unary(
+            LIST_METHOD,
+            request_serializer=request_class.SerializeToString,
+            response_deserializer=response_class.FromString,
+        )
         try:
             response = call(request_class(), timeout=timeout)
         except grpc.RpcError as err:
-            raise KubeError(f"pod-resources {socket_path}: {err.code().name}: {err.details()}; mount the kubelet's "
-                            "/var/lib/kubelet/pod-resources directory read-write and run the agent as root") from None
-    return tuple(Assignment(device_id, devices.resource_name, PodRef(pod.namespace, pod.name, container.name))
-                 for pod in response.pod_resources for container in pod.containers
-                 for devices in container.devices for device_id in devices.device_ids)
+            raise KubeError(
+                f"pod-resources {socket_path}: {err.code().name}: {err.details()}; mount the "
+                "kubelet's /var/lib/kubelet/pod-resources directory read-write and run the agent "
+                "as root"
+            ) from None
+    return tuple(
+        Assignment(
+            device_id, devices.resource_name, PodRef(pod.namespace, pod.name, container.name)
+        )
+        for pod in response.pod_resources
+        for container in pod.containers
+        for devices in container.devices
+        for device_id in devices.device_ids
+    )

@@ -34,7 +34,7 @@ def device_key(device_id: str) -> str:
     """
     key = device_id.strip().lower().split("::", 1)[0]
     if key.startswith("mig-gpu-"):
-        key = key[len("mig-"):].split("/", 1)[0]
+        key = key[len("mig-") :].split("/", 1)[0]
     key = _INTEL_REPLICA.sub(r"\1", key)
     key = _ASCEND_VNPU.sub(r"\1-\2", key)
     pci = _PCI.match(key)
@@ -45,7 +45,8 @@ def device_key(device_id: str) -> str:
 
 
 def device_owners(assignments: Iterable[Assignment]) -> dict[str, tuple[PodRef, ...]]:
-    """Device key -> the containers holding it (several for MIG slices or shared replicas of one GPU)."""
+    """Device key -> the containers holding it (several for MIG slices or shared replicas of one
+    GPU)."""
     owners: dict[str, dict[PodRef, None]] = {}
     for assignment in assignments:
         owners.setdefault(device_key(assignment.device_id), {})[assignment.owner] = None
@@ -60,7 +61,8 @@ class KubeView:
     devices: Mapping[str, tuple[PodRef, ...]] = field(default_factory=dict)
 
     def gpu_owners(self, gpu: GpuReading) -> tuple[PodRef, ...]:
-        """The containers the kubelet assigned this GPU, or a MIG instance, replica or slice of it, to."""
+        """The containers the kubelet assigned this GPU, or a MIG instance, replica or slice of it,
+        to."""
         if not self.devices:
             return ()
         owners: dict[PodRef, None] = {}
@@ -70,7 +72,8 @@ class KubeView:
         return tuple(owners)
 
     def holders(self, gpu: GpuReading) -> tuple[Holder, ...]:
-        """The containers holding this GPU (`gpu_owners`), each with its id where the pod list names it."""
+        """The containers holding this GPU (`gpu_owners`), each with its id where the pod list
+        names it."""
         return tuple(Holder(self._ids.get(owner, ""), owner) for owner in self.gpu_owners(gpu))
 
     @cached_property

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict
 
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, device_reading
-from kepler_bridge.sources.sysfs import DrmCard, Hwmon, device_hwmon, drm_cards, read_int, read_text, scaled
+from kepler_bridge.sources.sysfs import (
+    DrmCard,
+    Hwmon,
+    device_hwmon,
+    drm_cards,
+    read_int,
+    read_text,
+    scaled,
+)
 
 VENDOR = "amd"
 PWM_MAX = 255  # pwm1 range when pwm1_max is absent
@@ -32,8 +41,10 @@ class AmdgpuSource(Source):
         sysfs = self.config.sysfs
         found = drm_cards(sysfs, ("amdgpu",))
         if not found:
-            raise SourceAbsent(f"no DRM card bound to the amdgpu driver in {sysfs}/class/drm: load it "
-                               "(modprobe amdgpu); in a pod mount the host's /sys and pass --sysfs /host/sys")
+            raise SourceAbsent(
+                f"no DRM card bound to the amdgpu driver in {sysfs}/class/drm: load it "
+                "(modprobe amdgpu); in a pod mount the host's /sys and pass --sysfs /host/sys"
+            )
         self.cards = [_Card(card, _uuid(card), _model(card.device)) for card in found]
         self.driver_version = read_text(Path(sysfs, "module", "amdgpu", "version")) or ""
 
@@ -42,36 +53,62 @@ class AmdgpuSource(Source):
         return device_reading(gpus, "AMD GPU")
 
     def _read_card(self, index: int, card: _Card) -> GpuReading:
-        identity = dict(index=index, uuid=card.uuid, vendor=VENDOR, model=card.model,
-                        driver_version=self.driver_version, pci_bus_id=card.drm.pci_bus_id, lists_processes=False)
+        identity = GpuReading(
+            index=index,
+            uuid=card.uuid,
+            vendor=VENDOR,
+            model=card.model,
+            driver_version=self.driver_version,
+            pci_bus_id=card.drm.pci_bus_id,
+            lists_processes=False,
+        )
         if not card.drm.present():
-            return GpuReading(**identity, up=False,
-                              error=f"{card.drm.name} ({card.drm.pci_bus_id}) is gone: the card was removed or "
-                                    "amdgpu unbound; check dmesg")
+            return replace(
+                identity,
+                up=False,
+                error=f"{card.drm.name} ({card.drm.pci_bus_id}) is gone: the card was removed or "
+                "amdgpu unbound; check dmesg",
+            )
         device = card.drm.device
         used = ranges.byte_count(read_int(device / "mem_info_vram_used"))
         total = ranges.byte_count(read_int(device / "mem_info_vram_total"))
         hwmon = device_hwmon(device, ("amdgpu",))
         corrected, uncorrected = _ecc(device)
-        return GpuReading(
-            **identity,
+        reading = replace(
+            identity,
             utilization=ranges.ratio_from_percent(read_int(device / "gpu_busy_percent")),
             memory_utilization=ranges.ratio_from_percent(read_int(device / "mem_busy_percent")),
-            memory_used_bytes=used, memory_total_bytes=total,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
             memory_free_bytes=ranges.free_bytes(total, used),
-            ecc_corrected_total=corrected, ecc_uncorrected_total=uncorrected,
-            **(_sensors(hwmon) if hwmon else {}),
+            ecc_corrected_total=corrected,
+            ecc_uncorrected_total=uncorrected,
         )
+        return replace(reading, **_sensors(hwmon)) if hwmon else reading
 
 
-def _sensors(hwmon: Hwmon) -> dict[str, float | None]:
-    """Temperatures (millidegrees), power (microwatts), clocks (Hz), fan and energy (microjoules)."""
+class _Sensors(TypedDict):
+    temperature_celsius: float | None
+    memory_temperature_celsius: float | None
+    power_watts: float | None
+    power_limit_watts: float | None
+    energy_joules: float | None
+    sm_clock_hertz: float | None
+    memory_clock_hertz: float | None
+    fan_speed_ratio: float | None
+
+
+def _sensors(hwmon: Hwmon) -> _Sensors:
+    """Temperatures (millidegrees), power (microwatts), clocks (Hz), fan and energy
+    (microjoules)."""
     power = hwmon.value("power1_average")
     if power is None:
         power = hwmon.value("power1_input")
-    return dict(
+    return _Sensors(
         # MI-series cards have no edge sensor: their junction sensor is the core temperature.
-        temperature_celsius=ranges.celsius(scaled(hwmon.labelled("temp", ("edge", "junction", "temp1")), 1000)),
+        temperature_celsius=ranges.celsius(
+            scaled(hwmon.labelled("temp", ("edge", "junction", "temp1")), 1000)
+        ),
         memory_temperature_celsius=ranges.celsius(scaled(hwmon.labelled("temp", ("mem",)), 1000)),
         power_watts=ranges.watts(scaled(power, 1e6)),
         power_limit_watts=ranges.watts(scaled(hwmon.value("power1_cap"), 1e6)),
@@ -108,4 +145,6 @@ def _uuid(card: DrmCard) -> str:
 
 def _model(device: Path) -> str:
     """product_name (from the board's FRU, server cards) or the PCI device id."""
-    return read_text(device / "product_name") or f"AMD GPU {read_text(device / 'device') or 'unknown'}"
+    return (
+        read_text(device / "product_name") or f"AMD GPU {read_text(device / 'device') or 'unknown'}"
+    )

@@ -20,8 +20,10 @@ from __future__ import annotations
 import os
 import re
 
-_ID = re.compile(r"^(?:(?:docker|cri-containerd|crio|cri-o|libpod|containerd|nerdctl|podman)-)?"
-                 r"([0-9a-f]{64})(?:\.scope)?$")
+_ID = re.compile(
+    r"^(?:(?:docker|cri-containerd|crio|cri-o|libpod|containerd|nerdctl|podman)-)?"
+    r"([0-9a-f]{64})(?:\.scope)?$"
+)
 # Where the unified (v2) hierarchy is mounted: pure v2 hosts, then hybrid v1/v2 hosts.
 _CGROUP2_MOUNTS = ("fs/cgroup", "fs/cgroup/unified")
 
@@ -47,8 +49,8 @@ def container_id(cgroup_file_text: str) -> str:
 
 
 def read_container_id(procfs: str, pid: int) -> str | None:
-    """Container id of a live process, '' for host processes, None when the process is gone or hidden
-    (hidepid, an LSM)."""
+    """Container id of a live process, '' for host processes, None when the process is gone or
+    hidden (hidepid, an LSM)."""
     try:
         with open(f"{procfs}/{pid}/cgroup", encoding="utf-8", errors="replace") as file:
             return container_id(file.read())
@@ -80,7 +82,8 @@ class CgroupIdIndex:
         return self._ids.get(cgroup_id, "")
 
     def _scan(self) -> None:
-        # Every cgroup is indexed, host ones as '': an id left out would be unknown and bring the walk back.
+        # Every cgroup is indexed, host ones as '': an id left out would be unknown and bring the
+        # walk back.
         ids: dict[int, str] = {}
         try:
             ids[os.stat(self.root).st_ino] = ""

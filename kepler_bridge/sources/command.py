@@ -1,8 +1,9 @@
-"""Any accelerator the agent does not know: a configured executable prints its readings as JSON each interval.
+"""Any accelerator the agent does not know: a configured executable prints its readings as JSON.
 
 The output is a superset of what a BIE custom accelerator collector returns on
 /v1/collect (docs/command-source.md): such a collector's body is accepted as
-it is, and each device may add identity and the other metrics in contract units.
+it is, and each device may add identity and the other metrics in contract units. The executable
+runs once each interval.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import math
 import shutil
 from typing import Any, Callable
 
-from kepler_bridge.model import GpuReading, SourceReading
-from kepler_bridge.model import MAX_DEVICES
+from kepler_bridge.model import MAX_DEVICES, GpuReading, SourceReading
 from kepler_bridge.sources import ranges, runner
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
 
@@ -39,51 +39,71 @@ NUMBERS: dict[str, tuple[str, _Check]] = {
     "memoryClock": ("memory_clock_hertz", ranges.hertz),
     "fanSpeed": ("fan_speed_ratio", ranges.ratio),
 }
-TEXTS: dict[str, str] = {"uuid": "uuid", "vendor": "vendor", "model": "model", "driverVersion": "driver_version",
-                         "pciBusId": "pci_bus_id", "error": "error"}
+TEXTS: dict[str, str] = {
+    "uuid": "uuid",
+    "vendor": "vendor",
+    "model": "model",
+    "driverVersion": "driver_version",
+    "pciBusId": "pci_bus_id",
+    "error": "error",
+}
 BYTE_FIELDS = {"memory_used_bytes", "memory_total_bytes", "memory_free_bytes"}
 
 
 class CommandSource(Source):
-    """Runs --command each interval, without a shell, under --command-timeout and a 1 MiB output cap."""
+    """Runs --command each interval, without a shell, under --command-timeout and a 1 MiB output
+    cap."""
 
     name = "command"
 
     def start(self) -> None:
         argv = self.config.command
         if not argv:
-            raise SourceAbsent("no command configured: set --command (KEPLER_BRIDGE_COMMAND, file key command) to "
-                               "an executable that prints readings as JSON; see docs/command-source.md")
+            raise SourceAbsent(
+                "no command configured: set --command (KEPLER_BRIDGE_COMMAND, file key command) to "
+                "an executable that prints readings as JSON; see docs/command-source.md"
+            )
         if shutil.which(argv[0]) is None:
-            raise SourceUnavailable(f"{argv[0]} is not an executable file: install it or fix --command")
+            raise SourceUnavailable(
+                f"{argv[0]} is not an executable file: install it or fix --command"
+            )
 
     def read(self) -> SourceReading:
-        return SourceReading(gpus=parse(runner.run(self.config.command, self.config.command_timeout)))
+        return SourceReading(
+            gpus=parse(runner.run(self.config.command, self.config.command_timeout))
+        )
 
     def describe(self, reading: SourceReading) -> str:
         return f"{super().describe(reading)}; from {self.config.command[0]}"
 
 
 class OutputError(ValueError):
-    """The command's output does not follow the schema; the message points at the offending value."""
+    """The command's output does not follow the schema; the message points at the offending
+    value."""
 
     def __init__(self, where: str, problem: str) -> None:
         super().__init__(f"command output {where}: {problem}; see docs/command-source.md")
 
 
 def parse(text: str) -> tuple[GpuReading, ...]:
-    """Readings from the command's stdout: {"devices": [...]} or a BIE body {"<node>": {"devices": [...]}}."""
+    """Readings from the command's stdout: {"devices": [...]} or a BIE body
+    {"<node>": {"devices": [...]}}."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise OutputError("is not JSON", f"line {err.lineno} column {err.colno}: {err.msg}") from None
+        raise OutputError(
+            "is not JSON", f"line {err.lineno} column {err.colno}: {err.msg}"
+        ) from None
     devices = _devices(data)
     readings = tuple(_device(index, device) for index, device in enumerate(devices))
     seen: dict[str, int] = {}
     for reading in readings:
         if reading.uuid in seen:
-            raise OutputError(f"devices[{reading.index}].uuid",
-                              f"{reading.uuid!r} repeats devices[{seen[reading.uuid]}]; give each device its own uuid")
+            raise OutputError(
+                f"devices[{reading.index}].uuid",
+                f"{reading.uuid!r} repeats devices[{seen[reading.uuid]}]; "
+                "give each device its own uuid",
+            )
         seen[reading.uuid] = reading.index
     return readings
 
@@ -97,10 +117,15 @@ def _devices(data: Any) -> list[Any]:
     if devices is None and "devices" in data:
         return []  # how Go encodes an empty (nil) slice
     if not isinstance(devices, list):
-        raise OutputError('"devices"', 'expected a list of device objects: {"devices": [{...}, ...]}')
+        raise OutputError(
+            '"devices"', 'expected a list of device objects: {"devices": [{...}, ...]}'
+        )
     if len(devices) > MAX_DEVICES:
-        raise OutputError('"devices"', f"{len(devices)} devices, more than the {MAX_DEVICES} a source may report; "
-                          "print only real accelerators")
+        raise OutputError(
+            '"devices"',
+            f"{len(devices)} devices, more than the {MAX_DEVICES} a source may report; "
+            "print only real accelerators",
+        )
     return devices
 
 
@@ -121,11 +146,19 @@ def _device(index: int, device: Any) -> GpuReading:
     if not isinstance(up, bool):
         raise OutputError(f"{where}.up", f"expected true or false, got {up!r}")
     if "memory_free_bytes" not in values:
-        values["memory_free_bytes"] = ranges.free_bytes(values.get("memory_total_bytes"),
-                                                        values.get("memory_used_bytes"))
+        values["memory_free_bytes"] = ranges.free_bytes(
+            values.get("memory_total_bytes"), values.get("memory_used_bytes")
+        )
     vendor = values.pop("vendor", "") or DEFAULT_VENDOR
-    return GpuReading(index=index, uuid=values.pop("uuid", "") or f"{vendor}-{index}", vendor=vendor,
-                      model=values.pop("model", ""), up=up, lists_processes=False, **values)
+    return GpuReading(
+        index=index,
+        uuid=values.pop("uuid", "") or f"{vendor}-{index}",
+        vendor=vendor,
+        model=values.pop("model", ""),
+        up=up,
+        lists_processes=False,
+        **values,
+    )
 
 
 def _number(value: Any, where: str, whole: bool) -> float | int | None:

@@ -1,9 +1,10 @@
-"""Nothing a command starts outlives its run, not even a child that left the process group with setsid().
+"""Nothing a command starts outlives its run, not even a child that left its group with setsid().
 
-Where the agent can create a cgroup v2 below its own, each run gets a transient one that the program enters
-before exec; `cgroup.kill` then ends everything in it, and the cgroup is removed. Elsewhere (read-only
-cgroupfs, cgroup v1 only, kernels before 5.14) the agent is a child subreaper: orphans of the run are
-re-parented to it instead of init, and those carrying the run's mark in their environment are killed.
+Where the agent can create a cgroup v2 below its own, each run gets a transient one that the
+program enters before exec; `cgroup.kill` then ends everything in it, and the cgroup is removed.
+Elsewhere (read-only cgroupfs, cgroup v1 only, kernels before 5.14) the agent is a child
+subreaper: orphans of the run are re-parented to it instead of init, and those carrying the run's
+mark in their environment are killed.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ _active: set[Run] = set()
 
 
 class Run:
-    """One run of a program: start() it; end(), or leaving the `with` block, kills and reaps all it started."""
+    """One run of a program: start() it; end(), or leaving the `with` block, kills and reaps all
+    it started."""
 
     def __init__(self) -> None:
         self.mark = secrets.token_hex(8)
@@ -56,7 +58,8 @@ class Run:
         self.end()
 
     def start(self, argv: Sequence[str], **popen: Any) -> subprocess.Popen:
-        """subprocess.Popen(argv, **popen) with the run's mark in its environment, inside the run's cgroup."""
+        """subprocess.Popen(argv, **popen) with the run's mark in its environment, inside the run's
+        cgroup."""
         env = {**os.environ, MARK_VARIABLE: self.mark}
         if self.cgroup:
             self.process = self._start_in_cgroup(argv, env, popen)
@@ -67,18 +70,27 @@ class Run:
             _running.add(self.process.pid)
         return self.process
 
-    def _start_in_cgroup(self, argv: Sequence[str], env: dict[str, str], popen: dict) -> subprocess.Popen | None:
-        """The program started inside the cgroup; None (and the cgroup gone) when it cannot enter it."""
+    def _start_in_cgroup(
+        self, argv: Sequence[str], env: dict[str, str], popen: dict[str, Any]
+    ) -> subprocess.Popen | None:
+        """The program started inside the cgroup; None (and the cgroup gone) when it cannot
+        enter it."""
         try:
             procs = os.open(f"{self.cgroup}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
         except OSError as err:
-            return self._without_cgroup(f"cannot open {self.cgroup}/cgroup.procs: {err.strerror}")
+            self._without_cgroup(f"cannot open {self.cgroup}/cgroup.procs: {err.strerror}")
+            return None
         try:
-            # The only code the child runs before exec: one write(2) to a descriptor opened here, which is
-            # what makes preexec_fn safe in a threaded agent (it takes no lock another thread could hold).
-            return subprocess.Popen(argv, env=env, preexec_fn=lambda: os.write(procs, b"0"), **popen)
-        except subprocess.SubprocessError:  # the write failed in the child, which then did not run the program
-            return self._without_cgroup(f"cannot move a process into {self.cgroup}")
+            # The only code the child runs before exec: one write(2) to a descriptor opened here,
+            # which is what makes preexec_fn safe in a threaded agent (it takes no lock another
+            # thread could hold).
+            return subprocess.Popen(
+                argv, env=env, preexec_fn=lambda: os.write(procs, b"0"), **popen
+            )
+        except subprocess.SubprocessError:
+            # The write failed in the child, which then did not run the program.
+            self._without_cgroup(f"cannot move a process into {self.cgroup}")
+            return None
         finally:
             os.close(procs)
 
@@ -88,7 +100,8 @@ class Run:
         self.cgroup = ""
 
     def end(self) -> None:
-        """Kill the program's process group and everything else it started, reap the program, clean up."""
+        """Kill the program's process group and everything else it started, reap the program,
+        clean up."""
         process = self.process
         if process is not None:
             try:
@@ -108,7 +121,8 @@ class Run:
             _active.discard(self)
 
     def _sweep(self) -> None:
-        """Kill and reap the run's orphans re-parented to the agent, and the orphans of each killed one."""
+        """Kill and reap the run's orphans re-parented to the agent, and the orphans of each
+        killed one."""
         deadline = time.monotonic() + END_SECONDS
         while time.monotonic() < deadline:
             children = _children()
@@ -124,7 +138,8 @@ class Run:
 
 @atexit.register
 def _end_all() -> None:
-    """A worker stopped in the middle of a run ends it, so that neither its processes nor its cgroup stay."""
+    """A worker stopped in the middle of a run ends it, so that neither its processes nor its
+    cgroup stay."""
     with _lock:
         runs = list(_active)
     for run in runs:
@@ -158,13 +173,14 @@ def _new_cgroup() -> str:
 
 
 def _end_stale(parent: str) -> None:
-    """Kill what is left in the run cgroups of agents that died during a run (their pid is in the name)."""
+    """Kill what is left in the run cgroups of agents that died during a run (their pid is in
+    the name)."""
     try:
         entries = [entry for entry in os.scandir(parent) if entry.name.startswith(CGROUP_PREFIX)]
     except OSError:
         return
     for entry in entries:
-        pid = entry.name[len(CGROUP_PREFIX):].partition("-")[0]
+        pid = entry.name[len(CGROUP_PREFIX) :].partition("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
             _write(f"{entry.path}/cgroup.kill", "1")
             with _lock:
@@ -194,8 +210,11 @@ def _give_up_cgroups(reason: str) -> None:
     global _cgroups_usable
     if _cgroups_usable:
         _cgroups_usable = False
-        log.info("commands run without a cgroup of their own (%s): their orphans are killed by their mark in "
-                 "the environment instead, which a child that clears its environment escapes", reason)
+        log.info(
+            "commands run without a cgroup of their own (%s): their orphans are killed by their "
+            "mark in the environment instead, which a child that clears its environment escapes",
+            reason,
+        )
 
 
 def _write(path: str, text: str) -> None:
@@ -207,13 +226,18 @@ def _write(path: str, text: str) -> None:
 
 
 def _drain(path: str) -> None:
-    """Wait until the cgroup is empty, then remove it; one that stays populated is retried by a later run."""
+    """Wait until the cgroup is empty, then remove it; one that stays populated is retried by a
+    later run."""
     deadline = time.monotonic() + END_SECONDS
     while "populated 1" in _read(f"{path}/cgroup.events") and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
     if not _remove(path):
-        log.warning("processes of a command did not die within %gs of SIGKILL (uninterruptible sleep in a "
-                    "driver?); %s is removed once they do", END_SECONDS, path)
+        log.warning(
+            "processes of a command did not die within %gs of SIGKILL (uninterruptible sleep in a "
+            "driver?); %s is removed once they do",
+            END_SECONDS,
+            path,
+        )
         with _lock:
             _leftovers.append(path)
 
@@ -239,8 +263,11 @@ def _read(path: str) -> str:
 def _become_subreaper() -> None:
     # Every time: the flag is the process's, and a forked gunicorn worker does not inherit it.
     if _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        log.warning("prctl(PR_SET_CHILD_SUBREAPER): %s; children that leave a command's process group "
-                    "survive its timeout", os.strerror(ctypes.get_errno()))
+        log.warning(
+            "prctl(PR_SET_CHILD_SUBREAPER): %s; children that leave a command's process group "
+            "survive its timeout",
+            os.strerror(ctypes.get_errno()),
+        )
 
 
 @functools.cache
@@ -274,7 +301,10 @@ def _kill(pid: int) -> None:
 def _reap(pid: int, deadline: float) -> None:
     while True:
         try:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG) is not None or time.monotonic() >= deadline:
+            if (
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG) is not None
+                or time.monotonic() >= deadline
+            ):
                 return
         except ChildProcessError:
             return
@@ -282,8 +312,8 @@ def _reap(pid: int, deadline: float) -> None:
 
 
 def _reap_orphaned_zombies(children: list[int]) -> None:
-    """Reap dead orphans of earlier runs. Only a command's descendants have a session other than the agent's
-    (commands run in a session of their own), and no Popen waits for them."""
+    """Reap dead orphans of earlier runs. Only a command's descendants have a session other than
+    the agent's (commands run in a session of their own), and no Popen waits for them."""
     session = os.getsid(0)
     with _lock:
         running = set(_running)

@@ -1,4 +1,5 @@
-"""NVIDIA Jetson (Tegra) integrated GPU: devfreq load and clock, INA3221 power rails, thermal zones, shared RAM.
+"""NVIDIA Jetson (Tegra) integrated GPU: devfreq load and clock, INA3221 power rails, thermal
+zones, shared RAM.
 
 The GPU has no memory of its own: it allocates from system RAM, so memory is
 reported as the RAM it can use (MemTotal) and the RAM in use (MemTotal -
@@ -17,7 +18,8 @@ from kepler_bridge.sources.base import Source, SourceAbsent
 from kepler_bridge.sources.sysfs import class_hwmons, read_int, read_text, scaled
 
 VENDOR = "nvidia"
-# Device-tree node names of Tegra GPUs: gp10b (TX2), gv11b (Xavier), ga10b (Orin), gpu (Nano; Orin on JetPack 6).
+# Device-tree node names of Tegra GPUs: gp10b (TX2), gv11b (Xavier), ga10b (Orin), gpu (Nano;
+# Orin on JetPack 6).
 GPU_NODES = ("gp10b", "gv11b", "ga10b", "gpu")
 GPU_THERMAL_ZONES = ("gpu-therm", "gpu-thermal")
 LOAD_FULL_SCALE = 1000  # the devfreq device's `load` is per mille
@@ -25,14 +27,16 @@ LOAD_FULL_SCALE = 1000  # the devfreq device's `load` is per mille
 
 @dataclass(frozen=True)
 class _Rail:
-    """One INA3221 channel: hwmon (millivolts and milliamperes) or the older iio driver (milliwatts)."""
+    """One INA3221 channel: hwmon (millivolts and milliamperes) or the older iio driver
+    (milliwatts)."""
 
     label: str
     files: tuple[Path, ...]
 
     def watts(self) -> float | None:
-        values = [read_int(path) for path in self.files]
-        if None in values:
+        read = [read_int(path) for path in self.files]
+        values = [value for value in read if value is not None]
+        if len(values) < len(read):
             return None
         if len(values) == 1:
             return values[0] / 1e3
@@ -53,34 +57,57 @@ class JetsonSource(Source):
 
     def start(self) -> None:
         sysfs = Path(self.config.sysfs)
-        found = [entry for entry in sorted((sysfs / "class" / "devfreq").glob("*"))
-                 if read_text(entry / "device" / "of_node" / "name") in GPU_NODES]
+        found = [
+            entry
+            for entry in sorted((sysfs / "class" / "devfreq").glob("*"))
+            if read_text(entry / "device" / "of_node" / "name") in GPU_NODES
+        ]
         if not found:
-            raise SourceAbsent(f"no Tegra GPU in {sysfs}/class/devfreq (device-tree node "
-                               f"{', '.join(GPU_NODES)}): not a Jetson; in a pod mount the host's /sys and pass "
-                               "--sysfs /host/sys")
+            raise SourceAbsent(
+                f"no Tegra GPU in {sysfs}/class/devfreq (device-tree node "
+                f"{', '.join(GPU_NODES)}): not a Jetson; in a pod mount the host's /sys and pass "
+                "--sysfs /host/sys"
+            )
         self.devfreq = found[0]
         devicetree = sysfs / "firmware" / "devicetree" / "base"
         serial = read_text(devicetree / "serial-number")
         self.uuid = f"JETSON-{serial or self.devfreq.name}"
         self.model = read_text(devicetree / "model") or "NVIDIA Jetson"
         self.rail = _gpu_rail(self.config.sysfs)
-        self.thermal = next((zone for zone in sorted((sysfs / "class" / "thermal").glob("thermal_zone*"))
-                             if (read_text(zone / "type") or "").lower() in GPU_THERMAL_ZONES), None)
+        self.thermal = next(
+            (
+                zone
+                for zone in sorted((sysfs / "class" / "thermal").glob("thermal_zone*"))
+                if (read_text(zone / "type") or "").lower() in GPU_THERMAL_ZONES
+            ),
+            None,
+        )
 
     def read(self) -> SourceReading:
         load = read_int(self.devfreq / "device" / "load")
         used, total = _shared_memory(self.config.procfs)
-        return SourceReading(gpus=(GpuReading(
-            index=0, uuid=self.uuid, vendor=VENDOR, model=self.model, lists_processes=False,
-            utilization=ranges.ratio(load / LOAD_FULL_SCALE if load is not None else None),
-            sm_clock_hertz=ranges.hertz(read_int(self.devfreq / "cur_freq")),
-            memory_used_bytes=used, memory_total_bytes=total,
-            memory_free_bytes=ranges.free_bytes(total, used),
-            power_watts=ranges.watts(self.rail.watts()) if self.rail else None,
-            temperature_celsius=ranges.celsius(scaled(read_int(self.thermal / "temp"), 1000))
-            if self.thermal else None,
-        ),))
+        return SourceReading(
+            gpus=(
+                GpuReading(
+                    index=0,
+                    uuid=self.uuid,
+                    vendor=VENDOR,
+                    model=self.model,
+                    lists_processes=False,
+                    utilization=ranges.ratio(load / LOAD_FULL_SCALE if load is not None else None),
+                    sm_clock_hertz=ranges.hertz(read_int(self.devfreq / "cur_freq")),
+                    memory_used_bytes=used,
+                    memory_total_bytes=total,
+                    memory_free_bytes=ranges.free_bytes(total, used),
+                    power_watts=ranges.watts(self.rail.watts()) if self.rail else None,
+                    temperature_celsius=ranges.celsius(
+                        scaled(read_int(self.thermal / "temp"), 1000)
+                    )
+                    if self.thermal
+                    else None,
+                ),
+            )
+        )
 
     def describe(self, reading: SourceReading) -> str:
         rail = f"power rail {self.rail.label}" if self.rail else "no GPU power rail"
@@ -98,14 +125,22 @@ def _rails(sysfs: str) -> list[_Rail]:
                 rails.append(_Rail(label, (hwmon.path / f"{channel}_input", current)))
     for name_file in sorted(Path(sysfs, "bus", "i2c", "devices").glob("*/iio:device*/rail_name_*")):
         number = name_file.name.removeprefix("rail_name_")
-        rails.append(_Rail(read_text(name_file) or name_file.name, (name_file.with_name(f"in_power{number}_input"),)))
+        rails.append(
+            _Rail(
+                read_text(name_file) or name_file.name,
+                (name_file.with_name(f"in_power{number}_input"),),
+            )
+        )
     return rails
 
 
 def _gpu_rail(sysfs: str) -> _Rail | None:
-    """The rail feeding the GPU alone (VDD_GPU_SOC, GPU, POM_5V_GPU); else one shared with the CPU (VDD_CPU_GPU_CV)."""
+    """The rail feeding the GPU alone (VDD_GPU_SOC, GPU, POM_5V_GPU); else one shared with the CPU
+    (VDD_CPU_GPU_CV)."""
     rails = [rail for rail in _rails(sysfs) if "GPU" in rail.label.upper()]
-    return next((rail for rail in rails if "CPU" not in rail.label.upper()), rails[0] if rails else None)
+    return next(
+        (rail for rail in rails if "CPU" not in rail.label.upper()), rails[0] if rails else None
+    )
 
 
 def _shared_memory(procfs: str) -> tuple[int | None, int | None]:

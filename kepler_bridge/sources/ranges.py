@@ -46,8 +46,8 @@ def free_bytes(total: int | None, used: int | None) -> int | None:
     return total - used
 
 
-def byte_count(value: int | None) -> int | None:
-    """Byte quantities (memory, counters of bytes) below 2**53."""
+def byte_count(value: float | None) -> int | None:
+    """Byte quantities (memory, counters of bytes) below 2**53, as whole numbers."""
     return None if value is None or not 0 <= value < MAX_BYTES else int(value)
 
 

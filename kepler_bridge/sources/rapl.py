@@ -41,8 +41,11 @@ def zone_kind(name: str) -> str:
 
 
 def _sort_key(directory: str) -> tuple[int, int, int]:
-    """Interfaces in INTERFACES order, then zone and subzone number; a parent before its subzones."""
-    interface, zone, subzone = _ZONE_DIR.match(directory).groups()
+    """Interfaces in INTERFACES order, then zone and subzone number; a parent before its
+    subzones."""
+    match = _ZONE_DIR.match(directory)
+    assert match is not None  # only directories that match are zones
+    interface, zone, subzone = match.groups()
     return INTERFACES.index(interface), int(zone), int(subzone or -1)
 
 
@@ -80,7 +83,8 @@ def discover(sysfs: str) -> list[ZoneFile]:
 
 
 class RaplSource(Source):
-    """Raw RAPL energy counters of every zone plus the node's CPU time, for CPU energy attribution."""
+    """Raw RAPL energy counters of every zone plus the node's CPU time, for CPU energy
+    attribution."""
 
     name = "rapl"
 
@@ -93,30 +97,45 @@ class RaplSource(Source):
         self.zones = discover(self.config.sysfs)
         if not self.zones and not self.config.cpu_tdp_watts:
             raise SourceAbsent(
-                f"no RAPL energy zones under {root} (virtual machines and ARM boards have none; on an Intel or "
-                "AMD host load the intel_rapl_msr module, and in a pod mount the host's /sys and pass --sysfs): "
-                "CPU energy series are absent; set cpu_tdp_watts to export an estimate")
+                f"no RAPL energy zones under {root} (virtual machines and ARM boards have none; "
+                "on an Intel or AMD host load the intel_rapl_msr module, and in a pod mount the "
+                "host's /sys and pass --sysfs): CPU energy series are absent; set cpu_tdp_watts "
+                "to export an estimate"
+            )
         for zone in self.zones:
             try:
                 Path(zone.energy_path).read_text()
             except PermissionError:
                 raise SourceUnavailable(
-                    f"cannot read {zone.energy_path}: since Linux 5.10 RAPL counters are readable by root only; "
-                    "run the agent as root (in Kubernetes: securityContext.privileged: true)") from None
+                    f"cannot read {zone.energy_path}: since Linux 5.10 RAPL counters are "
+                    "readable by root only; run the agent as root (in Kubernetes: "
+                    "securityContext.privileged: true)"
+                ) from None
         try:
             read_cpu_times(self.config.procfs)
         except (OSError, ValueError) as err:
-            raise SourceUnavailable(f"cannot read the node's CPU time: {err}; mount the host's /proc and pass "
-                                    "--procfs") from None
+            raise SourceUnavailable(
+                f"cannot read the node's CPU time: {err}; mount the host's /proc and pass --procfs"
+            ) from None
 
     def read(self) -> SourceReading:
-        zones = tuple(RaplZone(zone.id, zone.zone, int(Path(zone.energy_path).read_text()), zone.max_energy_range_uj)
-                      for zone in self.zones)
+        zones = tuple(
+            RaplZone(
+                zone.id,
+                zone.zone,
+                int(Path(zone.energy_path).read_text()),
+                zone.max_energy_range_uj,
+            )
+            for zone in self.zones
+        )
         return SourceReading(rapl_zones=zones, cpu_times=read_cpu_times(self.config.procfs))
 
     def describe(self, reading: SourceReading) -> str:
         if not self.zones:
-            return (f"no RAPL zones under {self.config.sysfs}/class/powercap; estimating CPU power as "
-                    f"cpu_tdp_watts={self.config.cpu_tdp_watts:g} W x CPU usage")
+            return (
+                f"no RAPL zones under {self.config.sysfs}/class/powercap; estimating CPU power as "
+                f"cpu_tdp_watts={self.config.cpu_tdp_watts:g} W x CPU usage"
+            )
         kinds = sorted({zone.zone for zone in self.zones})
-        return f"{len(self.zones)} RAPL zone(s) under {self.config.sysfs}/class/powercap: {', '.join(kinds)}"
+        where = f"{self.config.sysfs}/class/powercap"
+        return f"{len(self.zones)} RAPL zone(s) under {where}: {', '.join(kinds)}"

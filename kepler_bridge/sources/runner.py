@@ -17,41 +17,57 @@ MAX_OUTPUT_BYTES = 1 << 20
 STDERR_KEPT_BYTES = 4096
 READ_CHUNK = 65536
 EXIT_POLL_SECONDS = 0.005
-_TERMINAL = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC ... BEL or ST (unterminated: to the end)
-                       r"|\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI: parameters, intermediates, final byte
-                       r"|\x1b[ -/]*[0-~]?"  # any other escape sequence
-                       r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but tab and newline, DEL, C1
+_TERMINAL = re.compile(
+    r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC ... BEL or ST (unterminated: to the end)
+    r"|\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI: parameters, intermediates, final byte
+    r"|\x1b[ -/]*[0-~]?"  # any other escape sequence
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+)  # C0 but tab and newline, DEL, C1
 
 
 class CommandFailed(Exception):
-    """The program could not start, ran too long, printed too much or exited non-zero; the message says which."""
+    """The program could not start, ran too long, printed too much or exited non-zero; the
+    message says which."""
 
 
 def run(argv: Sequence[str], timeout: float, max_bytes: int = MAX_OUTPUT_BYTES) -> str:
-    """Run argv and return its stdout; raise CommandFailed otherwise. Whatever it started dies with it."""
+    """Run argv and return its stdout; raise CommandFailed otherwise. Whatever it started dies
+    with it."""
     program = Path(argv[0]).name
     with containment.Run() as contained:
         try:
-            # A session of its own too: its process group is killed even where no cgroup can hold it.
-            process = contained.start(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, start_new_session=True)
+            # A session of its own too: its process group is killed even where no cgroup can hold
+            # it.
+            process = contained.start(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except OSError as err:
-            raise CommandFailed(f"cannot run {argv[0]}: {err.strerror or err}; check the path and its "
-                                "permissions") from None
+            raise CommandFailed(
+                f"cannot run {argv[0]}: {err.strerror or err}; check the path and its permissions"
+            ) from None
+        assert process.stdout is not None and process.stderr is not None  # piped above
         with process.stdout, process.stderr:
-            stdout, stderr = _collect(process, program, time.monotonic() + timeout, timeout, max_bytes)
+            stdout, stderr = _collect(
+                process, program, time.monotonic() + timeout, timeout, max_bytes
+            )
     if process.returncode < 0:
         raise CommandFailed(f"{program} was killed by {_signal_name(-process.returncode)}")
     if process.returncode:
         lines = _printable(stderr.decode(errors="replace")).strip().splitlines()
-        raise CommandFailed(f"{program} exited with status {process.returncode}: "
-                            f"{lines[-1] if lines else 'nothing on stderr'}")
+        raise CommandFailed(
+            f"{program} exited with status {process.returncode}: "
+            f"{lines[-1] if lines else 'nothing on stderr'}"
+        )
     return stdout.decode(errors="replace")
 
 
 def _printable(text: str) -> str:
-    """Text without terminal escape sequences (CSI, OSC, ...) and control characters other than newline and tab,
-    so a program's stderr cannot rewrite the terminal that shows the agent's log or `doctor`."""
+    """Text without terminal escape sequences (CSI, OSC, ...) and control characters other than
+    newline and tab, so a program's stderr cannot rewrite the terminal of the log or `doctor`."""
     return _TERMINAL.sub("", text)
 
 
@@ -62,8 +78,10 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _collect(process: subprocess.Popen, program: str, deadline: float, timeout: float,
-             max_bytes: int) -> tuple[bytes, bytes]:
+def _collect(
+    process: subprocess.Popen, program: str, deadline: float, timeout: float, max_bytes: int
+) -> tuple[bytes, bytes]:
+    assert process.stdout is not None and process.stderr is not None  # piped by run()
     stdout, stderr = bytearray(), bytearray()
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ, stdout)
@@ -71,8 +89,10 @@ def _collect(process: subprocess.Popen, program: str, deadline: float, timeout: 
         while selector.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise CommandFailed(f"{program} did not finish within {timeout:g}s (--command-timeout) and was "
-                                    "killed; make it faster or raise the timeout")
+                raise CommandFailed(
+                    f"{program} did not finish within {timeout:g}s (--command-timeout) and was "
+                    "killed; make it faster or raise the timeout"
+                )
             for key, _ in selector.select(remaining):
                 chunk = os.read(key.fd, READ_CHUNK)
                 if not chunk:
@@ -80,13 +100,18 @@ def _collect(process: subprocess.Popen, program: str, deadline: float, timeout: 
                     continue
                 key.data.extend(chunk)
                 if len(stdout) > max_bytes:
-                    raise CommandFailed(f"{program} printed more than {max_bytes} bytes and was stopped; print "
-                                        "only the readings")
+                    raise CommandFailed(
+                        f"{program} printed more than {max_bytes} bytes and was stopped; print "
+                        "only the readings"
+                    )
                 del stderr[:-STDERR_KEPT_BYTES]
-    # Wait without reaping: until the run ends and reaps it, its pid (its group id) cannot be reused.
+    # Wait without reaping: until the run ends and reaps it, its pid (its group id) cannot be
+    # reused.
     while os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
         if time.monotonic() >= deadline:
-            raise CommandFailed(f"{program} closed its output but did not exit within {timeout:g}s "
-                                "(--command-timeout) and was killed")
+            raise CommandFailed(
+                f"{program} closed its output but did not exit within {timeout:g}s "
+                "(--command-timeout) and was killed"
+            )
         time.sleep(EXIT_POLL_SECONDS)
     return bytes(stdout), bytes(stderr)

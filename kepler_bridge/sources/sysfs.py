@@ -70,9 +70,12 @@ def drm_cards(sysfs: str, drivers: tuple[str, ...]) -> list[DrmCard]:
 
 
 def on_pci_bus(sysfs: str, vendor: str, class_prefix: str) -> bool:
-    """Whether a PCI function of this vendor (e.g. "0x10de") whose class code starts with class_prefix is present."""
+    """Whether a PCI function of this vendor (e.g. "0x10de") whose class code starts with
+    class_prefix is present."""
     for device in Path(sysfs, "bus", "pci", "devices").glob("*"):
-        if read_text(device / "vendor") == vendor and (read_text(device / "class") or "").startswith(class_prefix):
+        if read_text(device / "vendor") == vendor and (
+            read_text(device / "class") or ""
+        ).startswith(class_prefix):
             return True
     return False
 
@@ -98,7 +101,9 @@ class Hwmon:
         A channel without a ``_label`` file is known by its own name ("temp1").
         """
         found: dict[str, str] = {}
-        for entry in sorted(self.path.glob(f"{kind}*_input"), key=lambda path: _channel_number(path.name, kind)):
+        for entry in sorted(
+            self.path.glob(f"{kind}*_input"), key=lambda path: _channel_number(path.name, kind)
+        ):
             channel = entry.name.removesuffix("_input")
             if re.fullmatch(rf"{kind}\d+", channel):
                 found.setdefault(read_text(self.path / f"{channel}_label") or channel, channel)
@@ -127,6 +132,10 @@ def device_hwmon(device: Path, names: tuple[str, ...]) -> Hwmon | None:
 
 
 def class_hwmons(sysfs: str, name: str) -> list[Hwmon]:
-    """Every ``class/hwmon`` directory whose ``name`` is name (for sensors not tied to a DRM card)."""
-    return [Hwmon(path) for path in sorted(Path(sysfs, "class", "hwmon").glob("hwmon*"))
-            if read_text(path / "name") == name]
+    """Every ``class/hwmon`` directory whose ``name`` is name (for sensors not tied to a DRM
+    card)."""
+    return [
+        Hwmon(path)
+        for path in sorted(Path(sysfs, "class", "hwmon").glob("hwmon*"))
+        if read_text(path / "name") == name
+    ]

@@ -30,18 +30,34 @@ _libc.syscall.restype = ctypes.c_long
 
 
 class _ElemAttr(ctypes.Structure):
-    _fields_ = [("map_fd", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("key", ctypes.c_uint64),
-                ("value", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+    _fields_ = [
+        ("map_fd", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("key", ctypes.c_uint64),
+        ("value", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+    ]
 
 
 class _BatchAttr(ctypes.Structure):
-    _fields_ = [("in_batch", ctypes.c_uint64), ("out_batch", ctypes.c_uint64), ("keys", ctypes.c_uint64),
-                ("values", ctypes.c_uint64), ("count", ctypes.c_uint32), ("map_fd", ctypes.c_uint32),
-                ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+    _fields_ = [
+        ("in_batch", ctypes.c_uint64),
+        ("out_batch", ctypes.c_uint64),
+        ("keys", ctypes.c_uint64),
+        ("values", ctypes.c_uint64),
+        ("count", ctypes.c_uint32),
+        ("map_fd", ctypes.c_uint32),
+        ("elem_flags", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+    ]
 
 
 class _InfoAttr(ctypes.Structure):
-    _fields_ = [("bpf_fd", ctypes.c_uint32), ("info_len", ctypes.c_uint32), ("info", ctypes.c_uint64)]
+    _fields_ = [
+        ("bpf_fd", ctypes.c_uint32),
+        ("info_len", ctypes.c_uint32),
+        ("info", ctypes.c_uint64),
+    ]
 
 
 class _IterCreateAttr(ctypes.Structure):
@@ -49,30 +65,56 @@ class _IterCreateAttr(ctypes.Structure):
 
 
 class _MapInfo(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("key_size", ctypes.c_uint32),
-                ("value_size", ctypes.c_uint32), ("max_entries", ctypes.c_uint32), ("map_flags", ctypes.c_uint32),
-                ("name", ctypes.c_char * 16)]
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("key_size", ctypes.c_uint32),
+        ("value_size", ctypes.c_uint32),
+        ("max_entries", ctypes.c_uint32),
+        ("map_flags", ctypes.c_uint32),
+        ("name", ctypes.c_char * 16),
+    ]
 
 
 class _ProgInfo(ctypes.Structure):
     # struct bpf_prog_info up to recursion_misses (kernel 5.12+); older kernels leave the tail zero.
-    _fields_ = [("type", ctypes.c_uint32), ("id", ctypes.c_uint32), ("tag", ctypes.c_uint8 * 8),
-                ("jited_prog_len", ctypes.c_uint32), ("xlated_prog_len", ctypes.c_uint32),
-                ("jited_prog_insns", ctypes.c_uint64), ("xlated_prog_insns", ctypes.c_uint64),
-                ("load_time", ctypes.c_uint64), ("created_by_uid", ctypes.c_uint32),
-                ("nr_map_ids", ctypes.c_uint32), ("map_ids", ctypes.c_uint64), ("name", ctypes.c_char * 16),
-                ("ifindex", ctypes.c_uint32), ("gpl_compatible", ctypes.c_uint32),
-                ("netns_dev", ctypes.c_uint64), ("netns_ino", ctypes.c_uint64),
-                ("nr_jited_ksyms", ctypes.c_uint32), ("nr_jited_func_lens", ctypes.c_uint32),
-                ("jited_ksyms", ctypes.c_uint64), ("jited_func_lens", ctypes.c_uint64),
-                ("btf_id", ctypes.c_uint32), ("func_info_rec_size", ctypes.c_uint32),
-                ("func_info", ctypes.c_uint64), ("nr_func_info", ctypes.c_uint32),
-                ("nr_line_info", ctypes.c_uint32), ("line_info", ctypes.c_uint64),
-                ("jited_line_info", ctypes.c_uint64), ("nr_jited_line_info", ctypes.c_uint32),
-                ("line_info_rec_size", ctypes.c_uint32), ("jited_line_info_rec_size", ctypes.c_uint32),
-                ("nr_prog_tags", ctypes.c_uint32), ("prog_tags", ctypes.c_uint64),
-                ("run_time_ns", ctypes.c_uint64), ("run_cnt", ctypes.c_uint64),
-                ("recursion_misses", ctypes.c_uint64)]
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("tag", ctypes.c_uint8 * 8),
+        ("jited_prog_len", ctypes.c_uint32),
+        ("xlated_prog_len", ctypes.c_uint32),
+        ("jited_prog_insns", ctypes.c_uint64),
+        ("xlated_prog_insns", ctypes.c_uint64),
+        ("load_time", ctypes.c_uint64),
+        ("created_by_uid", ctypes.c_uint32),
+        ("nr_map_ids", ctypes.c_uint32),
+        ("map_ids", ctypes.c_uint64),
+        ("name", ctypes.c_char * 16),
+        ("ifindex", ctypes.c_uint32),
+        ("gpl_compatible", ctypes.c_uint32),
+        ("netns_dev", ctypes.c_uint64),
+        ("netns_ino", ctypes.c_uint64),
+        ("nr_jited_ksyms", ctypes.c_uint32),
+        ("nr_jited_func_lens", ctypes.c_uint32),
+        ("jited_ksyms", ctypes.c_uint64),
+        ("jited_func_lens", ctypes.c_uint64),
+        ("btf_id", ctypes.c_uint32),
+        ("func_info_rec_size", ctypes.c_uint32),
+        ("func_info", ctypes.c_uint64),
+        ("nr_func_info", ctypes.c_uint32),
+        ("nr_line_info", ctypes.c_uint32),
+        ("line_info", ctypes.c_uint64),
+        ("jited_line_info", ctypes.c_uint64),
+        ("nr_jited_line_info", ctypes.c_uint32),
+        ("line_info_rec_size", ctypes.c_uint32),
+        ("jited_line_info_rec_size", ctypes.c_uint32),
+        ("nr_prog_tags", ctypes.c_uint32),
+        ("prog_tags", ctypes.c_uint64),
+        ("run_time_ns", ctypes.c_uint64),
+        ("run_cnt", ctypes.c_uint64),
+        ("recursion_misses", ctypes.c_uint64),
+    ]
 
 
 def _bpf(cmd: int, attr: ctypes.Structure) -> int:
@@ -92,7 +134,8 @@ def _address(buffer: ctypes.Array) -> int:
 
 @dataclass(frozen=True)
 class ProgStats:
-    """A program's identity and kernel run-time statistics (counted while kernel.bpf_stats_enabled=1)."""
+    """A program's identity and kernel run-time statistics (counted while
+    kernel.bpf_stats_enabled=1)."""
 
     id: int
     name: str
@@ -108,10 +151,11 @@ def prog_stats(fd: int) -> ProgStats:
 
 
 def read_iterator(link_fd: int, chunk: int = 1 << 17) -> bytes:
-    """Run one pass of the BPF iterator behind link_fd (BPF_ITER_CREATE, then read to the end) and return its output."""
+    """Run one pass of the BPF iterator behind link_fd (BPF_ITER_CREATE, then read to the end)
+    and return its output."""
     fd = _bpf(ITER_CREATE, _IterCreateAttr(link_fd, 0))
     try:
-        parts = []
+        parts: list[bytes] = []
         while True:
             part = os.read(fd, chunk)
             if not part:
@@ -122,7 +166,8 @@ def read_iterator(link_fd: int, chunk: int = 1 << 17) -> bytes:
 
 
 class BpfMap:
-    """A map held by file descriptor (the program's maps are plain hash and array maps, not per-CPU ones)."""
+    """A map held by file descriptor (the program's maps are plain hash and array maps, not
+    per-CPU ones)."""
 
     def __init__(self, fd: int) -> None:
         info = _MapInfo()
@@ -169,8 +214,16 @@ class BpfMap:
         token_out = ctypes.create_string_buffer(8)
         first = True
         while True:
-            attr = _BatchAttr(0 if first else _address(token_in), _address(token_out), _address(keys),
-                              _address(values), chunk, self.fd, 0, 0)
+            attr = _BatchAttr(
+                0 if first else _address(token_in),
+                _address(token_out),
+                _address(keys),
+                _address(values),
+                chunk,
+                self.fd,
+                0,
+                0,
+            )
             done = False
             try:
                 _bpf(MAP_LOOKUP_AND_DELETE_BATCH, attr)
@@ -178,8 +231,10 @@ class BpfMap:
                 done = True
             size = self.value_size
             for index in range(attr.count):
-                yield (keys.raw[index * self.key_size:(index + 1) * self.key_size],
-                       values.raw[index * size:(index + 1) * size])
+                yield (
+                    keys.raw[index * self.key_size : (index + 1) * self.key_size],
+                    values.raw[index * size : (index + 1) * size],
+                )
             if done:
                 return
             ctypes.memmove(token_in, token_out, 8)
@@ -199,8 +254,12 @@ class BpfMap:
         first = True
         while True:
             try:
-                _bpf(MAP_GET_NEXT_KEY, _ElemAttr(self.fd, 0, 0 if first else _address(current),
-                                                 _address(following), 0))
+                _bpf(
+                    MAP_GET_NEXT_KEY,
+                    _ElemAttr(
+                        self.fd, 0, 0 if first else _address(current), _address(following), 0
+                    ),
+                )
             except FileNotFoundError:
                 return
             yield following.raw

@@ -40,7 +40,9 @@ class Btf:
     def __init__(self, data: bytes, origin: str = BTF_PATH) -> None:
         if len(data) < 24 or struct.unpack_from("<H", data)[0] != _MAGIC:
             raise BtfError(f"{origin} is not BTF (bad magic)")
-        _, _, _, header, type_off, type_len, str_off, str_len = struct.unpack_from("<HBBIIIII", data)
+        _, _, _, header, type_off, type_len, str_off, str_len = struct.unpack_from(
+            "<HBBIIIII", data
+        )
         self.data, self.origin = data, origin
         self._strings = (header + str_off, header + str_off + str_len)
         self._positions = [0]  # type id 0 is void
@@ -63,7 +65,7 @@ class Btf:
 
     def _name(self, offset: int) -> str:
         start = self._strings[0] + offset
-        return self.data[start:self.data.index(b"\0", start)].decode(errors="replace")
+        return self.data[start : self.data.index(b"\0", start)].decode(errors="replace")
 
     def _type(self, type_id: int) -> tuple[int, int, int, int, int]:
         """name_off, kind, vlen, kind_flag, size_or_type of a type id."""
@@ -77,7 +79,8 @@ class Btf:
         return type_id
 
     def has_function(self, name: str) -> bool:
-        """Whether the kernel has a function of this name (iterator targets are functions bpf_iter_<target>)."""
+        """Whether the kernel has a function of this name (iterator targets are functions
+        bpf_iter_<target>)."""
         return (_FUNC, name) in self._named
 
     def size(self, type_id: int) -> int:
@@ -92,7 +95,8 @@ class Btf:
         return size if kind in (_INT, _STRUCT, _UNION, _ENUM, _FLOAT, _ENUM64) else 0
 
     def member(self, struct_name: str, path: str) -> Member:
-        """Offset and size of struct_name.path, where path may name embedded members ("se.sum_exec_runtime")."""
+        """Offset and size of struct_name.path, where path may name embedded members
+        ("se.sum_exec_runtime")."""
         type_id = self._named.get((_STRUCT, struct_name))
         if type_id is None:
             raise BtfError(f"{self.origin} has no struct {struct_name}")
@@ -109,12 +113,15 @@ class Btf:
         return Member(offset, self.size(type_id))
 
     def _find(self, type_id: int, name: str) -> tuple[int, int] | None:
-        """Bit offset and type of a member, looking into anonymous structs and unions (randomized layouts use them)."""
+        """Bit offset and type of a member, looking into anonymous structs and unions (randomized
+        layouts use them)."""
         _, kind, vlen, bitfields, _ = self._type(type_id)
         if kind not in (_STRUCT, _UNION):
             return None
         for index in range(vlen):
-            name_off, member_type, offset = _TYPE.unpack_from(self.data, self._positions[type_id] + 12 + 12 * index)
+            name_off, member_type, offset = _TYPE.unpack_from(
+                self.data, self._positions[type_id] + 12 + 12 * index
+            )
             bits = offset & 0xFFFFFF if bitfields else offset
             if name_off and self._name(name_off) == name:
                 return bits, member_type

@@ -16,7 +16,13 @@ from typing import Mapping
 KCONFIG = "include/linux/kconfig.h"
 AUTOCONF = "include/generated/autoconf.h"
 KHEADERS = "/sys/kernel/kheaders.tar.xz"
-_ARCH = {"x86_64": "x86", "aarch64": "arm64", "ppc64le": "powerpc", "s390x": "s390", "riscv64": "riscv"}
+_ARCH = {
+    "x86_64": "x86",
+    "aarch64": "arm64",
+    "ppc64le": "powerpc",
+    "s390x": "s390",
+    "riscv64": "riscv",
+}
 
 
 class HeadersMissing(Exception):
@@ -35,28 +41,28 @@ class HeaderTree:
 
 
 def host_root(procfs: str) -> str:
-    """The host's root mount implied by --procfs (``/host/proc`` -> ``/host``), or '' for ``/proc``."""
+    """The host's root mount implied by --procfs (``/host/proc`` -> ``/host``), or '' for
+    ``/proc``."""
     path = os.path.normpath(procfs)
     if path == "/proc" or os.path.basename(path) != "proc":
         return ""
     return os.path.dirname(path)
 
 
-def find(release: str | None = None, environ: Mapping[str, str] | None = None, procfs: str = "/proc",
-         modules_dir: str = "/lib/modules", kheaders: str = KHEADERS) -> HeaderTree:
+def find(
+    release: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    procfs: str = "/proc",
+    modules_dir: str = "/lib/modules",
+    kheaders: str = KHEADERS,
+) -> HeaderTree:
     """The header tree for the running kernel, or HeadersMissing naming each place checked."""
     release = release or platform.release()
     environ = os.environ if environ is None else environ
-    checked: list[str] = []
-
     explicit = environ.get("BCC_KERNEL_SOURCE")
     if explicit:
-        problem = _single_tree_problem(explicit)
-        if problem is None:
-            return HeaderTree(explicit, explicit, f"BCC_KERNEL_SOURCE={explicit}")
-        # bcc itself never looks further once BCC_KERNEL_SOURCE is set.
-        raise HeadersMissing(f"BCC_KERNEL_SOURCE={explicit}: {problem}; point it at a configured kernel "
-                             f"header tree for {release}, or unset it to use {modules_dir}/{release}/build")
+        return _explicit_tree(explicit, release, modules_dir)
+    checked: list[str] = []
 
     tree, problem = _modules_tree(f"{modules_dir}/{release}", "")
     if tree:
@@ -72,14 +78,34 @@ def find(release: str | None = None, environ: Mapping[str, str] | None = None, p
 
     if os.path.isfile(kheaders):
         return HeaderTree(kheaders, kheaders, f"{kheaders} (bcc unpacks it)")
-    checked.append(f"{kheaders} does not exist (kernel without CONFIG_IKHEADERS, or run: modprobe kheaders)")
+    checked.append(
+        f"{kheaders} does not exist (kernel without CONFIG_IKHEADERS, or run: modprobe kheaders)"
+    )
+    raise _missing(release, checked)
 
+
+def _explicit_tree(explicit: str, release: str, modules_dir: str) -> HeaderTree:
+    """The tree BCC_KERNEL_SOURCE names; bcc itself never looks further once it is set."""
+    problem = _single_tree_problem(explicit)
+    if problem is None:
+        return HeaderTree(explicit, explicit, f"BCC_KERNEL_SOURCE={explicit}")
     raise HeadersMissing(
-        f"no kernel headers for {release}: " + "; ".join(checked) +
-        f". Fix: install the headers of the running kernel (Debian/Ubuntu: apt-get install linux-headers-{release};"
-        f" Fedora/RHEL: dnf install kernel-devel-{release}); in a pod, mount the host's /lib/modules and /usr/src"
-        " read-only at the same paths; or set BCC_KERNEL_SOURCE to a configured header tree. On a machine whose"
-        " kernel has no header package, scripts/prepare-bpf-host.sh (make deps) links Debian's generic headers.")
+        f"BCC_KERNEL_SOURCE={explicit}: {problem}; point it at a configured kernel "
+        f"header tree for {release}, or unset it to use {modules_dir}/{release}/build"
+    )
+
+
+def _missing(release: str, checked: list[str]) -> HeadersMissing:
+    """No headers anywhere: each place checked, and how to install or mount them."""
+    return HeadersMissing(
+        f"no kernel headers for {release}: "
+        + "; ".join(checked)
+        + ". Fix: install the headers of the running kernel (Debian/Ubuntu: apt-get install "
+        f"linux-headers-{release}; Fedora/RHEL: dnf install kernel-devel-{release}); in a pod, "
+        "mount the host's /lib/modules and /usr/src read-only at the same paths; or set "
+        "BCC_KERNEL_SOURCE to a configured header tree. On a machine whose kernel has no header "
+        "package, scripts/prepare-bpf-host.sh (make deps) links Debian's generic headers."
+    )
 
 
 def _single_tree_problem(path: str) -> str | None:
@@ -98,7 +124,9 @@ def _resolve(path: str, root: str) -> str:
         if not os.path.islink(path):
             return path
         target = os.readlink(path)
-        path = root + target if os.path.isabs(target) else os.path.join(os.path.dirname(path), target)
+        path = (
+            root + target if os.path.isabs(target) else os.path.join(os.path.dirname(path), target)
+        )
         path = os.path.normpath(path)
     return path
 
@@ -112,22 +140,37 @@ def _modules_tree(kdir: str, root: str) -> tuple[HeaderTree | None, str]:
         return None, _missing_dir(f"{kdir}/build", build)
     source_problem = ""
     if not os.path.isdir(source):
-        source_problem = _missing_dir(f"{kdir}/source", source) if os.path.lexists(f"{kdir}/source") else ""
+        source_problem = (
+            _missing_dir(f"{kdir}/source", source) if os.path.lexists(f"{kdir}/source") else ""
+        )
         source = build
     if not os.path.isfile(os.path.join(source, KCONFIG)):
         where = f"{kdir}/source" if source != build else f"{kdir}/build"
-        return None, f"{where} has no {KCONFIG}" + (f" and {source_problem}" if source_problem else "")
+        return None, f"{where} has no {KCONFIG}" + (
+            f" and {source_problem}" if source_problem else ""
+        )
     if not os.path.isfile(os.path.join(build, AUTOCONF)):
         return None, f"{kdir}/build has no {AUTOCONF}"
     if not root:
-        return HeaderTree(source, build, f"{kdir}/build" + (" + source" if source != build else "")), ""
+        return HeaderTree(
+            source, build, f"{kdir}/build" + (" + source" if source != build else "")
+        ), ""
     # Inside a host mount bcc cannot use its own /lib/modules lookup: give it the
     # source tree and add the build tree's generated headers as bcc would.
     arch = _ARCH.get(platform.machine(), platform.machine())
-    cflags = () if source == build else (
-        f"-I{build}/arch/{arch}/include/generated/uapi", f"-I{build}/arch/{arch}/include/generated",
-        f"-I{build}/include", f"-I{build}/include/generated/uapi")
-    return HeaderTree(source, build, f"{kdir} (host mount)", {"BCC_KERNEL_SOURCE": source}, cflags), ""
+    cflags = (
+        ()
+        if source == build
+        else (
+            f"-I{build}/arch/{arch}/include/generated/uapi",
+            f"-I{build}/arch/{arch}/include/generated",
+            f"-I{build}/include",
+            f"-I{build}/include/generated/uapi",
+        )
+    )
+    return HeaderTree(
+        source, build, f"{kdir} (host mount)", {"BCC_KERNEL_SOURCE": source}, cflags
+    ), ""
 
 
 def _missing_dir(link: str, resolved: str) -> str:
