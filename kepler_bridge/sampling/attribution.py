@@ -27,9 +27,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from kepler_bridge.sampling.counters import ProcessKey, increase
+from kepler_bridge.sampling.counters import increase
 from kepler_bridge.model import (NO_POD, CpuTimes, CpuZoneEnergy, Energy, GpuProcess, GpuReading, Holder, PodRef,
-                                 RaplZone, WorkloadEnergy)
+                                 ProcessKey, RaplZone, WorkloadEnergy)
 from kepler_bridge.sampling.top import TopCounter
 
 # Zone kinds that measure the CPU as a whole, best first.
@@ -124,14 +124,14 @@ class Attribution:
         owned: dict[Holder, float] = {}
         for gpu in inputs.gpus:
             for proc in gpu.processes:
-                key = (proc.pid, proc.comm, proc.container_id)
+                key = proc.key
                 if proc.owner != NO_POD or key not in owners:
                     owners[key] = proc.owner
             active = self._gpu_active(gpu, seconds) if gpu.up else None
             if active is None:
                 continue
             for proc, share in zip(gpu.processes, gpu_shares(gpu.processes)):
-                increments.setdefault((proc.pid, proc.comm, proc.container_id), [0.0, 0.0])[1] += active * share
+                increments.setdefault(proc.key, [0.0, 0.0])[1] += active * share
             if not gpu.processes and not gpu.lists_processes:
                 self._share_unlisted(gpu.uuid, active, gpu.holders, owned)
         self._accumulate(owners, increments, now)

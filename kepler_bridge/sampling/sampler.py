@@ -237,11 +237,11 @@ class Sampler:
         node_gpus = tuple(join_owners(self._counters.gpu(gpu), kube) for gpu in self._devices.number(gpus))
         increases = self._counters.cpu_increases(processes)
         shown, other_seconds = self._counters.process_seconds(increases)
-        self.kube.notice({key[2] for key in increases if key[2]} |
+        self.kube.notice({key.container_id for key in increases if key.container_id} |
                          {proc.container_id for gpu in node_gpus for proc in gpu.processes if proc.container_id})
         energy = self._attribution.update(Inputs(
             now=started, rapl_zones=tuple(zones), cpu_times=cpu_times, gpus=node_gpus, cpu_increases=increases,
-            owners={key: kube.containers.get(key[2], NO_POD) for key in increases}))
+            owners={key: kube.containers.get(key.container_id, NO_POD) for key in increases}))
         containers = tuple(ContainerCpu(container_id, seconds, kube.containers.get(container_id, NO_POD))
                            for container_id, seconds in self._counters.containers(increases))
         return Snapshot(
