@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from kepler_bridge.sampling import sanitize
 from kepler_bridge.sampling import carry
-from kepler_bridge.sampling.attribution import Attribution, Inputs
+from kepler_bridge.sampling.attribution import Attribution, SampleInputs
 from kepler_bridge.config import Config
 from kepler_bridge.sampling.counters import CounterGuard
 from kepler_bridge.sampling.device_index import DeviceIndexes
@@ -239,7 +239,7 @@ class Sampler:
         shown, other_seconds = self._counters.process_seconds(increases)
         self.kube.notice({key.container_id for key in increases if key.container_id} |
                          {proc.container_id for gpu in node_gpus for proc in gpu.processes if proc.container_id})
-        energy = self._attribution.update(Inputs(
+        energy = self._attribution.update(SampleInputs(
             now=started, rapl_zones=tuple(zones), cpu_times=cpu_times, gpus=node_gpus, cpu_increases=increases,
             owners={key: kube.containers.get(key.container_id, NO_POD) for key in increases}))
         containers = tuple(ContainerCpu(container_id, seconds, kube.containers.get(container_id, NO_POD))
