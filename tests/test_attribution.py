@@ -133,7 +133,8 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
                                                 max_size=3, unique=True)))
         reading = guard.gpu(gpu("GPU-0", up=up, processes=processes, power_watts=watts,
                                 energy_joules=gpu_raw if counter_gpu else None))
-        inputs = SampleInputs(now, zones, CpuTimes(busy, total), (reading,), cpu_increases, owners(cpu_increases))
+        inputs = SampleInputs(now, zones, CpuTimes(busy, total), (reading,), cpu_increases,
+                              owners(cpu_increases))
         after_full, after_top = identities(full.update(inputs)), identities(top.update(inputs))
 
         for before, after in ((previous_full, after_full), (previous_top, after_top)):
@@ -164,9 +165,10 @@ def test_cpu_active_energy_is_shared_by_cpu_time() -> None:
     attribution = Attribution(process_limit=None)
     zones = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
     before, after = {(1, "a", ""): 0.0, (2, "b", "c1"): 0.0}, {(1, "a", ""): 0.75, (2, "b", "c1"): 0.25}
-    attribution.update(SampleInputs(0.0, zones(0), CpuTimes(0, 0), cpu_increases=before, owners=owners(before)))
-    energy = attribution.update(SampleInputs(1.0, zones(100_000_000), CpuTimes(1.0, 4.0), cpu_increases=after,
-                                       owners=owners(after)))
+    attribution.update(SampleInputs(0.0, zones(0), CpuTimes(0, 0), cpu_increases=before,
+                                    owners=owners(before)))
+    energy = attribution.update(SampleInputs(1.0, zones(100_000_000), CpuTimes(1.0, 4.0),
+                                             cpu_increases=after, owners=owners(after)))
     # 100 J at 25 % usage: 25 J active, 3:1.
     assert {row.pid: row.cpu_joules for row in energy.cpu_processes} == {"1": pytest.approx(18.75),
                                                                       "2": pytest.approx(6.25)}
@@ -180,7 +182,8 @@ def test_psys_then_core_where_no_package_zone() -> None:
     zones = lambda uj: (RaplZone("intel-rapl:0", "psys", uj, REAL_MAX_UJ),  # noqa: E731
                         RaplZone("intel-rapl:1", "dram", 2 * uj, REAL_MAX_UJ))
     attribution.update(SampleInputs(0.0, zones(0), CpuTimes(0, 0)))
-    energy = attribution.update(SampleInputs(1.0, zones(10_000_000), CpuTimes(1, 1), cpu_increases={(1, "a", ""): 1.0}))
+    energy = attribution.update(SampleInputs(1.0, zones(10_000_000), CpuTimes(1, 1),
+                                             cpu_increases={(1, "a", ""): 1.0}))
     assert energy.cpu_processes[0].cpu_joules == pytest.approx(10.0)
     assert {zone.zone: zone.joules for zone in energy.cpu_zones} == {"psys": 10.0, "dram": 20.0}
 
@@ -189,7 +192,8 @@ def test_estimate_only_with_cpu_tdp_watts_and_labelled() -> None:
     for tdp, expected in ((0.0, ()), (100.0, (("package", "estimate"),))):
         attribution = Attribution(cpu_tdp_watts=tdp)
         attribution.update(SampleInputs(0.0, (), CpuTimes(0, 0)))
-        energy = attribution.update(SampleInputs(2.0, (), CpuTimes(1, 4), cpu_increases={(1, "a", ""): 1.0}))
+        energy = attribution.update(SampleInputs(2.0, (), CpuTimes(1, 4),
+                                                 cpu_increases={(1, "a", ""): 1.0}))
         assert tuple((zone.zone, zone.source) for zone in energy.cpu_zones) == expected
         if tdp:
             assert energy.cpu_zones[0].joules == pytest.approx(50.0)  # 100 W x 25 % x 2 s, all active
@@ -222,8 +226,8 @@ def test_gpu_idle_is_the_lowest_power_seen_unless_configured() -> None:
         for second, watts in enumerate([100, 300, 60, 200]):
             joules += watts
             procs = (GpuProcess(7, "train", utilization=0.9),) if second != 2 else ()
-            energies.append(attribution.update(SampleInputs(float(second), gpus=(gpu("G", energy_joules=joules,
-                                                                                  processes=procs),))))
+            reading = gpu("G", energy_joules=joules, processes=procs)
+            energies.append(attribution.update(SampleInputs(float(second), gpus=(reading,))))
         return energies
 
     lowest = run(None)
@@ -239,7 +243,8 @@ def test_gpu_without_energy_counter_integrates_power() -> None:
     attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
     procs = (GpuProcess(1, "a", utilization=0.6), GpuProcess(2, "b", utilization=0.2))
     attribution.update(SampleInputs(0.0, gpus=(gpu("G", power_watts=250.0, processes=procs),)))
-    energy = attribution.update(SampleInputs(2.0, gpus=(gpu("G", power_watts=250.0, processes=procs),)))
+    energy = attribution.update(SampleInputs(2.0,
+                                             gpus=(gpu("G", power_watts=250.0, processes=procs),)))
     assert energy.gpu_idle == (("G", pytest.approx(100.0)),)
     assert [row.gpu_joules for row in energy.gpu_processes] == [pytest.approx(300.0), pytest.approx(100.0)]
 
@@ -264,7 +269,8 @@ def test_each_kind_ranks_processes_by_its_own_joules() -> None:
     attribution = Attribution(gpu_idle_watts=0.0, process_limit=1)
     zone = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
     procs = (GpuProcess(2, "y", utilization=1.0),)
-    attribution.update(SampleInputs(0.0, zone(0), CpuTimes(0, 0), (gpu("G", energy_joules=0.0, processes=procs),)))
+    attribution.update(SampleInputs(0.0, zone(0), CpuTimes(0, 0),
+                                    (gpu("G", energy_joules=0.0, processes=procs),)))
     # Process 1 used 9 J of CPU and no GPU; process 2 used 1 J of CPU and all 100 J of the GPU.
     energy = attribution.update(SampleInputs(1.0, zone(10_000_000), CpuTimes(1, 1),
                                        (gpu("G", energy_joules=100.0, processes=procs),),
@@ -278,14 +284,16 @@ def test_each_kind_ranks_processes_by_its_own_joules() -> None:
 def test_off_and_all() -> None:
     for limit, expected in ((0, set()), (None, {"1", "2", "3"})):
         attribution = Attribution(process_limit=limit)
-        energy = attribution.update(SampleInputs(0.0, cpu_increases={(pid, "x", ""): 1.0 for pid in (1, 2, 3)}))
+        increases = {(pid, "x", ""): 1.0 for pid in (1, 2, 3)}
+        energy = attribution.update(SampleInputs(0.0, cpu_increases=increases))
         assert {row.pid for row in energy.cpu_processes} == {row.pid for row in energy.gpu_processes} == expected
         assert [row.owner.pod for row in energy.pods] == [""]
 
 
 def test_ended_processes_expire_after_the_grace_period() -> None:
     attribution = Attribution(grace=5.0, process_limit=None)
-    attribution.update(SampleInputs(0.0, cpu_increases={(1, "a", "c1"): 1.0}, owners=owners({(1, "a", "c1"): 1.0})))
+    attribution.update(SampleInputs(0.0, cpu_increases={(1, "a", "c1"): 1.0},
+                                    owners=owners({(1, "a", "c1"): 1.0})))
     assert len(attribution.update(SampleInputs(5.0)).cpu_processes) == 1
     energy = attribution.update(SampleInputs(5.5))
     assert energy.cpu_processes == energy.gpu_processes == () and energy.containers == () and energy.pods == ()
@@ -295,7 +303,8 @@ def test_gpu_process_labels_win_for_processes_the_pod_list_does_not_know() -> No
     attribution = Attribution(gpu_idle_watts=0.0, process_limit=None)
     procs = (GpuProcess(900, "", utilization=1.0, owner=PodRef("ml", "train-0", "main")),)
     attribution.update(SampleInputs(0.0, gpus=(gpu("G", energy_joules=0.0, processes=procs),)))
-    energy = attribution.update(SampleInputs(1.0, gpus=(gpu("G", energy_joules=100.0, processes=procs),)))
+    reading = gpu("G", energy_joules=100.0, processes=procs)
+    energy = attribution.update(SampleInputs(1.0, gpus=(reading,)))
     assert [(row.pid, row.owner.namespace, row.owner.pod, row.gpu_joules) for row in energy.gpu_processes] == [
         ("900", "ml", "train-0", 100.0)]
     assert [(row.owner.namespace, row.owner.pod, row.gpu_joules) for row in energy.pods] == [("ml", "train-0", 100.0)]

@@ -96,8 +96,9 @@ class CounterGuard:
         (None before any was left out); a process's total adds up its increases, so it never decreases."""
         self._process_total = {key: self._process_total.get(key, 0.0) + seconds for key, seconds in increases.items()}
         shown = self._process_family.update(self._process_total, increases)
-        return (tuple(ProcessCpu(key.pid, key.comm, seconds, key.container_id) for key, seconds in shown),
-                self._process_family.other)
+        rows = tuple(ProcessCpu(key.pid, key.comm, seconds, key.container_id)
+                     for key, seconds in shown)
+        return rows, self._process_family.other
 
     def containers(self, increases: Mapping[ProcessKey, float]) -> tuple[tuple[str, float], ...]:
         """Per-container CPU seconds as sums of process increases, so a process leaving never lowers a total."""
