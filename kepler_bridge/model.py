@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Hashable, Mapping, TypeVar
+from typing import Hashable, Mapping, NamedTuple, TypeVar
 
 # Above any physical reading, and every 32/64-bit "not available" sentinel we see; below it whole numbers stay
 # exact as floats, 256 devices' memory sums below Go's uint64 limit, and energy arithmetic stays finite.
@@ -38,6 +38,14 @@ class Holder:
     owner: PodRef
 
 
+class ProcessKey(NamedTuple):
+    """A process as its series names it: the key of every per-process count."""
+
+    pid: int
+    comm: str
+    container_id: str
+
+
 @dataclass(frozen=True)
 class GpuProcess:
     """One process using an accelerator."""
@@ -48,6 +56,11 @@ class GpuProcess:
     utilization: float | None = None
     container_id: str = ""
     owner: PodRef = NO_POD  # set by the sampler
+
+    @property
+    def key(self) -> ProcessKey:
+        """The labels its series go by."""
+        return ProcessKey(self.pid, self.comm, self.container_id)
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,11 @@ class ProcessCpu:
     comm: str
     cpu_seconds: float
     container_id: str = ""
+
+    @property
+    def key(self) -> ProcessKey:
+        """The labels its series go by."""
+        return ProcessKey(self.pid, self.comm, self.container_id)
 
 
 @dataclass(frozen=True)

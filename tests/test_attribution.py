@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kepler_bridge.sampling.attribution import Attribution, Inputs, gpu_shares
+from kepler_bridge.sampling.attribution import Attribution, SampleInputs
+from kepler_bridge.sampling.gpu_energy import gpu_shares
 from kepler_bridge.sampling.counters import CounterGuard
 from kepler_bridge.model import NO_POD, CpuTimes, Energy, GpuProcess, GpuReading, Holder, PodRef, ProcessCpu, RaplZone
 
@@ -132,7 +133,8 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
                                                 max_size=3, unique=True)))
         reading = guard.gpu(gpu("GPU-0", up=up, processes=processes, power_watts=watts,
                                 energy_joules=gpu_raw if counter_gpu else None))
-        inputs = Inputs(now, zones, CpuTimes(busy, total), (reading,), cpu_increases, owners(cpu_increases))
+        inputs = SampleInputs(now, zones, CpuTimes(busy, total), (reading,), cpu_increases,
+                              owners(cpu_increases))
         after_full, after_top = identities(full.update(inputs)), identities(top.update(inputs))
 
         for before, after in ((previous_full, after_full), (previous_top, after_top)):
@@ -163,9 +165,10 @@ def test_cpu_active_energy_is_shared_by_cpu_time() -> None:
     attribution = Attribution(process_limit=None)
     zones = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
     before, after = {(1, "a", ""): 0.0, (2, "b", "c1"): 0.0}, {(1, "a", ""): 0.75, (2, "b", "c1"): 0.25}
-    attribution.update(Inputs(0.0, zones(0), CpuTimes(0, 0), cpu_increases=before, owners=owners(before)))
-    energy = attribution.update(Inputs(1.0, zones(100_000_000), CpuTimes(1.0, 4.0), cpu_increases=after,
-                                       owners=owners(after)))
+    attribution.update(SampleInputs(0.0, zones(0), CpuTimes(0, 0), cpu_increases=before,
+                                    owners=owners(before)))
+    energy = attribution.update(SampleInputs(1.0, zones(100_000_000), CpuTimes(1.0, 4.0),
+                                             cpu_increases=after, owners=owners(after)))
     # 100 J at 25 % usage: 25 J active, 3:1.
     assert {row.pid: row.cpu_joules for row in energy.cpu_processes} == {"1": pytest.approx(18.75),
                                                                       "2": pytest.approx(6.25)}
@@ -178,8 +181,9 @@ def test_psys_then_core_where_no_package_zone() -> None:
     attribution = Attribution()
     zones = lambda uj: (RaplZone("intel-rapl:0", "psys", uj, REAL_MAX_UJ),  # noqa: E731
                         RaplZone("intel-rapl:1", "dram", 2 * uj, REAL_MAX_UJ))
-    attribution.update(Inputs(0.0, zones(0), CpuTimes(0, 0)))
-    energy = attribution.update(Inputs(1.0, zones(10_000_000), CpuTimes(1, 1), cpu_increases={(1, "a", ""): 1.0}))
+    attribution.update(SampleInputs(0.0, zones(0), CpuTimes(0, 0)))
+    energy = attribution.update(SampleInputs(1.0, zones(10_000_000), CpuTimes(1, 1),
+                                             cpu_increases={(1, "a", ""): 1.0}))
     assert energy.cpu_processes[0].cpu_joules == pytest.approx(10.0)
     assert {zone.zone: zone.joules for zone in energy.cpu_zones} == {"psys": 10.0, "dram": 20.0}
 
@@ -187,8 +191,9 @@ def test_psys_then_core_where_no_package_zone() -> None:
 def test_estimate_only_with_cpu_tdp_watts_and_labelled() -> None:
     for tdp, expected in ((0.0, ()), (100.0, (("package", "estimate"),))):
         attribution = Attribution(cpu_tdp_watts=tdp)
-        attribution.update(Inputs(0.0, (), CpuTimes(0, 0)))
-        energy = attribution.update(Inputs(2.0, (), CpuTimes(1, 4), cpu_increases={(1, "a", ""): 1.0}))
+        attribution.update(SampleInputs(0.0, (), CpuTimes(0, 0)))
+        energy = attribution.update(SampleInputs(2.0, (), CpuTimes(1, 4),
+                                                 cpu_increases={(1, "a", ""): 1.0}))
         assert tuple((zone.zone, zone.source) for zone in energy.cpu_zones) == expected
         if tdp:
             assert energy.cpu_zones[0].joules == pytest.approx(50.0)  # 100 W x 25 % x 2 s, all active
@@ -198,9 +203,9 @@ def test_estimate_only_with_cpu_tdp_watts_and_labelled() -> None:
 def test_a_process_cannot_take_more_than_all_cpus() -> None:
     attribution = Attribution(process_limit=None)
     zones = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
-    attribution.update(Inputs(0.0, zones(0), CpuTimes(0, 0)))
+    attribution.update(SampleInputs(0.0, zones(0), CpuTimes(0, 0)))
     # Process 2 came back after eviction with its whole history (1000 s) in one interval of 4 CPU-seconds.
-    energy = attribution.update(Inputs(1.0, zones(8_000_000), CpuTimes(4, 4),
+    energy = attribution.update(SampleInputs(1.0, zones(8_000_000), CpuTimes(4, 4),
                                        cpu_increases={(1, "a", ""): 4.0, (2, "b", ""): 1000.0}))
     assert [row.cpu_joules for row in energy.cpu_processes] == [pytest.approx(4.0), pytest.approx(4.0)]
 
@@ -221,8 +226,8 @@ def test_gpu_idle_is_the_lowest_power_seen_unless_configured() -> None:
         for second, watts in enumerate([100, 300, 60, 200]):
             joules += watts
             procs = (GpuProcess(7, "train", utilization=0.9),) if second != 2 else ()
-            energies.append(attribution.update(Inputs(float(second), gpus=(gpu("G", energy_joules=joules,
-                                                                                  processes=procs),))))
+            reading = gpu("G", energy_joules=joules, processes=procs)
+            energies.append(attribution.update(SampleInputs(float(second), gpus=(reading,))))
         return energies
 
     lowest = run(None)
@@ -237,8 +242,9 @@ def test_gpu_idle_is_the_lowest_power_seen_unless_configured() -> None:
 def test_gpu_without_energy_counter_integrates_power() -> None:
     attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
     procs = (GpuProcess(1, "a", utilization=0.6), GpuProcess(2, "b", utilization=0.2))
-    attribution.update(Inputs(0.0, gpus=(gpu("G", power_watts=250.0, processes=procs),)))
-    energy = attribution.update(Inputs(2.0, gpus=(gpu("G", power_watts=250.0, processes=procs),)))
+    attribution.update(SampleInputs(0.0, gpus=(gpu("G", power_watts=250.0, processes=procs),)))
+    energy = attribution.update(SampleInputs(2.0,
+                                             gpus=(gpu("G", power_watts=250.0, processes=procs),)))
     assert energy.gpu_idle == (("G", pytest.approx(100.0)),)
     assert [row.gpu_joules for row in energy.gpu_processes] == [pytest.approx(300.0), pytest.approx(100.0)]
 
@@ -246,12 +252,12 @@ def test_gpu_without_energy_counter_integrates_power() -> None:
 def test_top_n_sums_the_rest_into_other_and_series_start_when_shown() -> None:
     attribution = Attribution(process_limit=2)
     zone = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
-    attribution.update(Inputs(0.0, zone(0), CpuTimes(0, 0)))
+    attribution.update(SampleInputs(0.0, zone(0), CpuTimes(0, 0)))
     outputs = []
     # All CPUs busy; the node uses 6 J, then 10 J; the processes' CPU-seconds share them.
     for second, (uj, cpu, use) in enumerate([(6_000_000, 6.0, {1: 3.0, 2: 2.0, 3: 1.0}),
                                              (16_000_000, 16.0, {1: 0.0, 2: 0.0, 3: 10.0})], start=1):
-        energy = attribution.update(Inputs(float(second), zone(uj), CpuTimes(cpu, cpu),
+        energy = attribution.update(SampleInputs(float(second), zone(uj), CpuTimes(cpu, cpu),
                                            cpu_increases={(pid, "x", ""): seconds for pid, seconds in use.items()}))
         outputs.append({row.pid: row.cpu_joules for row in energy.cpu_processes})
     assert outputs[0] == {"1": pytest.approx(3.0), "2": pytest.approx(2.0), "other": pytest.approx(1.0)}
@@ -263,9 +269,10 @@ def test_each_kind_ranks_processes_by_its_own_joules() -> None:
     attribution = Attribution(gpu_idle_watts=0.0, process_limit=1)
     zone = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
     procs = (GpuProcess(2, "y", utilization=1.0),)
-    attribution.update(Inputs(0.0, zone(0), CpuTimes(0, 0), (gpu("G", energy_joules=0.0, processes=procs),)))
+    attribution.update(SampleInputs(0.0, zone(0), CpuTimes(0, 0),
+                                    (gpu("G", energy_joules=0.0, processes=procs),)))
     # Process 1 used 9 J of CPU and no GPU; process 2 used 1 J of CPU and all 100 J of the GPU.
-    energy = attribution.update(Inputs(1.0, zone(10_000_000), CpuTimes(1, 1),
+    energy = attribution.update(SampleInputs(1.0, zone(10_000_000), CpuTimes(1, 1),
                                        (gpu("G", energy_joules=100.0, processes=procs),),
                                        cpu_increases={(1, "x", ""): 0.9, (2, "y", ""): 0.1}))
     assert [(row.pid, row.cpu_joules) for row in energy.cpu_processes] == [("1", pytest.approx(9.0)),
@@ -277,24 +284,27 @@ def test_each_kind_ranks_processes_by_its_own_joules() -> None:
 def test_off_and_all() -> None:
     for limit, expected in ((0, set()), (None, {"1", "2", "3"})):
         attribution = Attribution(process_limit=limit)
-        energy = attribution.update(Inputs(0.0, cpu_increases={(pid, "x", ""): 1.0 for pid in (1, 2, 3)}))
+        increases = {(pid, "x", ""): 1.0 for pid in (1, 2, 3)}
+        energy = attribution.update(SampleInputs(0.0, cpu_increases=increases))
         assert {row.pid for row in energy.cpu_processes} == {row.pid for row in energy.gpu_processes} == expected
         assert [row.owner.pod for row in energy.pods] == [""]
 
 
 def test_ended_processes_expire_after_the_grace_period() -> None:
     attribution = Attribution(grace=5.0, process_limit=None)
-    attribution.update(Inputs(0.0, cpu_increases={(1, "a", "c1"): 1.0}, owners=owners({(1, "a", "c1"): 1.0})))
-    assert len(attribution.update(Inputs(5.0)).cpu_processes) == 1
-    energy = attribution.update(Inputs(5.5))
+    attribution.update(SampleInputs(0.0, cpu_increases={(1, "a", "c1"): 1.0},
+                                    owners=owners({(1, "a", "c1"): 1.0})))
+    assert len(attribution.update(SampleInputs(5.0)).cpu_processes) == 1
+    energy = attribution.update(SampleInputs(5.5))
     assert energy.cpu_processes == energy.gpu_processes == () and energy.containers == () and energy.pods == ()
 
 
 def test_gpu_process_labels_win_for_processes_the_pod_list_does_not_know() -> None:
     attribution = Attribution(gpu_idle_watts=0.0, process_limit=None)
     procs = (GpuProcess(900, "", utilization=1.0, owner=PodRef("ml", "train-0", "main")),)
-    attribution.update(Inputs(0.0, gpus=(gpu("G", energy_joules=0.0, processes=procs),)))
-    energy = attribution.update(Inputs(1.0, gpus=(gpu("G", energy_joules=100.0, processes=procs),)))
+    attribution.update(SampleInputs(0.0, gpus=(gpu("G", energy_joules=0.0, processes=procs),)))
+    reading = gpu("G", energy_joules=100.0, processes=procs)
+    energy = attribution.update(SampleInputs(1.0, gpus=(reading,)))
     assert [(row.pid, row.owner.namespace, row.owner.pod, row.gpu_joules) for row in energy.gpu_processes] == [
         ("900", "ml", "train-0", 100.0)]
     assert [(row.owner.namespace, row.owner.pod, row.gpu_joules) for row in energy.pods] == [("ml", "train-0", 100.0)]
@@ -357,7 +367,7 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(d
                                                  power_watts=watts, processes=processes, lists_processes=lists,
                                                  energy_joules=raw[uuid] if with_counter[uuid] else None,
                                                  holders=holders(*assigned[uuid], pods=pods))))
-        after = identities(attribution.update(Inputs(now, gpus=tuple(readings))))
+        after = identities(attribution.update(SampleInputs(now, gpus=tuple(readings))))
 
         assert_monotonic(before, after)
         assert all(value >= 0 for value in after.values())
@@ -396,8 +406,8 @@ def test_an_unlisted_device_gives_its_active_energy_to_its_one_owner() -> None:
     attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
     amd = GpuReading(index=0, uuid="AMD-1", vendor="amd", model="MI210", power_watts=250.0, lists_processes=False,
                      holders=holders(PODS["c3"]))
-    attribution.update(Inputs(0.0, gpus=(amd,)))
-    energy = attribution.update(Inputs(2.0, gpus=(amd,)))
+    attribution.update(SampleInputs(0.0, gpus=(amd,)))
+    energy = attribution.update(SampleInputs(2.0, gpus=(amd,)))
     # 500 J in 2 s: 100 J idle, the 400 J above it to the container the kubelet assigned the card to.
     assert energy.gpu_idle == (("AMD-1", pytest.approx(100.0)),)
     assert [(row.container_id, row.owner.pod, row.owner.container, row.gpu_joules) for row in energy.containers] == [
@@ -413,8 +423,8 @@ def test_shared_and_unowned_unlisted_devices_are_unattributed_by_reason() -> Non
     cards = tuple(GpuReading(index=i, uuid=uuid, vendor="intel", model="Arc", power_watts=150.0,
                              lists_processes=False, holders=held) for i, (uuid, held) in
                   enumerate((("INTEL-a", holders(PODS["c1"], PODS["c3"])), ("INTEL-b", ()))))
-    attribution.update(Inputs(0.0, gpus=cards))
-    energy = attribution.update(Inputs(1.0, gpus=cards))
+    attribution.update(SampleInputs(0.0, gpus=cards))
+    energy = attribution.update(SampleInputs(1.0, gpus=cards))
     assert energy.gpu_unattributed == (("INTEL-a", "no_owner", 0.0), ("INTEL-a", "shared", pytest.approx(100.0)),
                                        ("INTEL-b", "no_owner", pytest.approx(100.0)), ("INTEL-b", "shared", 0.0))
     assert energy.containers == () and energy.pods == ()
@@ -423,7 +433,7 @@ def test_shared_and_unowned_unlisted_devices_are_unattributed_by_reason() -> Non
 def test_a_device_that_lists_processes_is_idle_without_one_whoever_holds_it() -> None:
     attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
     nvidia = gpu("G", power_watts=250.0, holders=holders(PODS["c3"]))
-    attribution.update(Inputs(0.0, gpus=(nvidia,)))
-    energy = attribution.update(Inputs(2.0, gpus=(nvidia,)))
+    attribution.update(SampleInputs(0.0, gpus=(nvidia,)))
+    energy = attribution.update(SampleInputs(2.0, gpus=(nvidia,)))
     assert energy.gpu_idle == (("G", pytest.approx(500.0)),)
     assert energy.gpu_unattributed == () and energy.pods == ()

@@ -123,7 +123,7 @@ def test_a_plugin_cannot_replace_a_builtin(fake_site: Path) -> None:
     out = python("from kepler_bridge.sources import available, source_class\n"
                  "print(available()['nvml'], source_class('nvml').__name__, source_class('explicit').__name__)",
                  fake_site)
-    assert "kepler_bridge.sources.nvml:NvmlSource NvmlSource Explicit" in out
+    assert "kepler_bridge.sources.nvml.source:NvmlSource NvmlSource Explicit" in out
     assert "plug-in source 'nvml' (kb_fake_plugins:Imposter) ignored: a built-in source has that name" in out
 
 

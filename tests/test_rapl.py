@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from scaffold import make_config
 
-from kepler_bridge.sampling.attribution import Attribution, Inputs
+from kepler_bridge.sampling.attribution import Attribution, SampleInputs
 from kepler_bridge.sampling.slots import check_source
 from kepler_bridge.sources.base import SourceAbsent, SourceUnavailable
 from kepler_bridge.sources.procfs import CLOCK_TICKS, read_cpu_times
@@ -68,13 +68,16 @@ def test_sockets_summed_per_zone_and_wrap_around_handled(tmp_path: Path) -> None
     source.start()
     attribution = Attribution()
     zones = lambda energy: {z.zone: z.joules for z in energy.cpu_zones}  # noqa: E731
-    assert zones(attribution.update(Inputs(0.0, source.read().rapl_zones))) == {"package": 0.0}
+    energy = attribution.update(SampleInputs(0.0, source.read().rapl_zones))
+    assert zones(energy) == {"package": 0.0}
     tree.advance("intel-rapl:0", 30.0)  # 990 J + 30 J wraps at 1000 J to 20 J
     tree.advance("intel-rapl:1", 5.0)
     assert tree.get("intel-rapl:0") < 990_000_000
-    assert zones(attribution.update(Inputs(1.0, source.read().rapl_zones))) == {"package": pytest.approx(35.0)}
+    energy = attribution.update(SampleInputs(1.0, source.read().rapl_zones))
+    assert zones(energy) == {"package": pytest.approx(35.0)}
     tree.advance("intel-rapl:0", 1.5)
-    assert zones(attribution.update(Inputs(2.0, source.read().rapl_zones))) == {"package": pytest.approx(36.5)}
+    energy = attribution.update(SampleInputs(2.0, source.read().rapl_zones))
+    assert zones(energy) == {"package": pytest.approx(36.5)}
 
 
 def test_a_reset_counter_is_not_taken_for_a_wrap(tmp_path: Path) -> None:
@@ -83,9 +86,9 @@ def test_a_reset_counter_is_not_taken_for_a_wrap(tmp_path: Path) -> None:
     source = RaplSource(make_config(sysfs=tmp_path / "sys", procfs=procfs(tmp_path)))
     source.start()
     attribution = Attribution()
-    attribution.update(Inputs(0.0, source.read().rapl_zones))
+    attribution.update(SampleInputs(0.0, source.read().rapl_zones))
     tree.set("intel-rapl:0", 3_000_000)  # module reloaded: a "wrap" would mean 62 kJ in one second
-    energy = attribution.update(Inputs(1.0, source.read().rapl_zones))
+    energy = attribution.update(SampleInputs(1.0, source.read().rapl_zones))
     assert energy.cpu_zones[0].joules == pytest.approx(3.0)
 
 

@@ -5,11 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Mapping
 
-from kepler_bridge.model import GpuReading, ProcessCpu
+from kepler_bridge.model import GpuReading, ProcessCpu, ProcessKey
 from kepler_bridge.sampling.top import TopCounter
-
-# A process as its series names it: pid, comm, container id.
-ProcessKey = tuple[int, str, str]
 
 
 def increase(last: float | None, raw: float, wrap_at: float = 0.0) -> float:
@@ -88,7 +85,7 @@ class CounterGuard:
         seen: dict[ProcessKey, float] = {}
         increases: dict[ProcessKey, float] = {}
         for proc in processes:
-            key = (proc.pid, proc.comm, proc.container_id)
+            key = proc.key
             increases[key] = increase(self._process_seen.get(key, 0.0), proc.cpu_seconds)
             seen[key] = proc.cpu_seconds
         self._process_seen = seen
@@ -99,13 +96,15 @@ class CounterGuard:
         (None before any was left out); a process's total adds up its increases, so it never decreases."""
         self._process_total = {key: self._process_total.get(key, 0.0) + seconds for key, seconds in increases.items()}
         shown = self._process_family.update(self._process_total, increases)
-        return (tuple(ProcessCpu(pid, comm, seconds, container_id) for (pid, comm, container_id), seconds in shown),
-                self._process_family.other)
+        rows = tuple(ProcessCpu(key.pid, key.comm, seconds, key.container_id)
+                     for key, seconds in shown)
+        return rows, self._process_family.other
 
     def containers(self, increases: Mapping[ProcessKey, float]) -> tuple[tuple[str, float], ...]:
         """Per-container CPU seconds as sums of process increases, so a process leaving never lowers a total."""
         present: set[str] = set()
-        for (_, _, container_id), seconds in increases.items():
+        for key, seconds in increases.items():
+            container_id = key.container_id
             if container_id:
                 self._container_total[container_id] = self._container_total.get(container_id, 0.0) + seconds
                 present.add(container_id)

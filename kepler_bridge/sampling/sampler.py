@@ -15,7 +15,7 @@ from kepler_bridge.kube.view import KubeView
 from kepler_bridge.model import NO_POD, ContainerCpu, GpuReading, Snapshot, SourceReading
 from kepler_bridge.reload import KUBE, SettingsWatch
 from kepler_bridge.sampling import carry
-from kepler_bridge.sampling.attribution import Attribution, Inputs
+from kepler_bridge.sampling.attribution import Attribution, SampleInputs
 from kepler_bridge.sampling.counters import CounterGuard
 from kepler_bridge.sampling.device_index import DeviceIndexes
 from kepler_bridge.sampling.slots import Slot, build_slots, read_all, replace_command
@@ -152,13 +152,13 @@ class Sampler:
                           for gpu in self._devices.number(reading.gpus))
         increases = self._counters.cpu_increases(reading.processes)
         shown, other_seconds = self._counters.process_seconds(increases)
-        self.kube.notice({key[2] for key in increases if key[2]} |
+        self.kube.notice({key.container_id for key in increases if key.container_id} |
                          {proc.container_id for gpu in node_gpus for proc in gpu.processes
                           if proc.container_id})
-        energy = self._attribution.update(Inputs(
+        energy = self._attribution.update(SampleInputs(
             now=started, rapl_zones=reading.rapl_zones, cpu_times=reading.cpu_times,
             gpus=node_gpus, cpu_increases=increases,
-            owners={key: kube.containers.get(key[2], NO_POD) for key in increases}))
+            owners={key: kube.containers.get(key.container_id, NO_POD) for key in increases}))
         containers = tuple(ContainerCpu(container, seconds, kube.containers.get(container, NO_POD))
                            for container, seconds in self._counters.containers(increases))
         return Snapshot(

@@ -23,7 +23,7 @@ ENTRY_POINT_GROUP = "kepler_bridge.sources"
 
 # name -> "module:Class"; imported lazily so the gunicorn master stays small.
 REGISTRY: dict[str, str] = {
-    "nvml": "kepler_bridge.sources.nvml:NvmlSource",
+    "nvml": "kepler_bridge.sources.nvml.source:NvmlSource",
     "simulated": "kepler_bridge.sources.simulated:SimulatedSource",
     "ebpf": "kepler_bridge.sources.ebpf.source:EbpfSource",
     "procfs": "kepler_bridge.sources.procfs:ProcfsSource",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Collection
 
 from kepler_bridge.config import Config
-from kepler_bridge.model import ProcessCpu
+from kepler_bridge.model import ProcessCpu, ProcessKey
 from kepler_bridge.sources.base import Source
 
 
@@ -93,10 +93,10 @@ class ProcessTable:
         """Expire and cap, then the rows to report."""
         self._expire()
         self._cap()
-        by_labels: dict[tuple[int, str, str], TrackedProcess] = {}
+        by_labels: dict[ProcessKey, TrackedProcess] = {}
         for entry in self._entries.values():
             entry.shown = max(entry.shown, entry.cpu_seconds)
-            labels = (entry.pid, entry.comm, entry.container_id)
+            labels = ProcessKey(entry.pid, entry.comm, entry.container_id)
             shown = by_labels.get(labels)
             if shown is None or shown.start < entry.start:  # the newer process with the same labels wins
                 by_labels[labels] = entry

@@ -1,0 +1,109 @@
+"""GPU energy per interval: the idle part stays with the device, the active rest goes to its users.
+
+A GPU's energy E is the increase of its energy counter, else power x
+interval. Idle energy is min(idle power, E / interval) x interval, the idle
+power being gpu_idle_watts or the lowest interval power seen on that GPU;
+with no process on the GPU the whole interval is idle. The active rest is
+shared by SM utilization, equally when the driver reports none, all to the
+only process (which covers NVML's exclusive-process compute mode). A device
+whose source cannot list processes keeps the idle part too; its active rest
+goes to the one container the kubelet assigned it to, else to the device's
+unattributed energy with reason ``shared`` (several owners) or ``no_owner``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from kepler_bridge.model import GpuProcess, GpuReading, Holder, ProcessKey
+from kepler_bridge.sampling.counters import increase
+
+# Why a device's active energy went to no container: several hold it, or none does.
+UNATTRIBUTED_REASONS = ("no_owner", "shared")
+
+
+def gpu_shares(processes: tuple[GpuProcess, ...]) -> list[float]:
+    """Each process's share of a GPU's active energy: by SM utilization, else equal."""
+    if len(processes) <= 1:
+        return [1.0] * len(processes)
+    utilization = [proc.utilization or 0.0 for proc in processes]
+    total = sum(utilization)
+    if total > 0:
+        return [value / total for value in utilization]
+    return [1.0 / len(processes)] * len(processes)
+
+
+class GpuEnergy:
+    """Per device: last energy counter, lowest interval power, idle and unattributed joules."""
+
+    def __init__(self, idle_watts: float | None = None) -> None:
+        self.configure(idle_watts)
+        self._last_joules: dict[str, float] = {}
+        self._lowest_watts: dict[str, float] = {}
+        self._idle: dict[str, float] = {}
+        self._unattributed: dict[tuple[str, str], float] = {}  # (uuid, reason) -> joules
+
+    def configure(self, idle_watts: float | None) -> None:
+        """Set --gpu-idle-watts (None: the lowest power seen); called again on reload."""
+        self.idle_watts = idle_watts
+
+    def share(
+        self, gpus: Iterable[GpuReading], seconds: float
+    ) -> tuple[dict[ProcessKey, float], dict[Holder, float]]:
+        """The active GPU joules per process, and per holder of a device that lists none."""
+        processes: dict[ProcessKey, float] = {}
+        owned: dict[Holder, float] = {}
+        for gpu in gpus:
+            active = self._active(gpu, seconds) if gpu.up else None
+            if active is None:
+                continue
+            for proc, share in zip(gpu.processes, gpu_shares(gpu.processes)):
+                processes[proc.key] = processes.get(proc.key, 0.0) + active * share
+            if not gpu.processes and not gpu.lists_processes:
+                self._share_unlisted(gpu.uuid, active, gpu.holders, owned)
+        return processes, owned
+
+    def idle(self) -> tuple[tuple[str, float], ...]:
+        """Each device's idle joules since the start, by uuid."""
+        return tuple(sorted(self._idle.items()))
+
+    def unattributed(self) -> tuple[tuple[str, str, float], ...]:
+        """Each device's joules that went to no container, by uuid and reason."""
+        return tuple(
+            (uuid, reason, joules) for (uuid, reason), joules in sorted(self._unattributed.items())
+        )
+
+    def _active(self, gpu: GpuReading, seconds: float) -> float | None:
+        """Books the interval's idle energy on the device; the active rest, None when unknown."""
+        if gpu.energy_joules is not None:
+            last = self._last_joules.get(gpu.uuid)
+            self._last_joules[gpu.uuid] = gpu.energy_joules
+            if last is None or seconds <= 0:
+                return None
+            joules = increase(last, gpu.energy_joules)
+        elif gpu.power_watts is not None and seconds > 0:
+            joules = gpu.power_watts * seconds
+        else:
+            return None
+        lowest = self._lowest_watts[gpu.uuid] = min(
+            self._lowest_watts.get(gpu.uuid, joules / seconds), joules / seconds
+        )
+        idle_watts = lowest if self.idle_watts is None else self.idle_watts
+        idle = (
+            min(idle_watts * seconds, joules)
+            if gpu.processes or not gpu.lists_processes
+            else joules
+        )
+        self._idle[gpu.uuid] = self._idle.get(gpu.uuid, 0.0) + idle
+        return joules - idle
+
+    def _share_unlisted(
+        self, uuid: str, active: float, holders: tuple[Holder, ...], owned: dict[Holder, float]
+    ) -> None:
+        """A device without process data: its active energy to its one owner, else unattributed."""
+        for reason in UNATTRIBUTED_REASONS:
+            self._unattributed.setdefault((uuid, reason), 0.0)
+        if len(holders) == 1:
+            owned[holders[0]] = owned.get(holders[0], 0.0) + active
+        else:
+            self._unattributed[(uuid, "shared" if holders else "no_owner")] += active

@@ -1,0 +1,310 @@
+"""NVIDIA accelerators through NVML (the `pynvml` module of nvidia-ml-py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import pynvml
+
+from kepler_bridge.model import GpuReading, SourceReading
+from kepler_bridge.sources import ranges
+from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading
+from kepler_bridge.sources.nvml import library
+from kepler_bridge.sources.nvml.device import Device, text
+from kepler_bridge.sources.nvml.events import XidEvents
+from kepler_bridge.sources.nvml.processes import gpu_processes
+from kepler_bridge.sources.sysfs import on_pci_bus
+
+log = logging.getLogger(__name__)
+
+NVIDIA_PCI_VENDOR = "0x10de"
+# PCI class 03h: VGA and 3D controllers, not the cards' audio or USB functions.
+DISPLAY_CLASS = "0x03"
+
+# Bits of nvmlDeviceGetCurrentClocksEventReasons, named as in NVML's header.
+THROTTLE_REASONS = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
+
+class NvmlSource(Source):
+    """Reads every NVIDIA GPU; a failing GPU is reported down alone and retried with backoff."""
+
+    name = "nvml"
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.devices: list[Device] = []
+        self.driver_version = ""
+        self.xids = XidEvents()
+
+    def start(self) -> None:
+        try:
+            library.load(self.config.nvml_library)
+            library.init()
+        except (SourceAbsent, SourceUnavailable) as err:
+            # A driver library without NVIDIA hardware (preinstalled images, Jetson's limited NVML)
+            # is no failure.
+            if on_pci_bus(self.config.sysfs, NVIDIA_PCI_VENDOR, DISPLAY_CLASS):
+                raise SourceUnavailable(str(err)) from None
+            raise SourceAbsent(
+                f"no NVIDIA GPU on the PCI bus ({self.config.sysfs}/bus/pci/devices); NVML: {err}"
+            ) from None
+        try:
+            self.driver_version = text(pynvml.nvmlSystemGetDriverVersion())
+            self.devices = [Device(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except pynvml.NVMLError as err:
+            pynvml.nvmlShutdown()
+            raise SourceUnavailable(
+                f"NVML cannot list devices: {err}; check `nvidia-smi` on the host"
+            ) from None
+        self.xids.start([device.index for device in self.devices])
+
+    def stop(self) -> None:
+        self.xids.stop()
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError as err:
+            log.debug("nvmlShutdown: %s", err)
+
+    def read(self) -> SourceReading:
+        now = time.monotonic()
+        gpus = tuple(self._read_device(device, now) for device in self.devices)
+        return device_reading(gpus, "GPU")
+
+    def describe(self, reading: SourceReading) -> str:
+        models = sorted({gpu.model for gpu in reading.gpus})
+        return f"{len(reading.gpus)} GPU(s) {', '.join(models)}; driver {self.driver_version}"
+
+    def _named(self, device: Device) -> GpuReading:
+        """The GPU's reading with only what names it: index, uuid, model, driver, PCI bus id."""
+        return GpuReading(
+            index=device.index,
+            uuid=device.uuid,
+            vendor="nvidia",
+            model=device.model,
+            driver_version=self.driver_version,
+            pci_bus_id=device.pci_bus_id,
+        )
+
+    def _down(self, device: Device) -> GpuReading:
+        return dataclasses.replace(self._named(device), up=False, error=device.error)
+
+    def _read_device(self, device: Device, now: float) -> GpuReading:
+        if device.handle is None:
+            if not device.retry.due(now):
+                return self._down(device)
+            try:
+                _acquire(device)
+            except pynvml.NVMLError as err:
+                device.fail(str(err), self.config.interval, now)
+                return self._down(device)
+        try:
+            reading = self._values(device)
+        except pynvml.NVMLError as err:
+            log.warning(
+                "GPU %d: %s; retrying in %.0fs", device.index, err, max(device.retry.delay * 2, 1)
+            )
+            device.fail(str(err), self.config.interval, now)
+            return self._down(device)
+        device.error = ""
+        device.retry.succeeded()
+        return reading
+
+    def _values(self, device: Device) -> GpuReading:
+        """Every value of one GPU, each checked against its physical range."""
+        utilization, memory_utilization, encoder, decoder = _utilization(device)
+        used, total, free = _memory(device)
+        power, limit, energy = _power(device)
+        sm_clock, memory_clock = _clocks(device)
+        fan = device.query("fan", lambda: pynvml.nvmlDeviceGetFanSpeed(device.handle))
+        transmit, receive = _pcie(device)
+        pstate = device.query("pstate", lambda: pynvml.nvmlDeviceGetPerformanceState(device.handle))
+        xids, last_xid = self.xids.counter.of(device.index)
+        return dataclasses.replace(
+            self._named(device),
+            utilization=utilization,
+            memory_utilization=memory_utilization,
+            encoder_utilization=encoder,
+            decoder_utilization=decoder,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            memory_free_bytes=free,
+            temperature_celsius=_temperature(device),
+            memory_temperature_celsius=_memory_temperature(device),
+            power_watts=power,
+            power_limit_watts=limit,
+            energy_joules=energy,
+            sm_clock_hertz=sm_clock,
+            memory_clock_hertz=memory_clock,
+            fan_speed_ratio=ranges.ratio_from_percent(fan),
+            pcie_transmit_bytes_per_second=transmit,
+            pcie_receive_bytes_per_second=receive,
+            performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
+            throttled=_throttled(device),
+            ecc_corrected_total=_ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ecc_uncorrected_total=_ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            xid_errors=xids,
+            last_xid_timestamp=last_xid,
+            processes=gpu_processes(device, self.config.procfs),
+            mig_uuids=_mig_uuids(device),
+        )
+
+
+def _acquire(device: Device) -> None:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(device.index)
+    device.uuid = text(pynvml.nvmlDeviceGetUUID(handle))
+    device.model = text(pynvml.nvmlDeviceGetName(handle))
+    device.pci_bus_id = text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+    device.unsupported.clear()
+    device.handle = handle
+
+
+def _utilization(device: Device) -> tuple[float | None, float | None, float | None, float | None]:
+    """GPU, memory, encoder and decoder utilization as ratios."""
+    h = device.handle
+    rates = device.query("utilization", lambda: pynvml.nvmlDeviceGetUtilizationRates(h))
+    encoder = device.query("encoder", lambda: pynvml.nvmlDeviceGetEncoderUtilization(h))
+    decoder = device.query("decoder", lambda: pynvml.nvmlDeviceGetDecoderUtilization(h))
+    return (
+        ranges.ratio_from_percent(rates.gpu if rates else None),
+        ranges.ratio_from_percent(rates.memory if rates else None),
+        ranges.ratio_from_percent(encoder[0] if encoder else None),
+        ranges.ratio_from_percent(decoder[0] if decoder else None),
+    )
+
+
+def _memory(device: Device) -> tuple[int | None, int | None, int | None]:
+    """Used, total and free memory bytes; used and free only where they fit in the total."""
+    h = device.handle
+    info = device.query(
+        "memory_v2", lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+    )
+    if info is None:
+        info = device.query("memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(h))
+    if info is None:
+        return None, None, None
+    total = ranges.byte_count(info.total)
+    used = ranges.byte_count(info.used)
+    free = ranges.byte_count(info.free)
+    if total is None:
+        return None, None, None
+    return (
+        used if used is not None and used <= total else None,
+        total,
+        free if free is not None and free <= total else None,
+    )
+
+
+def _power(device: Device) -> tuple[float | None, float | None, float | None]:
+    """Power and its enforced limit in watts, and the energy counter in joules."""
+    h = device.handle
+    power = device.query("power", lambda: pynvml.nvmlDeviceGetPowerUsage(h))
+    limit = device.query("power_limit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h))
+    energy = device.query("energy", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h))
+    return (
+        ranges.watts(power / 1000 if power is not None else None),
+        ranges.watts(limit / 1000 if limit is not None else None),
+        energy / 1000 if energy is not None and energy < 2**63 else None,
+    )
+
+
+def _clocks(device: Device) -> tuple[float | None, float | None]:
+    """SM and memory clocks in hertz."""
+    h = device.handle
+    sm = device.query("sm_clock", lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+    memory = device.query(
+        "mem_clock", lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
+    )
+    return (
+        ranges.hertz(sm * 1e6 if sm is not None else None),
+        ranges.hertz(memory * 1e6 if memory is not None else None),
+    )
+
+
+def _pcie(device: Device) -> tuple[float | None, float | None]:
+    """PCIe transmit and receive throughput in bytes per second."""
+    h = device.handle
+    tx = device.query(
+        "pcie_tx", lambda: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+    )
+    rx = device.query(
+        "pcie_rx", lambda: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+    )
+    return (
+        ranges.bounded(tx * 1024 if tx is not None else None, 0, ranges.MAX_BYTES_PER_SECOND),
+        ranges.bounded(rx * 1024 if rx is not None else None, 0, ranges.MAX_BYTES_PER_SECOND),
+    )
+
+
+def _temperature(device: Device) -> float | None:
+    celsius = device.query(
+        "temperature",
+        lambda: pynvml.nvmlDeviceGetTemperature(device.handle, pynvml.NVML_TEMPERATURE_GPU),
+    )
+    return ranges.celsius(celsius)
+
+
+def _memory_temperature(device: Device) -> float | None:
+    values = device.query(
+        "memory_temperature",
+        lambda: pynvml.nvmlDeviceGetFieldValues(device.handle, [pynvml.NVML_FI_DEV_MEMORY_TEMP]),
+    )
+    if values is None:
+        return None
+    value = values[0]
+    if value.nvmlReturn != pynvml.NVML_SUCCESS:
+        device.unsupported.add("memory_temperature")
+        return None
+    return ranges.celsius(float(value.value.uiVal))
+
+
+def _throttled(device: Device) -> tuple[tuple[str, bool], ...]:
+    h = device.handle
+    mask = device.query(
+        "clocks_event_reasons", lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
+    )
+    if mask is None:
+        mask = device.query(
+            "throttle_reasons", lambda: pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)
+        )
+    if mask is None or mask >= 1 << 32:
+        return ()
+    return tuple((name, bool(mask & bit)) for bit, name in THROTTLE_REASONS)
+
+
+def _ecc(device: Device, kind: int) -> int | None:
+    count = device.query(
+        f"ecc{kind}",
+        lambda: pynvml.nvmlDeviceGetTotalEccErrors(device.handle, kind, pynvml.NVML_VOLATILE_ECC),
+    )
+    return count if count is not None and count < 2**63 else None
+
+
+def _mig_uuids(device: Device) -> tuple[str, ...]:
+    """UUIDs of the MIG instances of a GPU in MIG mode: the ids the kubelet assigns to pods."""
+    h = device.handle
+    mode = device.query("mig_mode", lambda: pynvml.nvmlDeviceGetMigMode(h))
+    if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+        return ()
+    uuids = []
+    for index in range(
+        device.query("mig_count", lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(h)) or 0
+    ):
+        try:
+            uuids.append(
+                text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index)))
+            )
+        except pynvml.NVMLError:  # an empty slot answers NOT_FOUND
+            continue
+    return tuple(uuids)
