@@ -14,7 +14,9 @@ from typing import Hashable, Mapping, NamedTuple, TypeVar
 # Above any physical reading, and every 32/64-bit "not available" sentinel we see; below it whole numbers stay
 # exact as floats, 256 devices' memory sums below Go's uint64 limit, and energy arithmetic stays finite.
 MAX_EXACT = 2**53
-MAX_DEVICES = 256  # per source; more is refused: each device costs dozens of series and a /v1/collect entry
+MAX_DEVICES = (
+    256  # per source; more is refused: each device costs dozens of series and a /v1/collect entry
+)
 K = TypeVar("K", bound=Hashable)
 
 
@@ -96,7 +98,9 @@ class GpuReading:
     throttled: tuple[tuple[str, bool], ...] = ()
     ecc_corrected_total: int | None = None
     ecc_uncorrected_total: int | None = None
-    xid_errors: tuple[tuple[int | str, int], ...] = ()  # (code, count); code "other" sums the rarer codes
+    xid_errors: tuple[
+        tuple[int | str, int], ...
+    ] = ()  # (code, count); code "other" sums the rarer codes
     last_xid_timestamp: float | None = None
     processes: tuple[GpuProcess, ...] = ()
     # UUIDs of the MIG instances carved out of this GPU (the kubelet hands those to pods).
@@ -235,7 +239,9 @@ class Snapshot:
     # The processes shown (top N by CPU seconds) with their series' values, and the seconds of all the others.
     processes: tuple[ProcessCpu, ...] = ()
     process_cpu_other: float | None = None
-    process_limit: int | None = None  # top N of each per-process family (process_metrics); None: all, 0: none
+    process_limit: int | None = (
+        None  # top N of each per-process family (process_metrics); None: all, 0: none
+    )
     containers: tuple[ContainerCpu, ...] = ()
     ebpf_programs_attached: int | None = None
     energy: Energy = Energy()

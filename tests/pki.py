@@ -17,16 +17,60 @@ class Authority:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.cert, self.key = directory / f"{name}.crt", directory / f"{name}.key"
-        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
-                 "-subj", f"/CN={name}", "-keyout", str(self.key), "-out", str(self.cert))
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            str(self.key),
+            "-out",
+            str(self.cert),
+        )
 
     def issue(self, name: str, san: str) -> tuple[Path, Path]:
         """A certificate for `san` (e.g. IP:127.0.0.1 or DNS:scraper) signed by this CA, and its key."""
-        cert, key, request = (self.directory / f"{name}{suffix}" for suffix in (".crt", ".key", ".csr"))
-        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN={name}",
-                 "-keyout", str(key), "-out", str(request))
+        cert, key, request = (
+            self.directory / f"{name}{suffix}" for suffix in (".crt", ".key", ".csr")
+        )
+        _openssl(
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            str(key),
+            "-out",
+            str(request),
+        )
         extensions = self.directory / f"{name}.ext"
         extensions.write_text(f"subjectAltName={san}\n")
-        _openssl("x509", "-req", "-in", str(request), "-CA", str(self.cert), "-CAkey", str(self.key),
-                 "-CAcreateserial", "-days", "2", "-extfile", str(extensions), "-out", str(cert))
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(request),
+            "-CA",
+            str(self.cert),
+            "-CAkey",
+            str(self.key),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            str(extensions),
+            "-out",
+            str(cert),
+        )
         return cert, key

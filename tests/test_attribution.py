@@ -6,14 +6,27 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kepler_bridge.model import (
+    NO_POD,
+    CpuTimes,
+    Energy,
+    GpuProcess,
+    GpuReading,
+    Holder,
+    PodRef,
+    ProcessCpu,
+    RaplZone,
+)
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
-from kepler_bridge.sampling.gpu_energy import gpu_shares
 from kepler_bridge.sampling.counters import CounterGuard
-from kepler_bridge.model import NO_POD, CpuTimes, Energy, GpuProcess, GpuReading, Holder, PodRef, ProcessCpu, RaplZone
+from kepler_bridge.sampling.gpu_energy import gpu_shares
 
 REAL_MAX_UJ = 262143328850
-PODS = {"c1": PodRef("shop", "web-1", "nginx"), "c2": PodRef("shop", "web-1", "sidecar"),
-        "c3": PodRef("ml", "train-0", "main")}
+PODS = {
+    "c1": PodRef("shop", "web-1", "nginx"),
+    "c2": PodRef("shop", "web-1", "sidecar"),
+    "c3": PodRef("ml", "train-0", "main"),
+}
 # Process slots: pid, comm, container id ("c4" is a container no pod list names).
 SLOTS = [(100 + i, f"p{i}", cid) for i, cid in enumerate(["", "c1", "c2", "c3", "c4", ""])]
 
@@ -42,18 +55,34 @@ def identities(energy: Energy) -> dict[tuple, float]:
         found[("idle", uuid)] = joules
     for uuid, reason, joules in energy.gpu_unattributed:
         found[("unattributed", uuid, reason)] = joules
-    for level, kind, rows in (("process", "cpu", energy.cpu_processes), ("process", "gpu", energy.gpu_processes),
-                              ("container", "cpu", energy.containers), ("container", "gpu", energy.containers),
-                              ("pod", "cpu", energy.pods), ("pod", "gpu", energy.pods)):
+    for level, kind, rows in (
+        ("process", "cpu", energy.cpu_processes),
+        ("process", "gpu", energy.gpu_processes),
+        ("container", "cpu", energy.containers),
+        ("container", "gpu", energy.containers),
+        ("pod", "cpu", energy.pods),
+        ("pod", "gpu", energy.pods),
+    ):
         for row in rows:
-            labels = (row.pid, row.comm, row.container_id, row.owner.namespace, row.owner.pod, row.owner.container)
+            labels = (
+                row.pid,
+                row.comm,
+                row.container_id,
+                row.owner.namespace,
+                row.owner.pod,
+                row.owner.container,
+            )
             found[(level, kind) + labels] = getattr(row, f"{kind}_joules")
     return found
 
 
-def increases(before: dict[tuple, float], after: dict[tuple, float], level: str, kind: str) -> float:
+def increases(
+    before: dict[tuple, float], after: dict[tuple, float], level: str, kind: str
+) -> float:
     """Sum over one level's series of what they gained; a new series counts from zero."""
-    return sum(value - before.get(key, 0.0) for key, value in after.items() if key[:2] == (level, kind))
+    return sum(
+        value - before.get(key, 0.0) for key, value in after.items() if key[:2] == (level, kind)
+    )
 
 
 def assert_monotonic(before: dict[tuple, float], after: dict[tuple, float]) -> None:
@@ -68,7 +97,10 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
     draw = data.draw
     ncpu = draw(st.integers(1, 64), label="cpus")
     wrap_max = draw(st.integers(1_000_000, 10**9), label="max_energy_range_uj of zone 0")
-    raw = {"intel-rapl:0": draw(st.integers(0, wrap_max - 1)), "intel-rapl:1": draw(st.integers(0, 10**9))}
+    raw = {
+        "intel-rapl:0": draw(st.integers(0, wrap_max - 1)),
+        "intel-rapl:1": draw(st.integers(0, 10**9)),
+    }
     maxes = {"intel-rapl:0": wrap_max, "intel-rapl:1": REAL_MAX_UJ}
     idle_watts = draw(st.none() | st.floats(0, 300), label="gpu_idle_watts")
     limit = draw(st.integers(1, 4), label="top")
@@ -89,12 +121,16 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
         package_joules = 0.0
         for zone_id in raw:
             if zone_id == "intel-rapl:1" and raw[zone_id] and draw(st.integers(0, 9)) == 0:
-                raw[zone_id] = added = draw(st.integers(0, raw[zone_id] - 1))  # reset: known energy is what it holds
+                raw[zone_id] = added = draw(
+                    st.integers(0, raw[zone_id] - 1)
+                )  # reset: known energy is what it holds
             else:
                 added = min(int(draw(st.floats(0, 400)) * dt * 1e6), maxes[zone_id] - 1)
                 raw[zone_id] = (raw[zone_id] + added) % maxes[zone_id]
             package_joules += added / 1e6
-        zones = tuple(RaplZone(zone_id, "package", value, maxes[zone_id]) for zone_id, value in raw.items())
+        zones = tuple(
+            RaplZone(zone_id, "package", value, maxes[zone_id]) for zone_id, value in raw.items()
+        )
         usage = draw(st.floats(0, 1), label="usage")
         busy, total = busy + usage * ncpu * dt, total + ncpu * dt
         # Processes: come and go, restart (counter from a small value), use 0..2 CPUs.
@@ -104,7 +140,9 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
                 continue
             old = cpu[slot]
             if draw(st.integers(0, 9)) == 0:
-                cpu[slot] = draw(st.floats(0, dt))  # a new process with the same pid, comm and container
+                cpu[slot] = draw(
+                    st.floats(0, dt)
+                )  # a new process with the same pid, comm and container
             else:
                 cpu[slot] += draw(st.floats(0, 2 * dt))
             known = slot in present_before and cpu[slot] >= old
@@ -122,36 +160,70 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
             if draw(st.integers(0, 9)) == 0:
                 gpu_raw = draw(st.floats(0, 100))  # GPU reset: its counter starts again
             if gpu_raw_at_last_up is not None:
-                gpu_joules = gpu_raw - gpu_raw_at_last_up if gpu_raw >= gpu_raw_at_last_up else gpu_raw
+                gpu_joules = (
+                    gpu_raw - gpu_raw_at_last_up if gpu_raw >= gpu_raw_at_last_up else gpu_raw
+                )
             gpu_raw_at_last_up = gpu_raw
         elif up and step:
             gpu_joules = watts * dt
         processes = tuple(
-            GpuProcess(pid, comm, utilization=draw(st.none() | st.floats(0, 1)), container_id=cid,
-                       owner=PODS.get(cid, NO_POD))
-            for pid, comm, cid in draw(st.lists(st.sampled_from(SLOTS + [(900, "", ""), (901, "", "")]),
-                                                max_size=3, unique=True)))
-        reading = guard.gpu(gpu("GPU-0", up=up, processes=processes, power_watts=watts,
-                                energy_joules=gpu_raw if counter_gpu else None))
-        inputs = SampleInputs(now, zones, CpuTimes(busy, total), (reading,), cpu_increases,
-                              owners(cpu_increases))
+            GpuProcess(
+                pid,
+                comm,
+                utilization=draw(st.none() | st.floats(0, 1)),
+                container_id=cid,
+                owner=PODS.get(cid, NO_POD),
+            )
+            for pid, comm, cid in draw(
+                st.lists(
+                    st.sampled_from(SLOTS + [(900, "", ""), (901, "", "")]), max_size=3, unique=True
+                )
+            )
+        )
+        reading = guard.gpu(
+            gpu(
+                "GPU-0",
+                up=up,
+                processes=processes,
+                power_watts=watts,
+                energy_joules=gpu_raw if counter_gpu else None,
+            )
+        )
+        inputs = SampleInputs(
+            now, zones, CpuTimes(busy, total), (reading,), cpu_increases, owners(cpu_increases)
+        )
         after_full, after_top = identities(full.update(inputs)), identities(top.update(inputs))
 
         for before, after in ((previous_full, after_full), (previous_top, after_top)):
             assert_monotonic(before, after)
             assert all(value >= 0 for value in after.values())
         if step:
-            active = package_joules * usage if any(value > 0 for value in cpu_increases.values()) else 0.0
+            active = (
+                package_joules * usage
+                if any(value > 0 for value in cpu_increases.values())
+                else 0.0
+            )
             for before, after in ((previous_full, after_full), (previous_top, after_top)):
-                assert increases(before, after, "process", "cpu") == pytest.approx(active, rel=0.01, abs=1e-6)
-                gpu_total = (increases(before, after, "process", "gpu") +
-                             after.get(("idle", "GPU-0"), 0.0) - before.get(("idle", "GPU-0"), 0.0))
+                assert increases(before, after, "process", "cpu") == pytest.approx(
+                    active, rel=0.01, abs=1e-6
+                )
+                gpu_total = (
+                    increases(before, after, "process", "gpu")
+                    + after.get(("idle", "GPU-0"), 0.0)
+                    - before.get(("idle", "GPU-0"), 0.0)
+                )
                 assert gpu_total == pytest.approx(gpu_joules, rel=1e-6, abs=1e-6)
                 for kind in ("cpu", "gpu"):
                     attributed = increases(before, after, "process", kind)
-                    assert increases(before, after, "container", kind) == pytest.approx(attributed, abs=1e-6)
-                    assert increases(before, after, "pod", kind) == pytest.approx(attributed, abs=1e-6)
-            zone_gain = after_full[("zone", "package", "rapl")] - previous_full.get(("zone", "package", "rapl"), 0)
+                    assert increases(before, after, "container", kind) == pytest.approx(
+                        attributed, abs=1e-6
+                    )
+                    assert increases(before, after, "pod", kind) == pytest.approx(
+                        attributed, abs=1e-6
+                    )
+            zone_gain = after_full[("zone", "package", "rapl")] - previous_full.get(
+                ("zone", "package", "rapl"), 0
+            )
             assert zone_gain == pytest.approx(package_joules, rel=1e-6, abs=1e-6)
             if not processes and up:
                 assert increases(previous_full, after_full, "process", "gpu") == 0
@@ -164,26 +236,43 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
 def test_cpu_active_energy_is_shared_by_cpu_time() -> None:
     attribution = Attribution(process_limit=None)
     zones = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
-    before, after = {(1, "a", ""): 0.0, (2, "b", "c1"): 0.0}, {(1, "a", ""): 0.75, (2, "b", "c1"): 0.25}
-    attribution.update(SampleInputs(0.0, zones(0), CpuTimes(0, 0), cpu_increases=before,
-                                    owners=owners(before)))
-    energy = attribution.update(SampleInputs(1.0, zones(100_000_000), CpuTimes(1.0, 4.0),
-                                             cpu_increases=after, owners=owners(after)))
+    before, after = (
+        {(1, "a", ""): 0.0, (2, "b", "c1"): 0.0},
+        {(1, "a", ""): 0.75, (2, "b", "c1"): 0.25},
+    )
+    attribution.update(
+        SampleInputs(0.0, zones(0), CpuTimes(0, 0), cpu_increases=before, owners=owners(before))
+    )
+    energy = attribution.update(
+        SampleInputs(
+            1.0, zones(100_000_000), CpuTimes(1.0, 4.0), cpu_increases=after, owners=owners(after)
+        )
+    )
     # 100 J at 25 % usage: 25 J active, 3:1.
-    assert {row.pid: row.cpu_joules for row in energy.cpu_processes} == {"1": pytest.approx(18.75),
-                                                                      "2": pytest.approx(6.25)}
+    assert {row.pid: row.cpu_joules for row in energy.cpu_processes} == {
+        "1": pytest.approx(18.75),
+        "2": pytest.approx(6.25),
+    }
     assert {(row.owner.namespace, row.owner.pod): row.cpu_joules for row in energy.pods} == {
-        ("", ""): pytest.approx(18.75), ("shop", "web-1"): pytest.approx(6.25)}
-    assert [(row.container_id, row.owner.container) for row in energy.containers] == [("", ""), ("c1", "nginx")]
+        ("", ""): pytest.approx(18.75),
+        ("shop", "web-1"): pytest.approx(6.25),
+    }
+    assert [(row.container_id, row.owner.container) for row in energy.containers] == [
+        ("", ""),
+        ("c1", "nginx"),
+    ]
 
 
 def test_psys_then_core_where_no_package_zone() -> None:
     attribution = Attribution()
-    zones = lambda uj: (RaplZone("intel-rapl:0", "psys", uj, REAL_MAX_UJ),  # noqa: E731
-                        RaplZone("intel-rapl:1", "dram", 2 * uj, REAL_MAX_UJ))
+    zones = lambda uj: (
+        RaplZone("intel-rapl:0", "psys", uj, REAL_MAX_UJ),  # noqa: E731
+        RaplZone("intel-rapl:1", "dram", 2 * uj, REAL_MAX_UJ),
+    )
     attribution.update(SampleInputs(0.0, zones(0), CpuTimes(0, 0)))
-    energy = attribution.update(SampleInputs(1.0, zones(10_000_000), CpuTimes(1, 1),
-                                             cpu_increases={(1, "a", ""): 1.0}))
+    energy = attribution.update(
+        SampleInputs(1.0, zones(10_000_000), CpuTimes(1, 1), cpu_increases={(1, "a", ""): 1.0})
+    )
     assert energy.cpu_processes[0].cpu_joules == pytest.approx(10.0)
     assert {zone.zone: zone.joules for zone in energy.cpu_zones} == {"psys": 10.0, "dram": 20.0}
 
@@ -192,11 +281,14 @@ def test_estimate_only_with_cpu_tdp_watts_and_labelled() -> None:
     for tdp, expected in ((0.0, ()), (100.0, (("package", "estimate"),))):
         attribution = Attribution(cpu_tdp_watts=tdp)
         attribution.update(SampleInputs(0.0, (), CpuTimes(0, 0)))
-        energy = attribution.update(SampleInputs(2.0, (), CpuTimes(1, 4),
-                                                 cpu_increases={(1, "a", ""): 1.0}))
+        energy = attribution.update(
+            SampleInputs(2.0, (), CpuTimes(1, 4), cpu_increases={(1, "a", ""): 1.0})
+        )
         assert tuple((zone.zone, zone.source) for zone in energy.cpu_zones) == expected
         if tdp:
-            assert energy.cpu_zones[0].joules == pytest.approx(50.0)  # 100 W x 25 % x 2 s, all active
+            assert energy.cpu_zones[0].joules == pytest.approx(
+                50.0
+            )  # 100 W x 25 % x 2 s, all active
             assert energy.cpu_processes[0].cpu_joules == pytest.approx(50.0)
 
 
@@ -205,17 +297,30 @@ def test_a_process_cannot_take_more_than_all_cpus() -> None:
     zones = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
     attribution.update(SampleInputs(0.0, zones(0), CpuTimes(0, 0)))
     # Process 2 came back after eviction with its whole history (1000 s) in one interval of 4 CPU-seconds.
-    energy = attribution.update(SampleInputs(1.0, zones(8_000_000), CpuTimes(4, 4),
-                                       cpu_increases={(1, "a", ""): 4.0, (2, "b", ""): 1000.0}))
-    assert [row.cpu_joules for row in energy.cpu_processes] == [pytest.approx(4.0), pytest.approx(4.0)]
+    energy = attribution.update(
+        SampleInputs(
+            1.0,
+            zones(8_000_000),
+            CpuTimes(4, 4),
+            cpu_increases={(1, "a", ""): 4.0, (2, "b", ""): 1000.0},
+        )
+    )
+    assert [row.cpu_joules for row in energy.cpu_processes] == [
+        pytest.approx(4.0),
+        pytest.approx(4.0),
+    ]
 
 
 def test_gpu_shares() -> None:
     procs = lambda *utils: tuple(GpuProcess(pid, utilization=u) for pid, u in enumerate(utils))  # noqa: E731
     assert gpu_shares(procs(0.6, 0.2)) == [pytest.approx(0.75), pytest.approx(0.25)]
-    assert gpu_shares(procs(None, None, None)) == [pytest.approx(1 / 3)] * 3  # the driver reports none
+    assert (
+        gpu_shares(procs(None, None, None)) == [pytest.approx(1 / 3)] * 3
+    )  # the driver reports none
     assert gpu_shares(procs(0.0, 0.0)) == [0.5, 0.5]  # no kernel ran since the last sample
-    assert gpu_shares(procs(None)) == [1.0]  # the only process (exclusive-process mode) gets everything
+    assert gpu_shares(procs(None)) == [
+        1.0
+    ]  # the only process (exclusive-process mode) gets everything
     assert gpu_shares(procs(0.0)) == [1.0]
 
 
@@ -243,10 +348,14 @@ def test_gpu_without_energy_counter_integrates_power() -> None:
     attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
     procs = (GpuProcess(1, "a", utilization=0.6), GpuProcess(2, "b", utilization=0.2))
     attribution.update(SampleInputs(0.0, gpus=(gpu("G", power_watts=250.0, processes=procs),)))
-    energy = attribution.update(SampleInputs(2.0,
-                                             gpus=(gpu("G", power_watts=250.0, processes=procs),)))
+    energy = attribution.update(
+        SampleInputs(2.0, gpus=(gpu("G", power_watts=250.0, processes=procs),))
+    )
     assert energy.gpu_idle == (("G", pytest.approx(100.0)),)
-    assert [row.gpu_joules for row in energy.gpu_processes] == [pytest.approx(300.0), pytest.approx(100.0)]
+    assert [row.gpu_joules for row in energy.gpu_processes] == [
+        pytest.approx(300.0),
+        pytest.approx(100.0),
+    ]
 
 
 def test_top_n_sums_the_rest_into_other_and_series_start_when_shown() -> None:
@@ -255,30 +364,57 @@ def test_top_n_sums_the_rest_into_other_and_series_start_when_shown() -> None:
     attribution.update(SampleInputs(0.0, zone(0), CpuTimes(0, 0)))
     outputs = []
     # All CPUs busy; the node uses 6 J, then 10 J; the processes' CPU-seconds share them.
-    for second, (uj, cpu, use) in enumerate([(6_000_000, 6.0, {1: 3.0, 2: 2.0, 3: 1.0}),
-                                             (16_000_000, 16.0, {1: 0.0, 2: 0.0, 3: 10.0})], start=1):
-        energy = attribution.update(SampleInputs(float(second), zone(uj), CpuTimes(cpu, cpu),
-                                           cpu_increases={(pid, "x", ""): seconds for pid, seconds in use.items()}))
+    for second, (uj, cpu, use) in enumerate(
+        [(6_000_000, 6.0, {1: 3.0, 2: 2.0, 3: 1.0}), (16_000_000, 16.0, {1: 0.0, 2: 0.0, 3: 10.0})],
+        start=1,
+    ):
+        energy = attribution.update(
+            SampleInputs(
+                float(second),
+                zone(uj),
+                CpuTimes(cpu, cpu),
+                cpu_increases={(pid, "x", ""): seconds for pid, seconds in use.items()},
+            )
+        )
         outputs.append({row.pid: row.cpu_joules for row in energy.cpu_processes})
-    assert outputs[0] == {"1": pytest.approx(3.0), "2": pytest.approx(2.0), "other": pytest.approx(1.0)}
+    assert outputs[0] == {
+        "1": pytest.approx(3.0),
+        "2": pytest.approx(2.0),
+        "other": pytest.approx(1.0),
+    }
     # Process 3 used 10 J and enters the top 2 with its series counting from there; process 2 leaves.
-    assert outputs[1] == {"3": pytest.approx(10.0), "1": pytest.approx(3.0), "other": pytest.approx(1.0)}
+    assert outputs[1] == {
+        "3": pytest.approx(10.0),
+        "1": pytest.approx(3.0),
+        "other": pytest.approx(1.0),
+    }
 
 
 def test_each_kind_ranks_processes_by_its_own_joules() -> None:
     attribution = Attribution(gpu_idle_watts=0.0, process_limit=1)
     zone = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
     procs = (GpuProcess(2, "y", utilization=1.0),)
-    attribution.update(SampleInputs(0.0, zone(0), CpuTimes(0, 0),
-                                    (gpu("G", energy_joules=0.0, processes=procs),)))
+    attribution.update(
+        SampleInputs(0.0, zone(0), CpuTimes(0, 0), (gpu("G", energy_joules=0.0, processes=procs),))
+    )
     # Process 1 used 9 J of CPU and no GPU; process 2 used 1 J of CPU and all 100 J of the GPU.
-    energy = attribution.update(SampleInputs(1.0, zone(10_000_000), CpuTimes(1, 1),
-                                       (gpu("G", energy_joules=100.0, processes=procs),),
-                                       cpu_increases={(1, "x", ""): 0.9, (2, "y", ""): 0.1}))
-    assert [(row.pid, row.cpu_joules) for row in energy.cpu_processes] == [("1", pytest.approx(9.0)),
-                                                                           ("other", pytest.approx(1.0))]
-    assert [(row.pid, row.gpu_joules) for row in energy.gpu_processes] == [("2", pytest.approx(100.0)),
-                                                                           ("other", 0.0)]
+    energy = attribution.update(
+        SampleInputs(
+            1.0,
+            zone(10_000_000),
+            CpuTimes(1, 1),
+            (gpu("G", energy_joules=100.0, processes=procs),),
+            cpu_increases={(1, "x", ""): 0.9, (2, "y", ""): 0.1},
+        )
+    )
+    assert [(row.pid, row.cpu_joules) for row in energy.cpu_processes] == [
+        ("1", pytest.approx(9.0)),
+        ("other", pytest.approx(1.0)),
+    ]
+    assert [(row.pid, row.gpu_joules) for row in energy.gpu_processes] == [
+        ("2", pytest.approx(100.0)),
+        ("other", 0.0),
+    ]
 
 
 def test_off_and_all() -> None:
@@ -286,17 +422,26 @@ def test_off_and_all() -> None:
         attribution = Attribution(process_limit=limit)
         increases = {(pid, "x", ""): 1.0 for pid in (1, 2, 3)}
         energy = attribution.update(SampleInputs(0.0, cpu_increases=increases))
-        assert {row.pid for row in energy.cpu_processes} == {row.pid for row in energy.gpu_processes} == expected
+        assert (
+            {row.pid for row in energy.cpu_processes}
+            == {row.pid for row in energy.gpu_processes}
+            == expected
+        )
         assert [row.owner.pod for row in energy.pods] == [""]
 
 
 def test_ended_processes_expire_after_the_grace_period() -> None:
     attribution = Attribution(grace=5.0, process_limit=None)
-    attribution.update(SampleInputs(0.0, cpu_increases={(1, "a", "c1"): 1.0},
-                                    owners=owners({(1, "a", "c1"): 1.0})))
+    attribution.update(
+        SampleInputs(0.0, cpu_increases={(1, "a", "c1"): 1.0}, owners=owners({(1, "a", "c1"): 1.0}))
+    )
     assert len(attribution.update(SampleInputs(5.0)).cpu_processes) == 1
     energy = attribution.update(SampleInputs(5.5))
-    assert energy.cpu_processes == energy.gpu_processes == () and energy.containers == () and energy.pods == ()
+    assert (
+        energy.cpu_processes == energy.gpu_processes == ()
+        and energy.containers == ()
+        and energy.pods == ()
+    )
 
 
 def test_gpu_process_labels_win_for_processes_the_pod_list_does_not_know() -> None:
@@ -305,14 +450,23 @@ def test_gpu_process_labels_win_for_processes_the_pod_list_does_not_know() -> No
     attribution.update(SampleInputs(0.0, gpus=(gpu("G", energy_joules=0.0, processes=procs),)))
     reading = gpu("G", energy_joules=100.0, processes=procs)
     energy = attribution.update(SampleInputs(1.0, gpus=(reading,)))
-    assert [(row.pid, row.owner.namespace, row.owner.pod, row.gpu_joules) for row in energy.gpu_processes] == [
-        ("900", "ml", "train-0", 100.0)]
-    assert [(row.owner.namespace, row.owner.pod, row.gpu_joules) for row in energy.pods] == [("ml", "train-0", 100.0)]
+    assert [
+        (row.pid, row.owner.namespace, row.owner.pod, row.gpu_joules)
+        for row in energy.gpu_processes
+    ] == [("900", "ml", "train-0", 100.0)]
+    assert [(row.owner.namespace, row.owner.pod, row.gpu_joules) for row in energy.pods] == [
+        ("ml", "train-0", 100.0)
+    ]
 
 
 # One device per source that cannot list processes, named as that source names it (vendor, uuid).
-UNLISTED = [("amd", "AMD-b2c8a7e2f3d41c8f"), ("intel", "INTEL-0000:05:00.0"), ("nvidia", "JETSON-1421022123456"),
-            ("huawei", "ASCEND-0000:C1:00.0-0"), ("kunlun", "KL-R200-01")]
+UNLISTED = [
+    ("amd", "AMD-b2c8a7e2f3d41c8f"),
+    ("intel", "INTEL-0000:05:00.0"),
+    ("nvidia", "JETSON-1421022123456"),
+    ("huawei", "ASCEND-0000:C1:00.0-0"),
+    ("kunlun", "KL-R200-01"),
+]
 LISTING = "GPU-listing"  # an NVML device: it lists its processes, so none listed means none runs
 
 
@@ -327,13 +481,17 @@ def gain(before: dict[tuple, float], after: dict[tuple, float], key: tuple) -> f
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
-def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(data: st.DataObject) -> None:
+def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(
+    data: st.DataObject,
+) -> None:
     draw = data.draw
     idle_watts = draw(st.none() | st.floats(0, 300), label="gpu_idle_watts")
     # The "a" container of each device is named by the pod list, so its series carries the container id.
     pods = {f"cid-{uuid}": candidates(uuid)[0] for _, uuid in UNLISTED} | PODS
     devices = [(vendor, uuid, False) for vendor, uuid in UNLISTED] + [("nvidia", LISTING, True)]
-    with_counter = {uuid: draw(st.booleans(), label=f"{uuid} has an energy counter") for _, uuid, _ in devices}
+    with_counter = {
+        uuid: draw(st.booleans(), label=f"{uuid} has an energy counter") for _, uuid, _ in devices
+    }
     raw = {uuid: draw(st.floats(0, 1e6)) for _, uuid, _ in devices}
     raw_at_last_up: dict[str, float] = {}
     guard = CounterGuard()
@@ -358,33 +516,68 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(d
             elif up and step:
                 expected[uuid] = watts * dt
             # The kubelet's assignment changes now and then: nobody, one container, or several.
-            assigned[uuid] = tuple(draw(st.lists(st.sampled_from(candidates(uuid)), max_size=3, unique=True)))
-            processes = tuple(GpuProcess(pid, comm, utilization=draw(st.none() | st.floats(0, 1)), container_id=cid,
-                                         owner=PODS.get(cid, NO_POD))
-                              for pid, comm, cid in draw(st.lists(st.sampled_from(SLOTS), max_size=2, unique=True))
-                              ) if lists else ()
-            readings.append(guard.gpu(GpuReading(index=len(readings), uuid=uuid, vendor=vendor, model="m", up=up,
-                                                 power_watts=watts, processes=processes, lists_processes=lists,
-                                                 energy_joules=raw[uuid] if with_counter[uuid] else None,
-                                                 holders=holders(*assigned[uuid], pods=pods))))
+            assigned[uuid] = tuple(
+                draw(st.lists(st.sampled_from(candidates(uuid)), max_size=3, unique=True))
+            )
+            processes = (
+                tuple(
+                    GpuProcess(
+                        pid,
+                        comm,
+                        utilization=draw(st.none() | st.floats(0, 1)),
+                        container_id=cid,
+                        owner=PODS.get(cid, NO_POD),
+                    )
+                    for pid, comm, cid in draw(
+                        st.lists(st.sampled_from(SLOTS), max_size=2, unique=True)
+                    )
+                )
+                if lists
+                else ()
+            )
+            readings.append(
+                guard.gpu(
+                    GpuReading(
+                        index=len(readings),
+                        uuid=uuid,
+                        vendor=vendor,
+                        model="m",
+                        up=up,
+                        power_watts=watts,
+                        processes=processes,
+                        lists_processes=lists,
+                        energy_joules=raw[uuid] if with_counter[uuid] else None,
+                        holders=holders(*assigned[uuid], pods=pods),
+                    )
+                )
+            )
         after = identities(attribution.update(SampleInputs(now, gpus=tuple(readings))))
 
         assert_monotonic(before, after)
         assert all(value >= 0 for value in after.values())
-        assert increases(before, after, "pod", "gpu") == pytest.approx(increases(before, after, "container", "gpu"),
-                                                                        abs=1e-6)
+        assert increases(before, after, "pod", "gpu") == pytest.approx(
+            increases(before, after, "container", "gpu"), abs=1e-6
+        )
         listing_idle = gain(before, after, ("idle", LISTING))
         assert increases(before, after, "process", "gpu") + listing_idle == pytest.approx(
-            expected[LISTING], rel=1e-6, abs=1e-6)
+            expected[LISTING], rel=1e-6, abs=1e-6
+        )
         assert not any(key[:2] == ("unattributed", LISTING) for key in after)
         for _, uuid in UNLISTED:
             own_pods = {ref.pod for ref in candidates(uuid)}
-            attributed = sum(value - before.get(key, 0.0) for key, value in after.items()
-                             if key[:2] == ("container", "gpu") and key[6] in own_pods)
-            unattributed = {reason: gain(before, after, ("unattributed", uuid, reason))
-                            for reason in ("shared", "no_owner")}
+            attributed = sum(
+                value - before.get(key, 0.0)
+                for key, value in after.items()
+                if key[:2] == ("container", "gpu") and key[6] in own_pods
+            )
+            unattributed = {
+                reason: gain(before, after, ("unattributed", uuid, reason))
+                for reason in ("shared", "no_owner")
+            }
             idle = gain(before, after, ("idle", uuid))
-            assert idle + attributed + sum(unattributed.values()) == pytest.approx(expected[uuid], rel=0.01, abs=1e-6)
+            assert idle + attributed + sum(unattributed.values()) == pytest.approx(
+                expected[uuid], rel=0.01, abs=1e-6
+            )
             owners = assigned[uuid]
             # Only the reason that applies grows, and a device with one owner gives that container everything.
             assert unattributed["shared"] == 0 or len(owners) > 1
@@ -394,7 +587,10 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(d
             else:
                 assert attributed == 0
             if ("idle", uuid) in after:
-                assert {("unattributed", uuid, "shared"), ("unattributed", uuid, "no_owner")} <= after.keys()
+                assert {
+                    ("unattributed", uuid, "shared"),
+                    ("unattributed", uuid, "no_owner"),
+                } <= after.keys()
         assert not any(key[:2] == ("process", "gpu") and key[5] == "dev" for key in after)
         for key in after:
             if key[:2] == ("container", "gpu") and key[5] == "dev":
@@ -404,15 +600,26 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(d
 
 def test_an_unlisted_device_gives_its_active_energy_to_its_one_owner() -> None:
     attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
-    amd = GpuReading(index=0, uuid="AMD-1", vendor="amd", model="MI210", power_watts=250.0, lists_processes=False,
-                     holders=holders(PODS["c3"]))
+    amd = GpuReading(
+        index=0,
+        uuid="AMD-1",
+        vendor="amd",
+        model="MI210",
+        power_watts=250.0,
+        lists_processes=False,
+        holders=holders(PODS["c3"]),
+    )
     attribution.update(SampleInputs(0.0, gpus=(amd,)))
     energy = attribution.update(SampleInputs(2.0, gpus=(amd,)))
     # 500 J in 2 s: 100 J idle, the 400 J above it to the container the kubelet assigned the card to.
     assert energy.gpu_idle == (("AMD-1", pytest.approx(100.0)),)
-    assert [(row.container_id, row.owner.pod, row.owner.container, row.gpu_joules) for row in energy.containers] == [
-        ("c3", "train-0", "main", pytest.approx(400.0))]
-    assert [(row.owner.pod, row.gpu_joules) for row in energy.pods] == [("train-0", pytest.approx(400.0))]
+    assert [
+        (row.container_id, row.owner.pod, row.owner.container, row.gpu_joules)
+        for row in energy.containers
+    ] == [("c3", "train-0", "main", pytest.approx(400.0))]
+    assert [(row.owner.pod, row.gpu_joules) for row in energy.pods] == [
+        ("train-0", pytest.approx(400.0))
+    ]
     assert energy.gpu_processes == ()
     assert energy.gpu_unattributed == (("AMD-1", "no_owner", 0.0), ("AMD-1", "shared", 0.0))
 
@@ -420,13 +627,28 @@ def test_an_unlisted_device_gives_its_active_energy_to_its_one_owner() -> None:
 def test_shared_and_unowned_unlisted_devices_are_unattributed_by_reason() -> None:
     attribution = Attribution(gpu_idle_watts=50.0, process_limit=None)
     # Two replicas of card a; card b is nobody's.
-    cards = tuple(GpuReading(index=i, uuid=uuid, vendor="intel", model="Arc", power_watts=150.0,
-                             lists_processes=False, holders=held) for i, (uuid, held) in
-                  enumerate((("INTEL-a", holders(PODS["c1"], PODS["c3"])), ("INTEL-b", ()))))
+    cards = tuple(
+        GpuReading(
+            index=i,
+            uuid=uuid,
+            vendor="intel",
+            model="Arc",
+            power_watts=150.0,
+            lists_processes=False,
+            holders=held,
+        )
+        for i, (uuid, held) in enumerate(
+            (("INTEL-a", holders(PODS["c1"], PODS["c3"])), ("INTEL-b", ()))
+        )
+    )
     attribution.update(SampleInputs(0.0, gpus=cards))
     energy = attribution.update(SampleInputs(1.0, gpus=cards))
-    assert energy.gpu_unattributed == (("INTEL-a", "no_owner", 0.0), ("INTEL-a", "shared", pytest.approx(100.0)),
-                                       ("INTEL-b", "no_owner", pytest.approx(100.0)), ("INTEL-b", "shared", 0.0))
+    assert energy.gpu_unattributed == (
+        ("INTEL-a", "no_owner", 0.0),
+        ("INTEL-a", "shared", pytest.approx(100.0)),
+        ("INTEL-b", "no_owner", pytest.approx(100.0)),
+        ("INTEL-b", "shared", 0.0),
+    )
     assert energy.containers == () and energy.pods == ()
 
 

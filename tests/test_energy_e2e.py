@@ -45,8 +45,12 @@ class PacedBurner:
     """A child that, once started, uses a steady fraction of one CPU for a given time."""
 
     def __init__(self, rate: float, seconds: float) -> None:
-        self.process = subprocess.Popen([sys.executable, "-S", "-c", _PACED_BURN, str(rate), str(seconds)],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-S", "-c", _PACED_BURN, str(rate), str(seconds)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.pid = str(self.process.pid)
 
     def start(self) -> None:
@@ -87,12 +91,28 @@ def test_cpu_energy_split_3_to_1_by_cpu_time(tmp_path: Path) -> None:
     # stay shorter than one turn): the split must survive several wrap-arounds.
     tree.zone("intel-rapl:0", "package-0", 0, max_energy_range_uj=120_000_000)
     tree.zone("intel-rapl:0:0", "core", 0)
-    with tree.drawing("intel-rapl:0", watts=100.0, step=0.002), \
-            Agent("--sources", "procfs,rapl", "--sysfs", str(tree.sysfs), "--interval", "500ms",
-                  "--process-metrics", "all") as agent, PacedBurner(0.6, 4.0) as heavy, \
-            PacedBurner(0.2, 4.0) as light:
-        agent.wait_for(lambda: {heavy.pid, light.pid} <= set(by_pid(agent, "kepler_bridge_process_cpu_joules_total")),
-                       what="both burners have CPU energy series")
+    with (
+        tree.drawing("intel-rapl:0", watts=100.0, step=0.002),
+        Agent(
+            "--sources",
+            "procfs,rapl",
+            "--sysfs",
+            str(tree.sysfs),
+            "--interval",
+            "500ms",
+            "--process-metrics",
+            "all",
+        ) as agent,
+        PacedBurner(0.6, 4.0) as heavy,
+        PacedBurner(0.2, 4.0) as light,
+    ):
+        agent.wait_for(
+            lambda: (
+                {heavy.pid, light.pid}
+                <= set(by_pid(agent, "kepler_bridge_process_cpu_joules_total"))
+            ),
+            what="both burners have CPU energy series",
+        )
         before = scrape(agent)
         heavy.start()
         light.start()
@@ -106,21 +126,41 @@ def test_cpu_energy_split_3_to_1_by_cpu_time(tmp_path: Path) -> None:
     def gain(name: str, label: str, key: str) -> float:
         return by(label, after[name])[key] - by(label, before[name])[key]
 
-    joules = {pid: gain("kepler_bridge_process_cpu_joules_total", "pid", pid) for pid in (heavy.pid, light.pid)}
-    seconds = {pid: gain("kepler_bridge_process_cpu_seconds_total", "pid", pid) for pid in (heavy.pid, light.pid)}
-    assert seconds[heavy.pid] == pytest.approx(2.4, rel=0.05) and seconds[light.pid] == pytest.approx(0.8, rel=0.05)
+    joules = {
+        pid: gain("kepler_bridge_process_cpu_joules_total", "pid", pid)
+        for pid in (heavy.pid, light.pid)
+    }
+    seconds = {
+        pid: gain("kepler_bridge_process_cpu_seconds_total", "pid", pid)
+        for pid in (heavy.pid, light.pid)
+    }
+    assert seconds[heavy.pid] == pytest.approx(2.4, rel=0.05) and seconds[
+        light.pid
+    ] == pytest.approx(0.8, rel=0.05)
     assert joules[heavy.pid] / joules[light.pid] == pytest.approx(3.0, rel=0.05), (joules, seconds)
     package = gain("kepler_bridge_node_cpu_joules_total", "zone", "package")
     assert package > 400.0  # 4 s at 100 W, through several wrap-arounds
     assert sum(joules.values()) < package
-    assert {labels["source"] for labels, _ in after["kepler_bridge_node_cpu_joules_total"]} == {"rapl"}
-    assert {labels["zone"] for labels, _ in after["kepler_bridge_node_cpu_joules_total"]} == {"package", "core"}
+    assert {labels["source"] for labels, _ in after["kepler_bridge_node_cpu_joules_total"]} == {
+        "rapl"
+    }
+    assert {labels["zone"] for labels, _ in after["kepler_bridge_node_cpu_joules_total"]} == {
+        "package",
+        "core",
+    }
 
 
 def test_cpu_energy_series_absent_without_rapl(tmp_path: Path) -> None:
     (tmp_path / "sys" / "class" / "powercap").mkdir(parents=True)
-    with Agent("--sources", "procfs,rapl", "--sysfs", str(tmp_path / "sys"), "--interval", "200ms",
-               ready=True) as agent:
+    with Agent(
+        "--sources",
+        "procfs,rapl",
+        "--sysfs",
+        str(tmp_path / "sys"),
+        "--interval",
+        "200ms",
+        ready=True,
+    ) as agent:
         text = agent.metrics()
         assert "kepler_bridge_process_cpu_seconds_total" in text
         assert "_cpu_joules_total" not in text
@@ -130,7 +170,9 @@ def test_cpu_energy_series_absent_without_rapl(tmp_path: Path) -> None:
 
 
 @contextmanager
-def drawing(write: Callable[[float], None], joules: float, watts: float, step: float = 0.1) -> Iterator[None]:
+def drawing(
+    write: Callable[[float], None], joules: float, watts: float, step: float = 0.1
+) -> Iterator[None]:
     """While the block runs, write(counter) every `step` seconds, the counter (J) rising from `joules` at `watts`."""
     stop = threading.Event()
 
@@ -153,20 +195,46 @@ def drawing(write: Callable[[float], None], joules: float, watts: float, step: f
 
 def gpu_drawing(fake: FakeNvml, index: int, watts: float) -> Iterator[None]:
     """Advance a fake GPU's energy counter (mJ) at `watts` while the block runs."""
-    return drawing(lambda joules: fake.gpu(index, total_energy=int(joules * 1000)),
-                   fake.gpus[index]["total_energy"] / 1000, watts)
+    return drawing(
+        lambda joules: fake.gpu(index, total_energy=int(joules * 1000)),
+        fake.gpus[index]["total_energy"] / 1000,
+        watts,
+    )
 
 
 def test_gpu_energy_split_3_to_1_by_sm_utilization(fake_nvml: FakeNvml) -> None:
-    fake_nvml.processes(0, [{"pid": 999001, "used_memory": 2 * GIB, "sm_util": 60},
-                            {"pid": 999002, "used_memory": GIB, "sm_util": 20}])
+    fake_nvml.processes(
+        0,
+        [
+            {"pid": 999001, "used_memory": 2 * GIB, "sm_util": 60},
+            {"pid": 999002, "used_memory": GIB, "sm_util": 20},
+        ],
+    )
     fake_nvml.processes(1, [])
     fake_nvml.gpu(0, power_usage=250_000)
-    with gpu_drawing(fake_nvml, 0, watts=250.0), \
-            Agent("--sources", "nvml", "--nvml-library", str(fake_nvml.library), "--interval", "200ms",
-                  "--gpu-idle-watts", "50", "--process-metrics", "all", env=fake_nvml.env()) as agent:
-        agent.wait_for(lambda: all(by_pid(agent, "kepler_bridge_process_gpu_joules_total").get(pid, 0) > 0
-                                   for pid in ("999001", "999002")), what="GPU energy for both processes")
+    with (
+        gpu_drawing(fake_nvml, 0, watts=250.0),
+        Agent(
+            "--sources",
+            "nvml",
+            "--nvml-library",
+            str(fake_nvml.library),
+            "--interval",
+            "200ms",
+            "--gpu-idle-watts",
+            "50",
+            "--process-metrics",
+            "all",
+            env=fake_nvml.env(),
+        ) as agent,
+    ):
+        agent.wait_for(
+            lambda: all(
+                by_pid(agent, "kepler_bridge_process_gpu_joules_total").get(pid, 0) > 0
+                for pid in ("999001", "999002")
+            ),
+            what="GPU energy for both processes",
+        )
         before = scrape(agent)
         time.sleep(2.0)
         after = scrape(agent)
@@ -174,7 +242,10 @@ def test_gpu_energy_split_3_to_1_by_sm_utilization(fake_nvml: FakeNvml) -> None:
     def gain(name: str, label: str, key: str) -> float:
         return by(label, after[name])[key] - by(label, before[name])[key]
 
-    gained = {pid: gain("kepler_bridge_process_gpu_joules_total", "pid", pid) for pid in ("999001", "999002")}
+    gained = {
+        pid: gain("kepler_bridge_process_gpu_joules_total", "pid", pid)
+        for pid in ("999001", "999002")
+    }
     assert gained["999001"] / gained["999002"] == pytest.approx(3.0, rel=0.05), gained
     idle = gain("kepler_bridge_node_gpu_idle_joules_total", "gpu", "0")
     total = gain("gpu_energy_joules_total", "gpu", "0")
@@ -189,29 +260,55 @@ def test_gpu_energy_split_3_to_1_by_sm_utilization(fake_nvml: FakeNvml) -> None:
 
 def write_microjoules(path: Path) -> Callable[[float], None]:
     """A writer of a hwmon energy file (µJ) that replaces it whole, so the agent never reads half a number."""
+
     def write(joules: float) -> None:
         partial = path.with_name(f".{path.name}")
         partial.write_text(f"{round(joules * 1e6)}\n")
         os.replace(partial, path)
+
     return write
 
 
-def test_an_amd_card_without_process_data_gives_the_pod_holding_it_its_energy_above_idle(tmp_path: Path) -> None:
+def test_an_amd_card_without_process_data_gives_the_pod_holding_it_its_energy_above_idle(
+    tmp_path: Path,
+) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
     owned = sysfs.amd_mi210(0, "0000:c3:00.0")  # has an energy counter, drawn at 250 W below
     sysfs.amd_rx7900(1, "0000:03:00.0")  # no counter: power1_input 65 W all along
     (energy_file,) = (owned / "device" / "hwmon").glob("hwmon*/energy1_input")
     socket = tmp_path / "kubelet.sock"
     # AMD's device plugin names a card by its PCI address; the second card is handed to two pods.
-    assigned = list_response([("ml", "train-0", [("main", [("amd.com/gpu", ["0000:c3:00.0"])])]),
-                              ("ml", "infer-a", [("server", [("amd.com/gpu", ["0000:03:00.0"])])]),
-                              ("ml", "infer-b", [("server", [("amd.com/gpu", ["0000:03:00.0"])])])])
-    with FakePodResources(socket, assigned), \
-            drawing(write_microjoules(energy_file), int(energy_file.read_text()) / 1e6, watts=250.0), \
-            Agent("--sources", "amdgpu", "--sysfs", str(sysfs.root), "--interval", "200ms", "--kube-source", "off",
-                  "--pod-resources-socket", str(socket), "--gpu-idle-watts", "50") as agent:
-        agent.wait_for(lambda: by("pod", series(agent, "kepler_bridge_pod_gpu_joules_total")).get("train-0", 0) > 0,
-                       what="GPU energy for the pod holding card 0")
+    assigned = list_response(
+        [
+            ("ml", "train-0", [("main", [("amd.com/gpu", ["0000:c3:00.0"])])]),
+            ("ml", "infer-a", [("server", [("amd.com/gpu", ["0000:03:00.0"])])]),
+            ("ml", "infer-b", [("server", [("amd.com/gpu", ["0000:03:00.0"])])]),
+        ]
+    )
+    with (
+        FakePodResources(socket, assigned),
+        drawing(write_microjoules(energy_file), int(energy_file.read_text()) / 1e6, watts=250.0),
+        Agent(
+            "--sources",
+            "amdgpu",
+            "--sysfs",
+            str(sysfs.root),
+            "--interval",
+            "200ms",
+            "--kube-source",
+            "off",
+            "--pod-resources-socket",
+            str(socket),
+            "--gpu-idle-watts",
+            "50",
+        ) as agent,
+    ):
+        agent.wait_for(
+            lambda: (
+                by("pod", series(agent, "kepler_bridge_pod_gpu_joules_total")).get("train-0", 0) > 0
+            ),
+            what="GPU energy for the pod holding card 0",
+        )
         before = scrape(agent)
         time.sleep(1.5)
         after = scrape(agent)
@@ -224,17 +321,31 @@ def test_an_amd_card_without_process_data_gives_the_pod_holding_it_its_energy_ab
 
     pod = gain("kepler_bridge_pod_gpu_joules_total", "pod", "train-0")
     idle = {gpu: gain("kepler_bridge_node_gpu_idle_joules_total", "gpu", gpu) for gpu in ("0", "1")}
-    lost = {key: value - unattributed(before["kepler_bridge_node_gpu_unattributed_joules_total"])[key]
-            for key, value in unattributed(after["kepler_bridge_node_gpu_unattributed_joules_total"]).items()}
+    lost = {
+        key: value - unattributed(before["kepler_bridge_node_gpu_unattributed_joules_total"])[key]
+        for key, value in unattributed(
+            after["kepler_bridge_node_gpu_unattributed_joules_total"]
+        ).items()
+    }
     total = gain("gpu_energy_joules_total", "gpu", "0")
     assert total > 250  # 1.5 s at 250 W
     assert pod > idle["0"]  # 200 of the 250 W are above the 50 W idle
     # Card 0: its whole energy is idle or its pod's; card 1: 15 of its 65 W are active, but whose is unknown.
     assert idle["0"] + pod == pytest.approx(total, rel=1e-6)
-    assert lost == {("0", "shared"): 0.0, ("0", "no_owner"): 0.0, ("1", "shared"): pytest.approx(idle["1"] * 15 / 50),
-                    ("1", "no_owner"): 0.0}
-    assert [labels["pod"] for labels, _ in after["kepler_bridge_pod_gpu_joules_total"]] == ["train-0"]
-    assert [(labels["container_id"], labels["container"]) for labels, _ in
-            after["kepler_bridge_container_gpu_joules_total"]] == [("", "main")]
+    assert lost == {
+        ("0", "shared"): 0.0,
+        ("0", "no_owner"): 0.0,
+        ("1", "shared"): pytest.approx(idle["1"] * 15 / 50),
+        ("1", "no_owner"): 0.0,
+    }
+    assert [labels["pod"] for labels, _ in after["kepler_bridge_pod_gpu_joules_total"]] == [
+        "train-0"
+    ]
+    assert [
+        (labels["container_id"], labels["container"])
+        for labels, _ in after["kepler_bridge_container_gpu_joules_total"]
+    ] == [("", "main")]
     assert "kepler_bridge_process_gpu_joules_total" not in after
-    assert [(labels["gpu"], labels["pod"]) for labels, _ in after["gpu_pod_info"]] == [("0", "train-0")]
+    assert [(labels["gpu"], labels["pod"]) for labels, _ in after["gpu_pod_info"]] == [
+        ("0", "train-0")
+    ]

@@ -110,8 +110,12 @@ class NvmlProcess:
         self._stderr = open(self.stderr_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(fake.library)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-            env=env, text=True, bufsize=1,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+            text=True,
+            bufsize=1,
         )
         self.last_elapsed = 0.0
 
@@ -200,12 +204,29 @@ def test_build_werror_and_cache(tmp_path: Path) -> None:
     assert lib.stat().st_mtime_ns > SOURCE.stat().st_mtime_ns
     # stricter warnings than the build uses stay clean too
     strict = subprocess.run(
-        ["gcc", *CFLAGS, "-Wpedantic", "-Wshadow", "-Wconversion", "-o", str(tmp_path / "strict.so"), str(SOURCE)],
-        capture_output=True, text=True,
+        [
+            "gcc",
+            *CFLAGS,
+            "-Wpedantic",
+            "-Wshadow",
+            "-Wconversion",
+            "-o",
+            str(tmp_path / "strict.so"),
+            str(SOURCE),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert strict.returncode == 0, strict.stderr
-    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
-    for sym in ("nvmlInitWithFlags", "nvmlDeviceGetMemoryInfo_v2", "nvmlEventSetWait_v2", "fakenvml_call_count"):
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True
+    ).stdout
+    for sym in (
+        "nvmlInitWithFlags",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlEventSetWait_v2",
+        "fakenvml_call_count",
+    ):
         assert f" {sym}\n" in symbols
 
 
@@ -236,8 +257,9 @@ def test_defaults_are_plausible(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     assert nvml.call("nvmlDeviceGetUtilizationRates", H(1))["gpu"] == 50
     assert nvml.call("nvmlDeviceGetTemperature", H(0), 0) == 60
     assert nvml.call("nvmlDeviceGetPowerUsage", H(0)) == 250_000
-    procs = nvml.call("nvmlDeviceGetComputeRunningProcesses", H(0)) + \
-        nvml.call("nvmlDeviceGetComputeRunningProcesses", H(1))
+    procs = nvml.call("nvmlDeviceGetComputeRunningProcesses", H(0)) + nvml.call(
+        "nvmlDeviceGetComputeRunningProcesses", H(1)
+    )
     assert sorted(p["pid"] for p in procs) == [1000, 1001, 1002, 1003]
     assert fake_nvml.gpus[0] == default_gpu(0)
 
@@ -245,15 +267,36 @@ def test_defaults_are_plausible(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
 def test_values_round_trip_in_nvml_units(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     fake_nvml.set(driver_version="535.104.05", nvml_version="12.535.104.05")
     fake_nvml.gpu(
-        1, name="NVIDIA H100 80GB HBM3", uuid="GPU-12345678-aaaa-bbbb-cccc-0123456789ab",
-        pci_bus_id="00000000:3B:00.0", pci_device_id=0x233010DE,
-        utilization_gpu=87, utilization_memory=41, encoder_utilization=12, decoder_utilization=7,
-        memory_total=85_520_809_984, memory_used=1_234_567_890, memory_free=83_000_000_000,
-        memory_reserved=567_000_000, temperature=71, memory_temperature=83,
-        power_usage=312_456, power_limit=700_000, total_energy=98_765_432_109,
-        clock_graphics=1755, clock_sm=1980, clock_memory=2619, clock_video=1545, fan_speed=33,
-        pcie_tx=123_456, pcie_rx=654_321, performance_state=2, clocks_event_reasons=0x40 | 0x4,
-        ecc_corrected_volatile=5, ecc_uncorrected_volatile=1, ecc_corrected_aggregate=50,
+        1,
+        name="NVIDIA H100 80GB HBM3",
+        uuid="GPU-12345678-aaaa-bbbb-cccc-0123456789ab",
+        pci_bus_id="00000000:3B:00.0",
+        pci_device_id=0x233010DE,
+        utilization_gpu=87,
+        utilization_memory=41,
+        encoder_utilization=12,
+        decoder_utilization=7,
+        memory_total=85_520_809_984,
+        memory_used=1_234_567_890,
+        memory_free=83_000_000_000,
+        memory_reserved=567_000_000,
+        temperature=71,
+        memory_temperature=83,
+        power_usage=312_456,
+        power_limit=700_000,
+        total_energy=98_765_432_109,
+        clock_graphics=1755,
+        clock_sm=1980,
+        clock_memory=2619,
+        clock_video=1545,
+        fan_speed=33,
+        pcie_tx=123_456,
+        pcie_rx=654_321,
+        performance_state=2,
+        clocks_event_reasons=0x40 | 0x4,
+        ecc_corrected_volatile=5,
+        ecc_uncorrected_volatile=1,
+        ecc_corrected_aggregate=50,
         ecc_uncorrected_aggregate=10,
     )
     p = nvml
@@ -265,12 +308,20 @@ def test_values_round_trip_in_nvml_units(fake_nvml: FakeNvml, nvml: NvmlProcess)
     assert p.call("nvmlDeviceGetUUID", h) == "GPU-12345678-aaaa-bbbb-cccc-0123456789ab"
     pci = p.call("nvmlDeviceGetPciInfo", h)
     assert pci["busId"] == "00000000:3B:00.0" and pci["busIdLegacy"] == "0000:3B:00.0"
-    assert (pci["domain"], pci["bus"], pci["device"], pci["pciDeviceId"]) == (0, 0x3B, 0, 0x233010DE)
+    assert (pci["domain"], pci["bus"], pci["device"], pci["pciDeviceId"]) == (
+        0,
+        0x3B,
+        0,
+        0x233010DE,
+    )
     assert p.call("nvmlDeviceGetUtilizationRates", h) == {"gpu": 87, "memory": 41}
     assert p.call("nvmlDeviceGetEncoderUtilization", h)[0] == 12
     assert p.call("nvmlDeviceGetDecoderUtilization", h)[0] == 7
     assert p.call("nvmlDeviceGetMemoryInfo", h) == {
-        "total": 85_520_809_984, "free": 83_000_000_000, "used": 1_234_567_890}
+        "total": 85_520_809_984,
+        "free": 83_000_000_000,
+        "used": 1_234_567_890,
+    }
     assert p.call("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU) == 71
     fv = p.call("nvmlDeviceGetFieldValues", h, [pynvml.NVML_FI_DEV_MEMORY_TEMP])[0]
     assert fv["nvmlReturn"] == 0 and fv["valueType"] == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
@@ -299,9 +350,16 @@ def test_values_round_trip_in_nvml_units(fake_nvml: FakeNvml, nvml: NvmlProcess)
 
 
 def test_garbage_values_pass_through(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
-    fake_nvml.gpu(0, utilization_gpu=250, temperature=4294967295, power_usage=-1,
-                  performance_state=pynvml.NVML_PSTATE_UNKNOWN, memory_used=2**64 - 1,
-                  memory_free=0, memory_total=0)
+    fake_nvml.gpu(
+        0,
+        utilization_gpu=250,
+        temperature=4294967295,
+        power_usage=-1,
+        performance_state=pynvml.NVML_PSTATE_UNKNOWN,
+        memory_used=2**64 - 1,
+        memory_free=0,
+        memory_total=0,
+    )
     assert nvml.call("nvmlDeviceGetUtilizationRates", H(0))["gpu"] == 250
     assert nvml.call("nvmlDeviceGetTemperature", H(0), 0) == 4294967295
     assert nvml.call("nvmlDeviceGetPowerUsage", H(0)) == 4294967295  # -1 wraps like C
@@ -312,17 +370,29 @@ def test_garbage_values_pass_through(fake_nvml: FakeNvml, nvml: NvmlProcess) -> 
 def test_memory_v2_and_fallback(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     fake_nvml.gpu(0, memory_total=1000, memory_used=300, memory_free=600, memory_reserved=100)
     v2 = nvml.call("nvmlDeviceGetMemoryInfo", H(0), pynvml.nvmlMemory_v2)
-    assert v2 == {"version": pynvml.nvmlMemory_v2, "total": 1000, "reserved": 100, "free": 600, "used": 300}
+    assert v2 == {
+        "version": pynvml.nvmlMemory_v2,
+        "total": 1000,
+        "reserved": 100,
+        "free": 600,
+        "used": 300,
+    }
     # a wrong struct version is refused like the real driver does
-    assert nvml.exec("""
+    assert (
+        nvml.exec("""
         m = pynvml.c_nvmlMemory_v2_t(); m.version = 1
         result = pynvml.nvmlLib.nvmlDeviceGetMemoryInfo_v2(H(0), ctypes.byref(m))
-    """) == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    """)
+        == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    )
     fake_nvml.gpu(0, memory_v2=False)
     raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetMemoryInfo", H(0), pynvml.nvmlMemory_v2)
     assert nvml.call("nvmlDeviceGetMemoryInfo", H(0)) == {"total": 1000, "free": 600, "used": 300}
     # the other GPU still has v2
-    assert nvml.call("nvmlDeviceGetMemoryInfo", H(1), pynvml.nvmlMemory_v2)["version"] == pynvml.nvmlMemory_v2
+    assert (
+        nvml.call("nvmlDeviceGetMemoryInfo", H(1), pynvml.nvmlMemory_v2)["version"]
+        == pynvml.nvmlMemory_v2
+    )
 
 
 def test_runtime_change_is_seen_without_reinit(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
@@ -371,30 +441,52 @@ def test_lost_gpu_fails_only_that_device(fake_nvml: FakeNvml, nvml: NvmlProcess)
     nvml.call("nvmlDeviceGetUUID", H(1))
     fake_nvml.gpu(0, lost=True)
     for name, args in [
-        ("nvmlDeviceGetUUID", ()), ("nvmlDeviceGetName", ()), ("nvmlDeviceGetUtilizationRates", ()),
-        ("nvmlDeviceGetMemoryInfo", ()), ("nvmlDeviceGetTemperature", (0,)), ("nvmlDeviceGetPowerUsage", ()),
-        ("nvmlDeviceGetTotalEnergyConsumption", ()), ("nvmlDeviceGetComputeRunningProcesses", ()),
-        ("nvmlDeviceGetProcessUtilization", (0,)), ("nvmlDeviceGetIndex", ()),
+        ("nvmlDeviceGetUUID", ()),
+        ("nvmlDeviceGetName", ()),
+        ("nvmlDeviceGetUtilizationRates", ()),
+        ("nvmlDeviceGetMemoryInfo", ()),
+        ("nvmlDeviceGetTemperature", (0,)),
+        ("nvmlDeviceGetPowerUsage", ()),
+        ("nvmlDeviceGetTotalEnergyConsumption", ()),
+        ("nvmlDeviceGetComputeRunningProcesses", ()),
+        ("nvmlDeviceGetProcessUtilization", (0,)),
+        ("nvmlDeviceGetIndex", ()),
     ]:
         err = raises(nvml, "NVMLError_GpuIsLost", name, H(0), *args)
         assert err.code == pynvml.NVML_ERROR_GPU_IS_LOST and err.text == "GPU is lost"
     assert nvml.call("nvmlDeviceGetUtilizationRates", H(1))["gpu"] == 50
     assert nvml.call("nvmlDeviceGetCount") == 2
     # a new handle for the lost GPU cannot be had either (as nvidia-smi shows)
-    assert nvml.exec("""
+    assert (
+        nvml.exec("""
         h = pynvml.c_nvmlDevice_t()
         result = pynvml.nvmlLib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h))
-    """) == pynvml.NVML_ERROR_GPU_IS_LOST
+    """)
+        == pynvml.NVML_ERROR_GPU_IS_LOST
+    )
     fake_nvml.gpu(0, lost=False)
     assert nvml.call("nvmlDeviceGetUtilizationRates", H(0))["gpu"] == 50
 
 
 def test_not_supported_fields(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
-    fake_nvml.gpu(0, not_supported=["fan_speed", "power_usage", "memory_temperature", "encoder_utilization",
-                                    "clock_video", "ecc", "nvmlDeviceGetCurrentClocksEventReasons"])
+    fake_nvml.gpu(
+        0,
+        not_supported=[
+            "fan_speed",
+            "power_usage",
+            "memory_temperature",
+            "encoder_utilization",
+            "clock_video",
+            "ecc",
+            "nvmlDeviceGetCurrentClocksEventReasons",
+        ],
+    )
     for name, args in [
-        ("nvmlDeviceGetFanSpeed", ()), ("nvmlDeviceGetPowerUsage", ()), ("nvmlDeviceGetEncoderUtilization", ()),
-        ("nvmlDeviceGetClockInfo", (pynvml.NVML_CLOCK_VIDEO,)), ("nvmlDeviceGetTotalEccErrors", (1, 0)),
+        ("nvmlDeviceGetFanSpeed", ()),
+        ("nvmlDeviceGetPowerUsage", ()),
+        ("nvmlDeviceGetEncoderUtilization", ()),
+        ("nvmlDeviceGetClockInfo", (pynvml.NVML_CLOCK_VIDEO,)),
+        ("nvmlDeviceGetTotalEccErrors", (1, 0)),
         ("nvmlDeviceGetCurrentClocksEventReasons", ()),
     ]:
         err = raises(nvml, "NVMLError_NotSupported", name, H(0), *args)
@@ -410,17 +502,22 @@ def test_not_supported_fields(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     assert [v["nvmlReturn"] for v in values] == [0, pynvml.NVML_ERROR_NOT_SUPPORTED]
     assert values[0]["value"]["uiVal"] == 70
     # arbitrary error codes per field or function
-    fake_nvml.gpu(1, errors={"temperature": pynvml.NVML_ERROR_NO_PERMISSION, "nvmlDeviceGetName": 999})
+    fake_nvml.gpu(
+        1, errors={"temperature": pynvml.NVML_ERROR_NO_PERMISSION, "nvmlDeviceGetName": 999}
+    )
     raises(nvml, "NVMLError_NoPermission", "nvmlDeviceGetTemperature", H(1), 0)
     raises(nvml, "NVMLError_Unknown", "nvmlDeviceGetName", H(1))
     fake_nvml.gpu(0, not_supported=[])
     assert nvml.call("nvmlDeviceGetFanSpeed", H(0)) == 40
 
 
-@pytest.mark.parametrize("code,cls", [
-    (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "NVMLError_DriverNotLoaded"),
-    (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "NVMLError_LibRmVersionMismatch"),
-])
+@pytest.mark.parametrize(
+    "code,cls",
+    [
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "NVMLError_DriverNotLoaded"),
+        (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "NVMLError_LibRmVersionMismatch"),
+    ],
+)
 def test_init_error(fake_nvml: FakeNvml, spawn, code: int, cls: str) -> None:
     fake_nvml.set(init_error=code)
     p = spawn(fake_nvml, init=False)
@@ -452,8 +549,11 @@ def test_fail_all(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     nvml.call("nvmlDeviceGetUUID", H(1))
     fake_nvml.set(fail_all=pynvml.NVML_ERROR_UNKNOWN)
     for name, args in [
-        ("nvmlDeviceGetCount", ()), ("nvmlSystemGetDriverVersion", ()), ("nvmlDeviceGetHandleByIndex", (0,)),
-        ("nvmlDeviceGetUtilizationRates", (H(1),)), ("nvmlDeviceGetMemoryInfo", (H(1),)),
+        ("nvmlDeviceGetCount", ()),
+        ("nvmlSystemGetDriverVersion", ()),
+        ("nvmlDeviceGetHandleByIndex", (0,)),
+        ("nvmlDeviceGetUtilizationRates", (H(1),)),
+        ("nvmlDeviceGetMemoryInfo", (H(1),)),
         ("nvmlEventSetCreate", ()),
     ]:
         err = raises(nvml, "NVMLError_Unknown", name, *args)
@@ -473,9 +573,17 @@ def test_global_errors_by_function(fake_nvml: FakeNvml, nvml: NvmlProcess) -> No
 
 
 def test_error_strings(nvml: NvmlProcess) -> None:
-    expected = {0: "Success", 1: "Uninitialized", 3: "Not Supported", 9: "Driver Not Loaded", 10: "Timeout",
-                15: "GPU is lost", 18: "RM has detected an NVML/RM version mismatch.", 999: "Unknown Error",
-                12345: "Unknown Error"}
+    expected = {
+        0: "Success",
+        1: "Uninitialized",
+        3: "Not Supported",
+        9: "Driver Not Loaded",
+        10: "Timeout",
+        15: "GPU is lost",
+        18: "RM has detected an NVML/RM version mismatch.",
+        999: "Unknown Error",
+        12345: "Unknown Error",
+    }
     for code, text in expected.items():
         assert nvml.call("nvmlErrorString", code) == text
 
@@ -524,16 +632,29 @@ def test_running_processes(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     assert [(p["pid"], p["usedGpuMemory"]) for p in procs] == [(1000, 1024**3), (1001, 2 * 1024**3)]
     assert procs[0]["gpuInstanceId"] == 0xFFFFFFFF
     assert nvml.call("nvmlDeviceGetGraphicsRunningProcesses", H(0)) == []
-    fake_nvml.processes(1, [
-        {"pid": 4242, "used_memory": 5 * 1024**2, "sm_util": 90, "mem_util": 40, "type": "compute"},
-        {"pid": 4343, "used_memory": 2**64 - 1, "type": "graphics"},
-        {"pid": 4444, "used_memory": 7, "type": "both"},
-    ] + [{"pid": 5000 + n, "used_memory": n} for n in range(40)])  # more than pynvml's first guess
+    fake_nvml.processes(
+        1,
+        [
+            {
+                "pid": 4242,
+                "used_memory": 5 * 1024**2,
+                "sm_util": 90,
+                "mem_util": 40,
+                "type": "compute",
+            },
+            {"pid": 4343, "used_memory": 2**64 - 1, "type": "graphics"},
+            {"pid": 4444, "used_memory": 7, "type": "both"},
+        ]
+        + [{"pid": 5000 + n, "used_memory": n} for n in range(40)],
+    )  # more than pynvml's first guess
     compute = nvml.call("nvmlDeviceGetComputeRunningProcesses", H(1))
     assert [p["pid"] for p in compute] == [4242, 4444] + [5000 + n for n in range(40)]
     assert compute[0]["usedGpuMemory"] == 5 * 1024**2
     graphics = nvml.call("nvmlDeviceGetGraphicsRunningProcesses", H(1))
-    assert [(p["pid"], p["usedGpuMemory"]) for p in graphics] == [(4343, None), (4444, 7)]  # N/A -> None
+    assert [(p["pid"], p["usedGpuMemory"]) for p in graphics] == [
+        (4343, None),
+        (4444, 7),
+    ]  # N/A -> None
     fake_nvml.processes(1, [])
     assert nvml.call("nvmlDeviceGetComputeRunningProcesses", H(1)) == []
     # the INSUFFICIENT_SIZE protocol at the C level
@@ -551,17 +672,32 @@ def test_running_processes(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
 def test_process_utilization(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     before = int(time.time() * 1e6)
     samples = nvml.call("nvmlDeviceGetProcessUtilization", H(0), 0)
-    assert [(s["pid"], s["smUtil"], s["memUtil"]) for s in samples] == [(1000, 20, 10), (1001, 30, 15)]
+    assert [(s["pid"], s["smUtil"], s["memUtil"]) for s in samples] == [
+        (1000, 20, 10),
+        (1001, 30, 15),
+    ]
     assert all(s["timeStamp"] >= before for s in samples)  # timestamp 0 = a fresh sample every call
     last = max(s["timeStamp"] for s in samples)
     assert nvml.call("nvmlDeviceGetProcessUtilization", H(0), last)  # still fresh later
-    fake_nvml.processes(0, [
-        {"pid": 7, "sm_util": 11, "mem_util": 12, "enc_util": 13, "dec_util": 14, "timestamp": 1_000_000},
-        {"pid": 8, "sm_util": 21, "timestamp": 2_000_000},
-    ])
+    fake_nvml.processes(
+        0,
+        [
+            {
+                "pid": 7,
+                "sm_util": 11,
+                "mem_util": 12,
+                "enc_util": 13,
+                "dec_util": 14,
+                "timestamp": 1_000_000,
+            },
+            {"pid": 8, "sm_util": 21, "timestamp": 2_000_000},
+        ],
+    )
     samples = nvml.call("nvmlDeviceGetProcessUtilization", H(0), 0)
-    assert [(s["pid"], s["timeStamp"], s["smUtil"], s["memUtil"], s["encUtil"], s["decUtil"]) for s in samples] == [
-        (7, 1_000_000, 11, 12, 13, 14), (8, 2_000_000, 21, 0, 0, 0)]
+    assert [
+        (s["pid"], s["timeStamp"], s["smUtil"], s["memUtil"], s["encUtil"], s["decUtil"])
+        for s in samples
+    ] == [(7, 1_000_000, 11, 12, 13, 14), (8, 2_000_000, 21, 0, 0, 0)]
     assert [s["pid"] for s in nvml.call("nvmlDeviceGetProcessUtilization", H(0), 1_000_000)] == [8]
     raises(nvml, "NVMLError_NotFound", "nvmlDeviceGetProcessUtilization", H(0), 2_000_000)
     fake_nvml.processes(0, [])
@@ -577,7 +713,9 @@ def test_process_utilization(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
 
 def test_xid_events_in_order_once_and_timeout(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     fake_nvml.add_xid(0, 13)  # before the set exists: never delivered
-    assert nvml.call("nvmlDeviceGetSupportedEventTypes", H(0)) & pynvml.nvmlEventTypeXidCriticalError
+    assert (
+        nvml.call("nvmlDeviceGetSupportedEventTypes", H(0)) & pynvml.nvmlEventTypeXidCriticalError
+    )
     es = nvml.call("nvmlEventSetCreate")
     nvml.call("nvmlDeviceRegisterEvents", H(0), pynvml.nvmlEventTypeXidCriticalError, es)
     nvml.call("nvmlDeviceRegisterEvents", H(1), pynvml.nvmlEventTypeXidCriticalError, es)
@@ -672,11 +810,24 @@ def test_event_wait_ends_on_shutdown_and_fail_all(fake_nvml: FakeNvml, nvml: Nvm
 def test_register_unsupported_event_type(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     fake_nvml.gpu(0, supported_event_types=pynvml.nvmlEventTypeXidCriticalError)
     es = nvml.call("nvmlEventSetCreate")
-    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceRegisterEvents", H(0), pynvml.nvmlEventTypePState, es)
+    raises(
+        nvml,
+        "NVMLError_NotSupported",
+        "nvmlDeviceRegisterEvents",
+        H(0),
+        pynvml.nvmlEventTypePState,
+        es,
+    )
     fake_nvml.gpu(1, not_supported=["events"])
     raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetSupportedEventTypes", H(1))
-    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceRegisterEvents", H(1),
-           pynvml.nvmlEventTypeXidCriticalError, es)
+    raises(
+        nvml,
+        "NVMLError_NotSupported",
+        "nvmlDeviceRegisterEvents",
+        H(1),
+        pynvml.nvmlEventTypeXidCriticalError,
+        es,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -699,11 +850,14 @@ def test_stats_counts(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     assert calls["nvmlDeviceGetPowerUsage"] == 1
     assert calls["nvmlDeviceGetTemperature"] == 0  # Counter: never called -> 0
     # the same numbers through the exported counter, in-process
-    assert nvml.exec("""
+    assert (
+        nvml.exec("""
         f = pynvml.nvmlLib.fakenvml_call_count
         f.restype = ctypes.c_ulonglong
         result = f(b"nvmlDeviceGetFanSpeed")
-    """) == 8
+    """)
+        == 8
+    )
     nvml.exec("pynvml.nvmlLib.fakenvml_reset_counts()")
     assert fake_nvml.calls()["nvmlDeviceGetFanSpeed"] == 0
 
@@ -718,7 +872,8 @@ def test_stats_bursts_are_flushed(fake_nvml: FakeNvml, nvml: NvmlProcess, spawn)
 
 
 def test_fork_after_use_does_not_deadlock(nvml: NvmlProcess) -> None:
-    assert nvml.exec("""
+    assert nvml.exec(
+        """
         import os
         pynvml.nvmlDeviceGetTemperature(H(0), 0)
         pid = os.fork()
@@ -731,12 +886,17 @@ def test_fork_after_use_does_not_deadlock(nvml: NvmlProcess) -> None:
                 os._exit(1)
         _, status = os.waitpid(pid, 0)
         result = [status, pynvml.nvmlDeviceGetTemperature(H(0), 0)]
-    """, timeout=20) == [0, 60]
+    """,
+        timeout=20,
+    ) == [0, 60]
 
 
 def test_stats_path_can_be_chosen(fakenvml_lib: Path, tmp_path: Path, spawn) -> None:
     fake = FakeNvml(fakenvml_lib, tmp_path / "c.conf", gpus=1, stats=tmp_path / "counts.txt")
-    assert fake.env() == {"FAKE_NVML_CONFIG": str(tmp_path / "c.conf"), "FAKE_NVML_STATS": str(tmp_path / "counts.txt")}
+    assert fake.env() == {
+        "FAKE_NVML_CONFIG": str(tmp_path / "c.conf"),
+        "FAKE_NVML_STATS": str(tmp_path / "counts.txt"),
+    }
     assert fake.calls() == {}
     p = spawn(fake)
     p.call("nvmlDeviceGetCount")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from scaffold import samples
 
 from agent import KEPLER_BRIDGE, Agent
 from fakenvml import FakeNvml
 from fixtures.sysfs import FakeSysfs
+from scaffold import samples
 
 GIB = 1024**3
 SENTINELS = ("4294967295", "4.294967295e+09", "1.8446744073709552e+19", "-1.0")
@@ -23,13 +23,27 @@ pytestmark = pytest.mark.e2e
 
 
 def nvml_agent(fake: FakeNvml, *args: str, ready: bool = True) -> Agent:
-    return Agent("--sources", "nvml", "--nvml-library", str(fake.library), "--interval", "0.25s", *args,
-                 env=fake.env(), ready=ready)
+    return Agent(
+        "--sources",
+        "nvml",
+        "--nvml-library",
+        str(fake.library),
+        "--interval",
+        "0.25s",
+        *args,
+        env=fake.env(),
+        ready=ready,
+    )
 
 
 def test_values_arrive_in_contract_units(fake_nvml: FakeNvml) -> None:
-    fake_nvml.processes(0, [{"pid": os.getpid(), "used_memory": 2 * GIB, "sm_util": 60, "mem_util": 10},
-                            {"pid": 999999, "used_memory": GIB, "sm_util": 20, "mem_util": 5}])
+    fake_nvml.processes(
+        0,
+        [
+            {"pid": os.getpid(), "used_memory": 2 * GIB, "sm_util": 60, "mem_util": 10},
+            {"pid": 999999, "used_memory": GIB, "sm_util": 20, "mem_util": 5},
+        ],
+    )
     fake_nvml.gpu(0, clocks_event_reasons=0x40 | 0x4, ecc_uncorrected_volatile=3)
     with nvml_agent(fake_nvml) as agent:
         text = agent.metrics()
@@ -49,16 +63,26 @@ def test_values_arrive_in_contract_units(fake_nvml: FakeNvml) -> None:
         assert agent.samples("gpu_pcie_transmit_bytes_per_second")["0"] == 1000 * 1024
         assert agent.samples("gpu_pcie_receive_bytes_per_second")["0"] == 2000 * 1024
         assert agent.samples("gpu_performance_state")["0"] == 0
-        assert 'gpu_throttled{gpu="0",model="NVIDIA Fake A100",node="test-node",reason="hw_thermal_slowdown"' in text
-        assert 'kind="uncorrected",model="NVIDIA Fake A100",node="test-node",uuid="GPU-fa4e0000-0000-4000-8000-000000000000",vendor="nvidia"} 3.0' in text
+        assert (
+            'gpu_throttled{gpu="0",model="NVIDIA Fake A100",node="test-node",reason="hw_thermal_slowdown"'
+            in text
+        )
+        assert (
+            'kind="uncorrected",model="NVIDIA Fake A100",node="test-node",uuid="GPU-fa4e0000-0000-4000-8000-000000000000",vendor="nvidia"} 3.0'
+            in text
+        )
         assert 'driver_version="' in text and 'pci_bus_id="00000000:10:00.0"' in text
         comm = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
         assert f'pid="{os.getpid()}"' in text and f'comm="{comm}"' in text
-        util = agent.wait_for(lambda: _process_values(agent.metrics(), "gpu_process_utilization_ratio"),
-                              what="process utilization")
+        util = agent.wait_for(
+            lambda: _process_values(agent.metrics(), "gpu_process_utilization_ratio"),
+            what="process utilization",
+        )
         assert util == {str(os.getpid()): 0.6, "999999": 0.2}
-        assert _process_values(text, "gpu_process_memory_used_bytes") == {str(os.getpid()): 2 * GIB,
-                                                                          "999999": GIB}
+        assert _process_values(text, "gpu_process_memory_used_bytes") == {
+            str(os.getpid()): 2 * GIB,
+            "999999": GIB,
+        }
 
 
 def _process_values(text: str, name: str) -> dict[str, float]:
@@ -72,38 +96,64 @@ def test_memory_falls_back_to_v1(fake_nvml: FakeNvml) -> None:
         assert totals == {"0": 80 * GIB, "1": 80 * GIB}
         assert set(agent.samples("gpu_memory_used_bytes")) == {"0", "1"}
     calls = fake_nvml.calls()
-    assert calls.get("nvmlDeviceGetMemoryInfo", 0) >= 1 and calls.get("nvmlDeviceGetMemoryInfo_v2", 0) >= 2
+    assert (
+        calls.get("nvmlDeviceGetMemoryInfo", 0) >= 1
+        and calls.get("nvmlDeviceGetMemoryInfo_v2", 0) >= 2
+    )
 
 
 def test_not_supported_is_remembered_and_not_asked_again(fake_nvml: FakeNvml) -> None:
     fake_nvml.gpu(0, not_supported=["nvmlDeviceGetFanSpeed", "nvmlDeviceGetPowerUsage"])
     with nvml_agent(fake_nvml) as agent:
-        agent.wait_for(lambda: fake_nvml.calls().get("nvmlDeviceGetFanSpeed", 0) >= 12, what="12 fan reads")
+        agent.wait_for(
+            lambda: fake_nvml.calls().get("nvmlDeviceGetFanSpeed", 0) >= 12, what="12 fan reads"
+        )
         assert agent.samples("gpu_fan_speed_ratio") == {"1": 0.4}
         assert set(agent.samples("gpu_power_watts")) == {"1"}
         assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
     calls = fake_nvml.calls()
     # GPU 1 is asked once per sample; GPU 0 only once, ever.
     assert calls["nvmlDeviceGetFanSpeed"] == calls["nvmlDeviceGetPowerUsage"]
-    assert calls["nvmlDeviceGetUtilizationRates"] - calls["nvmlDeviceGetFanSpeed"] in range(calls["nvmlDeviceGetFanSpeed"] - 3, calls["nvmlDeviceGetFanSpeed"] + 3)
+    assert calls["nvmlDeviceGetUtilizationRates"] - calls["nvmlDeviceGetFanSpeed"] in range(
+        calls["nvmlDeviceGetFanSpeed"] - 3, calls["nvmlDeviceGetFanSpeed"] + 3
+    )
 
 
 def test_garbage_readings_are_dropped(fake_nvml: FakeNvml) -> None:
-    fake_nvml.gpu(1, utilization_gpu=250, temperature=4294967295, power_usage=4294967295, clock_sm=4294967295,
-                  fan_speed=255, memory_used=2**64 - 1, performance_state=32, pcie_tx=4294967295,
-                  memory_temperature=200)
+    fake_nvml.gpu(
+        1,
+        utilization_gpu=250,
+        temperature=4294967295,
+        power_usage=4294967295,
+        clock_sm=4294967295,
+        fan_speed=255,
+        memory_used=2**64 - 1,
+        performance_state=32,
+        pcie_tx=4294967295,
+        memory_temperature=200,
+    )
     with nvml_agent(fake_nvml) as agent:
         text = agent.metrics()
-        for name in ("gpu_utilization_ratio", "gpu_temperature_celsius", "gpu_power_watts", "gpu_sm_clock_hertz",
-                     "gpu_fan_speed_ratio", "gpu_memory_used_bytes", "gpu_performance_state",
-                     "gpu_pcie_transmit_bytes_per_second", "gpu_memory_temperature_celsius"):
+        for name in (
+            "gpu_utilization_ratio",
+            "gpu_temperature_celsius",
+            "gpu_power_watts",
+            "gpu_sm_clock_hertz",
+            "gpu_fan_speed_ratio",
+            "gpu_memory_used_bytes",
+            "gpu_performance_state",
+            "gpu_pcie_transmit_bytes_per_second",
+            "gpu_memory_temperature_celsius",
+        ):
             assert set(agent.samples(name)) == {"0"}, name
         for sentinel in SENTINELS:
             assert f" {sentinel}\n" not in text
         assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
 
 
-def test_lost_gpu_alone_goes_down_and_comes_back_with_monotonic_counters(fake_nvml: FakeNvml) -> None:
+def test_lost_gpu_alone_goes_down_and_comes_back_with_monotonic_counters(
+    fake_nvml: FakeNvml,
+) -> None:
     with nvml_agent(fake_nvml) as agent:
         before = agent.samples("gpu_energy_joules_total")["1"]
         fake_nvml.gpu(1, lost=True)
@@ -111,11 +161,17 @@ def test_lost_gpu_alone_goes_down_and_comes_back_with_monotonic_counters(fake_nv
         assert set(agent.samples("gpu_utilization_ratio")) == {"0"}
         assert agent.samples("kepler_bridge_source_up") == {"": 1.0}
         body = agent.get("/v1/collect").json()["test-node"]
-        assert body["deviceNum"] == 2 and body["devices"][1] == {"usedMemory": 0, "totalMemory": 0, "percent": 0}
+        assert body["deviceNum"] == 2 and body["devices"][1] == {
+            "usedMemory": 0,
+            "totalMemory": 0,
+            "percent": 0,
+        }
         assert body["devices"][0]["totalMemory"] == 80 * GIB
         # The GPU comes back after a reset: its energy counter restarted from a lower value.
         fake_nvml.gpu(1, lost=False, total_energy=5_000)
-        agent.wait_for(lambda: agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}, timeout=15, what="GPU 1 back")
+        agent.wait_for(
+            lambda: agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}, timeout=15, what="GPU 1 back"
+        )
         assert set(agent.samples("gpu_utilization_ratio")) == {"0", "1"}
         assert agent.samples("gpu_energy_joules_total")["1"] >= before
 
@@ -123,7 +179,9 @@ def test_lost_gpu_alone_goes_down_and_comes_back_with_monotonic_counters(fake_nv
 def test_driver_failing_every_call_keeps_the_agent_serving(fake_nvml: FakeNvml) -> None:
     with nvml_agent(fake_nvml) as agent:
         fake_nvml.set(fail_all=999)
-        agent.wait_for(lambda: agent.samples("kepler_bridge_source_up") == {"": 0.0}, what="nvml down")
+        agent.wait_for(
+            lambda: agent.samples("kepler_bridge_source_up") == {"": 0.0}, what="nvml down"
+        )
         assert agent.samples("gpu_up") == {"0": 0.0, "1": 0.0}
         assert agent.samples("kepler_bridge_source_errors_total")[""] >= 1
         collect = agent.get("/v1/collect")
@@ -132,13 +190,19 @@ def test_driver_failing_every_call_keeps_the_agent_serving(fake_nvml: FakeNvml) 
         ready = agent.get("/readyz")
         assert ready.status_code == 503 and "nvml" in ready.json()["reason"]
         fake_nvml.set(fail_all=0)
-        agent.wait_for(lambda: agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}, timeout=15, what="recovery")
+        agent.wait_for(
+            lambda: agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}, timeout=15, what="recovery"
+        )
         assert agent.samples("kepler_bridge_source_up") == {"": 1.0}
 
 
-def test_init_failure_leaves_source_down_with_reason_then_recovers(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+def test_init_failure_leaves_source_down_with_reason_then_recovers(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
-    sysfs.nvidia_pci("0000:17:00.0")  # NVIDIA GPUs are there, so a driver that does not load is a failure
+    sysfs.nvidia_pci(
+        "0000:17:00.0"
+    )  # NVIDIA GPUs are there, so a driver that does not load is a failure
     fake_nvml.set(init_error=9)
     with nvml_agent(fake_nvml, "--sysfs", str(sysfs.root), ready=False) as agent:
         assert agent.samples("kepler_bridge_source_up") == {"": 0.0}
@@ -146,7 +210,9 @@ def test_init_failure_leaves_source_down_with_reason_then_recovers(fake_nvml: Fa
         assert ready.status_code == 503 and "driver is not loaded" in ready.json()["reason"]
         assert agent.get("/v1/collect").json()["test-node"]["deviceNum"] == 0
         fake_nvml.set(init_error=0)
-        agent.wait_for(lambda: agent.get("/readyz").status_code == 200, timeout=15, what="NVML retried")
+        agent.wait_for(
+            lambda: agent.get("/readyz").status_code == 200, timeout=15, what="NVML retried"
+        )
         assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
 
 
@@ -168,6 +234,7 @@ def test_xid_events_are_counted(fake_nvml: FakeNvml) -> None:
         fake_nvml.add_xid(1, 79)
         fake_nvml.add_xid(1, 79)
         fake_nvml.add_xid(0, 48)
+
         def counted() -> str:
             text = agent.metrics()
             return text if _xid(text, "1", "79") == 2 and _xid(text, "0", "48") == 1 else ""
@@ -191,15 +258,20 @@ def test_xid_codes_beyond_the_64_most_recent_are_summed_as_other(fake_nvml: Fake
             fake_nvml.add_xid(0, code)
         before = agent.wait_for(lambda: counts(71), what="71 XIDs on GPU 0")
         assert before == {**{str(code): 1.0 for code in range(7, 71)}, "other": 7.0}
-        fake_nvml.add_xid(0, 1)  # recent again: a series of its own anew, while "other" never decreases
+        fake_nvml.add_xid(
+            0, 1
+        )  # recent again: a series of its own anew, while "other" never decreases
         after = agent.wait_for(lambda: counts(72), what="72 XIDs on GPU 0")
         assert after == {**{str(code): 1.0 for code in range(8, 71)}, "1": 1.0, "other": 8.0}
         assert _xids(agent.metrics(), "1") == {}
 
 
 def _xids(text: str, gpu: str) -> dict[str, float]:
-    return {sample.labels["xid"]: sample.value for sample in samples(text, "gpu_xid_errors_total")
-            if sample.labels["gpu"] == gpu}
+    return {
+        sample.labels["xid"]: sample.value
+        for sample in samples(text, "gpu_xid_errors_total")
+        if sample.labels["gpu"] == gpu
+    }
 
 
 def _xid(text: str, gpu: str, xid: str) -> float:
@@ -218,22 +290,46 @@ def test_nvml_is_initialised_in_the_worker_not_the_master(fake_nvml: FakeNvml) -
 def test_collect_and_doctor_commands(fake_nvml: FakeNvml) -> None:
     env = {**os.environ, **fake_nvml.env(), "KUBE_NODE_NAME": "edge-1"}
     args = ["--sources", "nvml", "--nvml-library", str(fake_nvml.library)]
-    collect = subprocess.run([KEPLER_BRIDGE, "collect", "--json", *args], env=env, capture_output=True,
-                             text=True, timeout=30)
+    collect = subprocess.run(
+        [KEPLER_BRIDGE, "collect", "--json", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert collect.returncode == 0, collect.stderr
     import json
 
     node = json.loads(collect.stdout)["edge-1"]
     assert node["deviceNum"] == 2 and node["devices"][0]["totalMemory"] == 80 * GIB
-    prom = subprocess.run([KEPLER_BRIDGE, "collect", "--prometheus", *args], env=env, capture_output=True,
-                          text=True, timeout=30)
+    prom = subprocess.run(
+        [KEPLER_BRIDGE, "collect", "--prometheus", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert 'gpu_up{gpu="1"' in prom.stdout
-    doctor = subprocess.run([KEPLER_BRIDGE, "doctor", "--nvml-library", str(fake_nvml.library)], env=env,
-                            capture_output=True, text=True, timeout=60)
+    doctor = subprocess.run(
+        [KEPLER_BRIDGE, "doctor", "--nvml-library", str(fake_nvml.library)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert doctor.returncode == 0
-    assert any(line.startswith("ok") and "nvml" in line and "2 GPU(s)" in line
-               for line in doctor.stdout.splitlines()), doctor.stdout
-    missing = subprocess.run([KEPLER_BRIDGE, "doctor", "--sources", "nvml", "--nvml-library", "/nope/libnvidia-ml.so.1"],
-                             env=env, capture_output=True, text=True, timeout=60)
-    assert any(line.startswith("no") and "nvml" in line and "does not exist" in line
-               for line in missing.stdout.splitlines()), missing.stdout
+    assert any(
+        line.startswith("ok") and "nvml" in line and "2 GPU(s)" in line
+        for line in doctor.stdout.splitlines()
+    ), doctor.stdout
+    missing = subprocess.run(
+        [KEPLER_BRIDGE, "doctor", "--sources", "nvml", "--nvml-library", "/nope/libnvidia-ml.so.1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert any(
+        line.startswith("no") and "nvml" in line and "does not exist" in line
+        for line in missing.stdout.splitlines()
+    ), missing.stdout

@@ -8,9 +8,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-import scaffold
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+import scaffold
 from agent import Agent
 from fakenvml import FakeNvml
 from kepler_bridge.exposition import prometheus
@@ -35,25 +36,47 @@ def samples(text: str, name: str) -> dict[str, dict[str, str]]:
 
 @pytest.mark.e2e
 def test_a_gpu_process_named_in_invalid_utf8_keeps_every_gpu_up(fake_nvml: FakeNvml) -> None:
-    with subprocess.Popen([sys.executable, "-c", RENAMED, NON_UTF8.hex()], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE) as named:
+    with subprocess.Popen(
+        [sys.executable, "-c", RENAMED, NON_UTF8.hex()],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    ) as named:
         assert named.stdout.readline() == b"renamed\n"
         assert Path(f"/proc/{named.pid}/comm").read_bytes() == NON_UTF8 + b"\n"
         fake_nvml.processes(0, [{"pid": named.pid, "used_memory": 1 << 30, "sm_util": 40}])
-        with Agent("--sources", "nvml,procfs", "--nvml-library", str(fake_nvml.library), "--interval", "0.25s",
-                   "--process-metrics", "all", env=fake_nvml.env()) as agent:
+        with Agent(
+            "--sources",
+            "nvml,procfs",
+            "--nvml-library",
+            str(fake_nvml.library),
+            "--interval",
+            "0.25s",
+            "--process-metrics",
+            "all",
+            env=fake_nvml.env(),
+        ) as agent:
             assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
             text = agent.metrics()
             expected = NON_UTF8.decode(errors="replace")
-            assert samples(text, "gpu_process_memory_used_bytes")[str(named.pid)]["comm"] == expected
-            assert samples(text, "kepler_bridge_process_cpu_seconds_total")[str(named.pid)]["comm"] == expected
+            assert (
+                samples(text, "gpu_process_memory_used_bytes")[str(named.pid)]["comm"] == expected
+            )
+            assert (
+                samples(text, "kepler_bridge_process_cpu_seconds_total")[str(named.pid)]["comm"]
+                == expected
+            )
             up = scaffold.values(text, "kepler_bridge_source_up", "source")
             assert up == {"nvml": 1.0, "procfs": 1.0}
         named.stdin.close()
 
 
 def stat_line(pid: int, comm: bytes) -> bytes:
-    return b"%d (%s) S 1 %d %d 0 -1 4194560 100 0 0 0 30 20 0 0 20 0 1 0 5000 1000000 100\n" % (pid, comm, pid, pid)
+    return b"%d (%s) S 1 %d %d 0 -1 4194560 100 0 0 0 30 20 0 0 20 0 1 0 5000 1000000 100\n" % (
+        pid,
+        comm,
+        pid,
+        pid,
+    )
 
 
 # The kernel's comm is up to 15 bytes without NUL; a cgroup path is any bytes but NUL and newline.
@@ -71,11 +94,13 @@ def test_any_name_and_cgroup_bytes_read_and_render(names: list[tuple[bytes, byte
             (proc / str(pid) / "stat").write_bytes(stat_line(pid, comm))
             (proc / str(pid) / "cgroup").write_bytes(b"0::/" + cgroup + b"\n")
         (proc / "self").symlink_to("100")
-        settings_ = scaffold.make_config(sources="procfs", procfs=proc, kube_source="off",
-                                         pod_resources_socket="")
+        settings_ = scaffold.make_config(
+            sources="procfs", procfs=proc, kube_source="off", pod_resources_socket=""
+        )
         snapshot = Sampler(settings_, SnapshotStore()).sample()
     assert [status.up for status in snapshot.sources] == [True]
     text = prometheus.render(snapshot, lambda name: True).decode()
     found = samples(text, "kepler_bridge_process_cpu_seconds_total")
     assert {pid: labels["comm"] for pid, labels in found.items()} == {
-        str(pid): comm.decode(errors="replace") for pid, (comm, _) in enumerate(names, start=100)}
+        str(pid): comm.decode(errors="replace") for pid, (comm, _) in enumerate(names, start=100)
+    }

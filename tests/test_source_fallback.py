@@ -8,7 +8,6 @@ import pytest
 
 from agent import Agent
 
-
 pytestmark = pytest.mark.e2e
 
 
@@ -19,5 +18,7 @@ def test_ebpf_losing_to_procfs_is_a_warning_with_the_reason(tmp_path: Path) -> N
     with Agent("--procfs", str(tmp_path), ready=False) as agent:
         agent.wait_for(lambda: "takes its place" in agent.output(), what="the fallback warning")
         (line,) = [line for line in agent.output().splitlines() if "takes its place" in line]
-    assert " WARNING " in line and "source ebpf is unavailable, procfs takes its place" in line, line
+    assert " WARNING " in line and "source ebpf is unavailable, procfs takes its place" in line, (
+        line
+    )
     assert "pid namespace 4026530000" in line or "pid:[4026530000]" in line, line

@@ -32,7 +32,9 @@ class Monotonic:
         self.value = 0.0
 
     def update(self, raw: float, wrap_at: float = 0.0) -> float:
-        self.value = raw if self.last_raw is None else self.value + increase(self.last_raw, raw, wrap_at)
+        self.value = (
+            raw if self.last_raw is None else self.value + increase(self.last_raw, raw, wrap_at)
+        )
         self.last_raw = raw
         return self.value
 
@@ -72,7 +74,9 @@ class CounterGuard:
             changes["xid_errors"] = self._xids(reading.uuid, reading.xid_errors)
         return dataclasses.replace(reading, **changes) if changes else reading
 
-    def _xids(self, uuid: str, counts: tuple[tuple[int | str, int], ...]) -> tuple[tuple[int | str, int], ...]:
+    def _xids(
+        self, uuid: str, counts: tuple[tuple[int | str, int], ...]
+    ) -> tuple[tuple[int | str, int], ...]:
         """XID counts made monotonic per code. A code the source stopped listing (its count moved to "other") is
         forgotten, so if it comes back its series starts again instead of counting its old errors twice."""
         known = self._xid.get(uuid, {})
@@ -91,13 +95,18 @@ class CounterGuard:
         self._process_seen = seen
         return increases
 
-    def process_seconds(self, increases: Mapping[ProcessKey, float]) -> tuple[tuple[ProcessCpu, ...], float | None]:
+    def process_seconds(
+        self, increases: Mapping[ProcessKey, float]
+    ) -> tuple[tuple[ProcessCpu, ...], float | None]:
         """The shown processes (top N by CPU seconds) with their series' values, and the seconds of all the others
         (None before any was left out); a process's total adds up its increases, so it never decreases."""
-        self._process_total = {key: self._process_total.get(key, 0.0) + seconds for key, seconds in increases.items()}
+        self._process_total = {
+            key: self._process_total.get(key, 0.0) + seconds for key, seconds in increases.items()
+        }
         shown = self._process_family.update(self._process_total, increases)
-        rows = tuple(ProcessCpu(key.pid, key.comm, seconds, key.container_id)
-                     for key, seconds in shown)
+        rows = tuple(
+            ProcessCpu(key.pid, key.comm, seconds, key.container_id) for key, seconds in shown
+        )
         return rows, self._process_family.other
 
     def containers(self, increases: Mapping[ProcessKey, float]) -> tuple[tuple[str, float], ...]:
@@ -106,7 +115,9 @@ class CounterGuard:
         for key, seconds in increases.items():
             container_id = key.container_id
             if container_id:
-                self._container_total[container_id] = self._container_total.get(container_id, 0.0) + seconds
+                self._container_total[container_id] = (
+                    self._container_total.get(container_id, 0.0) + seconds
+                )
                 present.add(container_id)
         for container in set(self._container_total) - present:
             del self._container_total[container]

@@ -40,8 +40,14 @@ class Sampler:
     `state_dir` it continues the counters a previous worker saved there and saves its own after
     every sample."""
 
-    def __init__(self, config: Config, store: SnapshotStore, slots: list[Slot] | None = None,
-                 state_dir: str = "", flags: Mapping[str, object] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        store: SnapshotStore,
+        slots: list[Slot] | None = None,
+        state_dir: str = "",
+        flags: Mapping[str, object] | None = None,
+    ) -> None:
         """`flags`: the command line the settings came from; with it, `reload()` and a change of
         the config file re-read the settings at the next sample."""
         self.config = config
@@ -112,15 +118,22 @@ class Sampler:
     def _save(self) -> None:
         if not self._state_dir:
             return
-        state = WorkerState(self._counters, self._devices, self._attribution,
-                            {slot.name: slot.errors_total for slot in self.slots})
+        state = WorkerState(
+            self._counters,
+            self._devices,
+            self._attribution,
+            {slot.name: slot.errors_total for slot in self.slots},
+        )
         try:
             carry.save(self._state_dir, state)
         except Exception as err:  # the state is a convenience: sampling goes on without it
             if not self._save_failed:
-                log.warning("cannot save counter state in %s (counters restart from zero if the "
-                            "worker restarts): %s; free space on its file system",
-                            self._state_dir, err)
+                log.warning(
+                    "cannot save counter state in %s (counters restart from zero if the "
+                    "worker restarts): %s; free space on its file system",
+                    self._state_dir,
+                    err,
+                )
             self._save_failed = True
 
     def _run(self) -> None:
@@ -148,19 +161,34 @@ class Sampler:
         """The snapshot of one sample: counters made monotonic, owners joined, energy attributed."""
         # Kubernetes owners are joined here, once per sample: every output reads them from the rows.
         kube = self.kube.view()
-        node_gpus = tuple(join_owners(self._counters.gpu(gpu), kube)
-                          for gpu in self._devices.number(reading.gpus))
+        node_gpus = tuple(
+            join_owners(self._counters.gpu(gpu), kube) for gpu in self._devices.number(reading.gpus)
+        )
         increases = self._counters.cpu_increases(reading.processes)
         shown, other_seconds = self._counters.process_seconds(increases)
-        self.kube.notice({key.container_id for key in increases if key.container_id} |
-                         {proc.container_id for gpu in node_gpus for proc in gpu.processes
-                          if proc.container_id})
-        energy = self._attribution.update(SampleInputs(
-            now=started, rapl_zones=reading.rapl_zones, cpu_times=reading.cpu_times,
-            gpus=node_gpus, cpu_increases=increases,
-            owners={key: kube.containers.get(key.container_id, NO_POD) for key in increases}))
-        containers = tuple(ContainerCpu(container, seconds, kube.containers.get(container, NO_POD))
-                           for container, seconds in self._counters.containers(increases))
+        self.kube.notice(
+            {key.container_id for key in increases if key.container_id}
+            | {
+                proc.container_id
+                for gpu in node_gpus
+                for proc in gpu.processes
+                if proc.container_id
+            }
+        )
+        energy = self._attribution.update(
+            SampleInputs(
+                now=started,
+                rapl_zones=reading.rapl_zones,
+                cpu_times=reading.cpu_times,
+                gpus=node_gpus,
+                cpu_increases=increases,
+                owners={key: kube.containers.get(key.container_id, NO_POD) for key in increases},
+            )
+        )
+        containers = tuple(
+            ContainerCpu(container, seconds, kube.containers.get(container, NO_POD))
+            for container, seconds in self._counters.containers(increases)
+        )
         return Snapshot(
             node=self.config.node_name,
             timestamp=time.time(),
@@ -178,9 +206,13 @@ class Sampler:
 
 
 def _attribution_settings(config: Config) -> dict[str, Any]:
-    return {"cpu_tdp_watts": config.cpu_tdp_watts, "gpu_idle_watts": config.gpu_idle_watts,
-            "process_limit": config.process_metrics, "grace": config.process_grace,
-            "max_processes": config.max_processes}
+    return {
+        "cpu_tdp_watts": config.cpu_tdp_watts,
+        "gpu_idle_watts": config.gpu_idle_watts,
+        "process_limit": config.process_metrics,
+        "grace": config.process_grace,
+        "max_processes": config.max_processes,
+    }
 
 
 def join_owners(gpu: GpuReading, kube: KubeView) -> GpuReading:

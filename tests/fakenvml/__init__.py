@@ -25,6 +25,7 @@ The config is a ``key=value`` text file, rewritten atomically (temp file +
 ``os.replace``) by every setter; the library re-reads it when it changes.
 See README.md for every key, its unit and the fault knobs.
 """
+
 from __future__ import annotations
 
 import collections
@@ -52,7 +53,14 @@ SOURCE = Path(__file__).resolve().parent / "fakenvml.c"
 LIBRARY_NAME = "libnvidia-ml.so.1"
 
 CFLAGS = [
-    "-std=c11", "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread",
+    "-std=c11",
+    "-shared",
+    "-fPIC",
+    "-O2",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-pthread",
     "-Wl,-soname," + LIBRARY_NAME,
 ]
 
@@ -155,8 +163,8 @@ PROCESS_FIELDS = {
     "timestamp": "µs since the epoch of the utilization sample; 0 = the time of the call",
 }
 
-_GiB = 1024 ** 3
-_MiB = 1024 ** 2
+_GiB = 1024**3
+_MiB = 1024**2
 
 
 def default_gpu(index: int) -> dict[str, Any]:
@@ -261,8 +269,8 @@ class FakeNvml:
     ) -> None:
         self.library = Path(library)
         self.config = Path(config)
-        self.stats: Path | None = Path(stats) if stats is not None else self.config.with_name(
-            self.config.name + ".stats"
+        self.stats: Path | None = (
+            Path(stats) if stats is not None else self.config.with_name(self.config.name + ".stats")
         )
         self._lock = threading.RLock()
         self.globals: dict[str, Any] = {
@@ -304,7 +312,9 @@ class FakeNvml:
         """
         unknown = set(globals) - set(GLOBAL_FIELDS)
         if unknown:
-            raise TypeError(f"fakenvml: unknown global setting(s) {sorted(unknown)}; known: {sorted(GLOBAL_FIELDS)}")
+            raise TypeError(
+                f"fakenvml: unknown global setting(s) {sorted(unknown)}; known: {sorted(GLOBAL_FIELDS)}"
+            )
         with self._lock:
             self.globals.update(globals)
             count = int(self.globals["device_count"])
@@ -322,7 +332,9 @@ class FakeNvml:
         """
         unknown = set(fields) - set(GPU_FIELDS)
         if unknown:
-            raise TypeError(f"fakenvml: unknown GPU field(s) {sorted(unknown)}; known: {sorted(GPU_FIELDS)}")
+            raise TypeError(
+                f"fakenvml: unknown GPU field(s) {sorted(unknown)}; known: {sorted(GPU_FIELDS)}"
+            )
         if not 0 <= index < 64:
             raise ValueError("fakenvml: GPU index must be 0..63")
         with self._lock:
@@ -349,7 +361,9 @@ class FakeNvml:
             full["type"] = "compute"
             full.update(p)
             if full["type"] not in ("compute", "graphics", "both"):
-                raise ValueError(f"fakenvml: process type must be compute, graphics or both: {full['type']!r}")
+                raise ValueError(
+                    f"fakenvml: process type must be compute, graphics or both: {full['type']!r}"
+                )
             cleaned.append(full)
         with self._lock:
             self.procs[index] = cleaned
@@ -415,8 +429,16 @@ class FakeNvml:
                 for key, value in g.items():
                     lines.append(f"gpu.{i}.{key}={_fmt(key, value)}")
                 for p in self.procs.get(i, []):
-                    cols = [p["pid"], p["used_memory"], p["sm_util"], p["mem_util"],
-                            p["enc_util"], p["dec_util"], p["type"], p["timestamp"]]
+                    cols = [
+                        p["pid"],
+                        p["used_memory"],
+                        p["sm_util"],
+                        p["mem_util"],
+                        p["enc_util"],
+                        p["dec_util"],
+                        p["type"],
+                        p["timestamp"],
+                    ]
                     lines.append(f"gpu.{i}.process={_fmt('process', cols)}")
             for gpu, xid in self.xids:
                 lines.append(f"xid={gpu},{xid}")
@@ -426,7 +448,9 @@ class FakeNvml:
         with self._lock:
             text = self.render()
             self.config.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.config.with_name(f".{self.config.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp = self.config.with_name(
+                f".{self.config.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+            )
             tmp.write_text(text)
             os.replace(tmp, self.config)
 

@@ -6,10 +6,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from kepler_bridge_rknpu import RknpuSource
 
 from kepler_bridge.config import load
 from kepler_bridge.sources.base import SourceAbsent
-from kepler_bridge_rknpu import RknpuSource
 
 PACKAGE = Path(__file__).parent.parent
 
@@ -21,7 +21,9 @@ def rk3588(root: Path, load_text: str) -> Path:
     (root / "kernel" / "debug" / "rknpu").mkdir(parents=True)
     (root / "kernel" / "debug" / "rknpu" / "load").write_text(load_text)
     (root / "firmware" / "devicetree" / "base").mkdir(parents=True)
-    (root / "firmware" / "devicetree" / "base" / "compatible").write_bytes(b"radxa,rock-5b\0rockchip,rk3588\0")
+    (root / "firmware" / "devicetree" / "base" / "compatible").write_bytes(
+        b"radxa,rock-5b\0rockchip,rk3588\0"
+    )
     return root
 
 
@@ -32,8 +34,14 @@ def source(sysfs: Path) -> RknpuSource:
 
 
 def test_three_core_load_is_averaged(tmp_path: Path) -> None:
-    npu, = source(rk3588(tmp_path, "NPU load:  Core0: 30%, Core1: 60%, Core2:  0%,\n")).read().gpus
-    assert (npu.vendor, npu.model, npu.uuid) == ("rockchip", "Rockchip RK3588 NPU", "ROCKCHIP-fdab0000.npu")
+    (npu,) = (
+        source(rk3588(tmp_path, "NPU load:  Core0: 30%, Core1: 60%, Core2:  0%,\n")).read().gpus
+    )
+    assert (npu.vendor, npu.model, npu.uuid) == (
+        "rockchip",
+        "Rockchip RK3588 NPU",
+        "ROCKCHIP-fdab0000.npu",
+    )
     assert npu.utilization == pytest.approx(0.3)
     assert npu.sm_clock_hertz == 1e9
     assert npu.memory_total_bytes is None
@@ -42,7 +50,7 @@ def test_three_core_load_is_averaged(tmp_path: Path) -> None:
 def test_unreadable_load_is_not_reported(tmp_path: Path) -> None:
     sysfs = rk3588(tmp_path, "")
     (sysfs / "kernel" / "debug" / "rknpu" / "load").unlink()
-    npu, = source(sysfs).read().gpus
+    (npu,) = source(sysfs).read().gpus
     assert npu.utilization is None and npu.sm_clock_hertz == 1e9
 
 
@@ -53,5 +61,7 @@ def test_absent_elsewhere(tmp_path: Path) -> None:
 
 def test_the_entry_point_names_the_source() -> None:
     project = tomllib.loads((PACKAGE / "pyproject.toml").read_text())
-    assert project["project"]["entry-points"]["kepler_bridge.sources"] == {"rknpu": "kepler_bridge_rknpu:RknpuSource"}
+    assert project["project"]["entry-points"]["kepler_bridge.sources"] == {
+        "rknpu": "kepler_bridge_rknpu:RknpuSource"
+    }
     assert RknpuSource.name == "rknpu" and RknpuSource.auto
