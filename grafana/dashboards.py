@@ -219,7 +219,8 @@ def dashboard(
 
 
 def accelerators() -> dict[str, Any]:
-    """Per-GPU health and activity: the seed's utilization, temperature heatmap and memory bars, and more."""
+    """Per-GPU health and activity: the seed's utilization, temperature heatmap and memory bars,
+    and more."""
     health_rename = {
         "Value #A": "Up",
         "Value #B": "Active throttle reasons",
@@ -366,14 +367,21 @@ def workload_energy() -> dict[str, Any]:
     """Power and energy by namespace, pod and container, Kepler-style."""
 
     def joules(level: str, by: str, window: str = "$__rate_interval", fn: str = "rate") -> str:
-        # CPU and GPU series share their labels once rate() drops the names: tag the GPU side before `or`.
+        # CPU and GPU series share their labels once rate() drops the names: tag the GPU side
+        # before `or`.
         selector = f"{{{POD}}}[{window}]"
         cpu = f"{fn}(kepler_bridge_{level}_cpu_joules_total{selector})"
-        gpu = f'label_replace({fn}(kepler_bridge_{level}_gpu_joules_total{selector}), "kind", "gpu", "", "")'
+        gpu = (
+            f"label_replace({fn}(kepler_bridge_{level}_gpu_joules_total{selector}),"
+            ' "kind", "gpu", "", "")'
+        )
         return f"sum by ({by}) ({cpu} or {gpu})"
 
     def split(level: str, kind: str, by: str) -> str:
-        return f"sum by ({by}) (rate(kepler_bridge_{level}_{kind}_joules_total{{{POD}}}[$__rate_interval]))"
+        return (
+            f"sum by ({by}) (rate(kepler_bridge_{level}_{kind}_joules_total"
+            f"{{{POD}}}[$__rate_interval]))"
+        )
 
     panels = [
         timeseries(
@@ -413,7 +421,9 @@ def workload_energy() -> dict[str, Any]:
             ],
             "percentunit",
             fieldConfig={"defaults": {"min": 0, "max": 1}},
-            description="GPUs the kubelet assigned to exactly one container (pod-resources socket).",
+            description=(
+                "GPUs the kubelet assigned to exactly one container (pod-resources socket)."
+            ),
         ),
         timeseries(
             "GPU memory by pod",
@@ -424,7 +434,9 @@ def workload_energy() -> dict[str, Any]:
                 )
             ],
             "bytes",
-            description="GPUs the kubelet assigned to exactly one container (pod-resources socket).",
+            description=(
+                "GPUs the kubelet assigned to exactly one container (pod-resources socket)."
+            ),
         ),
         timeseries(
             "Power by container (CPU + GPU)",
@@ -451,8 +463,8 @@ def workload_energy() -> dict[str, Any]:
             "CPU time by container",
             [
                 target(
-                    f"sum by (namespace, pod, container) (rate(kepler_bridge_container_cpu_seconds_total"
-                    f"{{{POD}}}[$__rate_interval]))",
+                    "sum by (namespace, pod, container) (rate("
+                    f"kepler_bridge_container_cpu_seconds_total{{{POD}}}[$__rate_interval]))",
                     "{{namespace}}/{{pod}}/{{container}}",
                 )
             ],
@@ -463,11 +475,13 @@ def workload_energy() -> dict[str, Any]:
             "Node power",
             [
                 target(
-                    f"sum by (node, zone) (rate(kepler_bridge_node_cpu_joules_total{{{NODE}}}[$__rate_interval]))",
+                    "sum by (node, zone) (rate("
+                    f"kepler_bridge_node_cpu_joules_total{{{NODE}}}[$__rate_interval]))",
                     "{{node}} CPU {{zone}}",
                 ),
                 target(
-                    f"sum by (node) (rate(kepler_bridge_node_gpu_idle_joules_total{{{NODE}}}[$__rate_interval]))",
+                    "sum by (node) (rate("
+                    f"kepler_bridge_node_gpu_idle_joules_total{{{NODE}}}[$__rate_interval]))",
                     "{{node}} GPU idle",
                 ),
             ],

@@ -11,18 +11,19 @@ import heapq
 from dataclasses import dataclass
 from typing import Hashable, Mapping, NamedTuple, TypeVar
 
-# Above any physical reading, and every 32/64-bit "not available" sentinel we see; below it whole numbers stay
-# exact as floats, 256 devices' memory sums below Go's uint64 limit, and energy arithmetic stays finite.
+# Above any physical reading, and every 32/64-bit "not available" sentinel we see; below it whole
+# numbers stay exact as floats, 256 devices' memory sums below Go's uint64 limit, and energy
+# arithmetic stays finite.
 MAX_EXACT = 2**53
-MAX_DEVICES = (
-    256  # per source; more is refused: each device costs dozens of series and a /v1/collect entry
-)
+# Per source; more is refused: each device costs dozens of series and a /v1/collect entry.
+MAX_DEVICES = 256
 K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
 class PodRef:
-    """The Kubernetes container a row belongs to: its namespace, pod and container labels; empty outside Kubernetes."""
+    """The Kubernetes container a row belongs to: its namespace, pod and container labels;
+    empty outside Kubernetes."""
 
     namespace: str = ""
     pod: str = ""
@@ -34,7 +35,8 @@ NO_POD = PodRef()
 
 @dataclass(frozen=True)
 class Holder:
-    """A container the kubelet assigned a device to; `container_id` where the pod list names it, else ''."""
+    """A container the kubelet assigned a device to; `container_id` where the pod list names it,
+    else ''."""
 
     container_id: str
     owner: PodRef
@@ -105,11 +107,14 @@ class GpuReading:
     processes: tuple[GpuProcess, ...] = ()
     # UUIDs of the MIG instances carved out of this GPU (the kubelet hands those to pods).
     mig_uuids: tuple[str, ...] = ()
-    # Other names device plugins give this device in pod-resources (Intel: card0; Ascend: Ascend910-0).
+    # Other names device plugins give this device in pod-resources (Intel: card0;
+    # Ascend: Ascend910-0).
     device_ids: tuple[str, ...] = ()
-    # False where the source cannot list the device's processes: no process then means unknown, not none running.
+    # False where the source cannot list the device's processes: no process then means unknown,
+    # not none running.
     lists_processes: bool = True
-    # Set by the sampler: the containers the kubelet assigned the device (or a MIG instance, replica, slice) to.
+    # Set by the sampler: the containers the kubelet assigned the device (or a MIG instance,
+    # replica, slice) to.
     holders: tuple[Holder, ...] = ()
 
     @property
@@ -162,7 +167,8 @@ class SourceReading:
     cpu_times: CpuTimes | None = None
 
 
-# A source in use is up or down (failing); one not in use stands by for its fallback or has no hardware here.
+# A source in use is up or down (failing); one not in use stands by for its fallback or has no
+# hardware here.
 SOURCE_STATES = ("up", "down", "standby", "absent")
 
 
@@ -174,7 +180,8 @@ class SourceStatus:
     up: bool
     error: str = ""
     errors_total: int = 0
-    unused: str = ""  # why the source is not in use: "standby" (a fallback runs instead) or "absent" (no hardware)
+    # Why the source is not in use: "standby" (a fallback runs instead) or "absent" (no hardware).
+    unused: str = ""
 
     @property
     def state(self) -> str:
@@ -202,7 +209,8 @@ class CpuZoneEnergy:
 
 @dataclass(frozen=True)
 class WorkloadEnergy:
-    """Joules attributed to one process, container or pod since the agent started; unused labels are ''."""
+    """Joules attributed to one process, container or pod since the agent started;
+    unused labels are ''."""
 
     pid: str = ""
     comm: str = ""
@@ -214,8 +222,9 @@ class WorkloadEnergy:
 
 @dataclass(frozen=True)
 class Energy:
-    """Energy counters of one sample: node zones, GPU idle and unattributed energy (by uuid) and the attributed
-    levels; the process rows of each kind are its top N by that kind's joules (`process_metrics`), plus pid="other"."""
+    """Energy counters of one sample: node zones, GPU idle and unattributed energy (by uuid) and
+    the attributed levels; the process rows of each kind are its top N by that kind's joules
+    (`process_metrics`), plus pid="other"."""
 
     cpu_zones: tuple[CpuZoneEnergy, ...] = ()
     gpu_idle: tuple[tuple[str, float], ...] = ()
@@ -236,12 +245,12 @@ class Snapshot:
     interval_seconds: float
     sources: tuple[SourceStatus, ...] = ()
     gpus: tuple[GpuReading, ...] = ()  # in `gpu` index order
-    # The processes shown (top N by CPU seconds) with their series' values, and the seconds of all the others.
+    # The processes shown (top N by CPU seconds) with their series' values, and the seconds of all
+    # the others.
     processes: tuple[ProcessCpu, ...] = ()
     process_cpu_other: float | None = None
-    process_limit: int | None = (
-        None  # top N of each per-process family (process_metrics); None: all, 0: none
-    )
+    # Top N of each per-process family (process_metrics); None: all, 0: none.
+    process_limit: int | None = None
     containers: tuple[ContainerCpu, ...] = ()
     ebpf_programs_attached: int | None = None
     energy: Energy = Energy()

@@ -1,4 +1,5 @@
-"""Keeps exported counters monotonic across device resets, RAPL wrap-around, lost GPUs and process churn."""
+"""Keeps exported counters monotonic across device resets, RAPL wrap-around, lost GPUs and
+process churn."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def increase(last: float | None, raw: float, wrap_at: float = 0.0) -> float:
 
 
 class Monotonic:
-    """Turns a raw counter that may reset (or wrap) into one that never decreases; starts at the first raw value."""
+    """Turns a raw counter that may reset (or wrap) into one that never decreases; starts at the
+    first raw value."""
 
     __slots__ = ("last_raw", "value")
 
@@ -77,15 +79,16 @@ class CounterGuard:
     def _xids(
         self, uuid: str, counts: tuple[tuple[int | str, int], ...]
     ) -> tuple[tuple[int | str, int], ...]:
-        """XID counts made monotonic per code. A code the source stopped listing (its count moved to "other") is
-        forgotten, so if it comes back its series starts again instead of counting its old errors twice."""
+        """XID counts made monotonic per code. A code the source stopped listing (its count moved
+        to "other") is forgotten, so if it comes back its series starts again instead of counting
+        its old errors twice."""
         known = self._xid.get(uuid, {})
         states = self._xid[uuid] = {code: known.get(code) or Monotonic() for code, _ in counts}
         return tuple((code, int(states[code].update(count))) for code, count in counts)
 
     def cpu_increases(self, processes: Iterable[ProcessCpu]) -> dict[ProcessKey, float]:
-        """CPU seconds each process used since the last call; one seen for the first time counts whole,
-        one whose counter dropped (a new process with the same labels) counts from zero."""
+        """CPU seconds each process used since the last call; one seen for the first time counts
+        whole, one whose counter dropped (a new process with the same labels) counts from zero."""
         seen: dict[ProcessKey, float] = {}
         increases: dict[ProcessKey, float] = {}
         for proc in processes:
@@ -98,8 +101,9 @@ class CounterGuard:
     def process_seconds(
         self, increases: Mapping[ProcessKey, float]
     ) -> tuple[tuple[ProcessCpu, ...], float | None]:
-        """The shown processes (top N by CPU seconds) with their series' values, and the seconds of all the others
-        (None before any was left out); a process's total adds up its increases, so it never decreases."""
+        """The shown processes (top N by CPU seconds) with their series' values, and the seconds of
+        all the others (None before any was left out); a process's total adds up its increases, so
+        it never decreases."""
         self._process_total = {
             key: self._process_total.get(key, 0.0) + seconds for key, seconds in increases.items()
         }
@@ -110,7 +114,8 @@ class CounterGuard:
         return rows, self._process_family.other
 
     def containers(self, increases: Mapping[ProcessKey, float]) -> tuple[tuple[str, float], ...]:
-        """Per-container CPU seconds as sums of process increases, so a process leaving never lowers a total."""
+        """Per-container CPU seconds as sums of process increases, so a process leaving never
+        lowers a total."""
         present: set[str] = set()
         for key, seconds in increases.items():
             container_id = key.container_id
