@@ -36,7 +36,8 @@ class Authority:
         )
 
     def issue(self, name: str, san: str) -> tuple[Path, Path]:
-        """A certificate for `san` (e.g. IP:127.0.0.1 or DNS:scraper) signed by this CA, and its key."""
+        """A certificate for `san` (e.g. IP:127.0.0.1 or DNS:scraper) signed by this CA,
+        and its key."""
         cert, key, request = (
             self.directory / f"{name}{suffix}" for suffix in (".crt", ".key", ".csr")
         )

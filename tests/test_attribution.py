@@ -1,4 +1,5 @@
-"""Energy attribution: conservation and monotonicity over random sequences (hypothesis), and its rules one by one."""
+"""Energy attribution: conservation and monotonicity over random sequences (hypothesis), and its
+rules one by one."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def owners(cpu_increases: dict[tuple, float]) -> dict[tuple, PodRef]:
 
 
 def holders(*owners: PodRef, pods: dict[str, PodRef] = PODS) -> tuple[Holder, ...]:
-    """A device's holders, as the sampler joins them: each with its container id where the pod list names it."""
+    """A device's holders, as the sampler joins them: each with its container id where the pod list
+    names it."""
     ids = {owner: container_id for container_id, owner in pods.items()}
     return tuple(Holder(ids.get(owner, ""), owner) for owner in owners)
 
@@ -151,7 +153,8 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
         present_before = {(row.pid, row.comm, row.container_id) for row in rows}
         cpu_increases = guard.cpu_increases(rows)
         assert cpu_increases == pytest.approx(expected_cpu)
-        # One GPU: lost now and then, reset now and then, 0..3 processes with or without SM utilization.
+        # One GPU: lost now and then, reset now and then, 0..3 processes with or without
+        # SM utilization.
         up = draw(st.integers(0, 4)) > 0
         watts = draw(st.floats(0, 700))
         gpu_raw += watts * dt
@@ -265,8 +268,8 @@ def test_cpu_active_energy_is_shared_by_cpu_time() -> None:
 
 def test_psys_then_core_where_no_package_zone() -> None:
     attribution = Attribution()
-    zones = lambda uj: (
-        RaplZone("intel-rapl:0", "psys", uj, REAL_MAX_UJ),  # noqa: E731
+    zones = lambda uj: (  # noqa: E731
+        RaplZone("intel-rapl:0", "psys", uj, REAL_MAX_UJ),
         RaplZone("intel-rapl:1", "dram", 2 * uj, REAL_MAX_UJ),
     )
     attribution.update(SampleInputs(0.0, zones(0), CpuTimes(0, 0)))
@@ -296,7 +299,8 @@ def test_a_process_cannot_take_more_than_all_cpus() -> None:
     attribution = Attribution(process_limit=None)
     zones = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
     attribution.update(SampleInputs(0.0, zones(0), CpuTimes(0, 0)))
-    # Process 2 came back after eviction with its whole history (1000 s) in one interval of 4 CPU-seconds.
+    # Process 2 came back after eviction with its whole history (1000 s) in one interval of
+    # 4 CPU-seconds.
     energy = attribution.update(
         SampleInputs(
             1.0,
@@ -336,7 +340,8 @@ def test_gpu_idle_is_the_lowest_power_seen_unless_configured() -> None:
         return energies
 
     lowest = run(None)
-    # 300 W (lowest so far 300): all idle; 60 W with no process: idle; 200 W, lowest 60: 60 idle, 140 active.
+    # 300 W (lowest so far 300): all idle; 60 W with no process: idle; 200 W, lowest 60: 60 idle,
+    # 140 active.
     assert lowest[-1].gpu_idle == (("G", pytest.approx(300 + 60 + 60)),)
     assert lowest[-1].gpu_processes[0].gpu_joules == pytest.approx(140)
     configured = run(50.0)
@@ -382,7 +387,8 @@ def test_top_n_sums_the_rest_into_other_and_series_start_when_shown() -> None:
         "2": pytest.approx(2.0),
         "other": pytest.approx(1.0),
     }
-    # Process 3 used 10 J and enters the top 2 with its series counting from there; process 2 leaves.
+    # Process 3 used 10 J and enters the top 2 with its series counting from there;
+    # process 2 leaves.
     assert outputs[1] == {
         "3": pytest.approx(10.0),
         "1": pytest.approx(3.0),
@@ -471,7 +477,8 @@ LISTING = "GPU-listing"  # an NVML device: it lists its processes, so none liste
 
 
 def candidates(uuid: str) -> list[PodRef]:
-    """The containers that may hold a device: pods of its own, so each device's attributed energy can be told apart."""
+    """The containers that may hold a device: pods of its own, so each device's attributed energy
+    can be told apart."""
     return [PodRef("dev", f"{uuid}-{name}", "main") for name in "abc"]
 
 
@@ -486,7 +493,8 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(
 ) -> None:
     draw = data.draw
     idle_watts = draw(st.none() | st.floats(0, 300), label="gpu_idle_watts")
-    # The "a" container of each device is named by the pod list, so its series carries the container id.
+    # The "a" container of each device is named by the pod list, so its series carries the
+    # container id.
     pods = {f"cid-{uuid}": candidates(uuid)[0] for _, uuid in UNLISTED} | PODS
     devices = [(vendor, uuid, False) for vendor, uuid in UNLISTED] + [("nvidia", LISTING, True)]
     with_counter = {
@@ -579,7 +587,8 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(
                 expected[uuid], rel=0.01, abs=1e-6
             )
             owners = assigned[uuid]
-            # Only the reason that applies grows, and a device with one owner gives that container everything.
+            # Only the reason that applies grows, and a device with one owner gives that
+            # container everything.
             assert unattributed["shared"] == 0 or len(owners) > 1
             assert unattributed["no_owner"] == 0 or not owners
             if len(owners) == 1:
@@ -611,7 +620,8 @@ def test_an_unlisted_device_gives_its_active_energy_to_its_one_owner() -> None:
     )
     attribution.update(SampleInputs(0.0, gpus=(amd,)))
     energy = attribution.update(SampleInputs(2.0, gpus=(amd,)))
-    # 500 J in 2 s: 100 J idle, the 400 J above it to the container the kubelet assigned the card to.
+    # 500 J in 2 s: 100 J idle, the 400 J above it to the container the kubelet assigned
+    # the card to.
     assert energy.gpu_idle == (("AMD-1", pytest.approx(100.0)),)
     assert [
         (row.container_id, row.owner.pod, row.owner.container, row.gpu_joules)

@@ -40,8 +40,8 @@ def memory(i: int) -> int:
 
 
 class ManyProcesses(Source):
-    """3000 processes in 40 containers whose CPU use changes every sample, on a node drawing 200 W; 300 of them
-    share a GPU drawing 300 W."""
+    """3000 processes in 40 containers whose CPU use changes every sample, on a node drawing 200 W;
+    300 of them share a GPU drawing 300 W."""
 
     name = "many"
 
@@ -119,13 +119,14 @@ def test_top_50_by_default_and_the_rest_in_other(monkeypatch: pytest.MonkeyPatch
         assert len(process) == 51
         assert sum(sample.labels["pid"] == "other" for sample in process) == 1
         assert len(after["kepler_bridge_container_cpu_joules"]) == CONTAINERS
-        assert (
-            len(after["kepler_bridge_pod_cpu_joules"]) == 1
-        )  # no Kubernetes: one pod row, empty labels
+        # No Kubernetes: one pod row, empty labels.
+        assert len(after["kepler_bridge_pod_cpu_joules"]) == 1
         energy_series = sum(len(samples) for name, samples in after.items() if "joules" in name)
-        # Node, processes, containers and pods of the CPU; the GPU's own counter, its idle part and the same levels.
+        # Node, processes, containers and pods of the CPU; the GPU's own counter, its idle part and
+        # the same levels.
         assert energy_series == (1 + 51 + CONTAINERS + 1) + (1 + 1 + 51 + CONTAINERS + 1)
-        # The shown processes and "other" together gained the node's active energy: 200 J x 10/16 usage.
+        # The shown processes and "other" together gained the node's active energy:
+        # 200 J x 10/16 usage.
         previous = {
             sample.labels["pid"]: sample.value
             for sample in before["kepler_bridge_process_cpu_joules"]
@@ -140,7 +141,8 @@ def test_every_per_process_family_is_bounded_and_the_aggregates_complete(
     many = sampler("top:50", monkeypatch)
     first = scrape(many)
     source = many.slots[0].source
-    # First sample: the 50 processes with the most CPU time, each with all of it, and the rest summed in "other".
+    # First sample: the 50 processes with the most CPU time, each with all of it, and the rest
+    # summed in "other".
     seconds = {
         sample.labels["pid"]: sample.value for sample in first["kepler_bridge_process_cpu_seconds"]
     }

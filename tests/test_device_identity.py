@@ -1,5 +1,5 @@
-"""A device keeps its `gpu` index for the agent's life: sources starting late or listing devices in another order
-shift no other device, and /v1/collect lists devices in index order."""
+"""A device keeps its `gpu` index for the agent's life: sources starting late or listing devices in
+another order shift no other device, and /v1/collect lists devices in index order."""
 
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ def test_late_source_and_reordered_command_shift_no_other_device(
         print_cards(cards, "KL-C", "KL-B")
         del expected["KL-A"]
         agent.wait_for(lambda: indexes(agent) == expected, what="KL-A gone, the others unchanged")
-        # /v1/collect: index order (KL-B, the two NVIDIA GPUs, KL-C), told apart by their memory sizes.
+        # /v1/collect: index order (KL-B, the two NVIDIA GPUs, KL-C), told apart by their
+        # memory sizes.
         totals = [
             device["totalMemory"]
             for device in agent.get("/v1/collect").json()["test-node"]["devices"]

@@ -1,5 +1,5 @@
-"""Energy attribution through the real agent: CPU energy split by CPU time, GPU energy split by SM utilization,
-a device without process data booked to the container that holds it."""
+"""Energy attribution through the real agent: CPU energy split by CPU time, GPU energy split by SM
+utilization, a device without process data booked to the container that holds it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from scaffold import by_name
 
 GIB = 1024**3
 
-# On a newline, uses `rate` CPUs for `seconds` in bursts of about 5 ms (catching up if it got less), prints done.
+# On a newline, uses `rate` CPUs for `seconds` in bursts of about 5 ms (catching up if it got
+# less), prints done.
 _PACED_BURN = """
 import sys, time
 rate, seconds = float(sys.argv[1]), float(sys.argv[2])
@@ -87,8 +88,8 @@ def by_pid(agent: Agent, name: str) -> dict[str, float]:
 
 def test_cpu_energy_split_3_to_1_by_cpu_time(tmp_path: Path) -> None:
     tree = PowercapTree(tmp_path / "sys")
-    # A 120 J range at 100 W wraps every 1.2 s (a hardware counter wraps after minutes; an interval must
-    # stay shorter than one turn): the split must survive several wrap-arounds.
+    # A 120 J range at 100 W wraps every 1.2 s (a hardware counter wraps after minutes; an interval
+    # must stay shorter than one turn): the split must survive several wrap-arounds.
     tree.zone("intel-rapl:0", "package-0", 0, max_energy_range_uj=120_000_000)
     tree.zone("intel-rapl:0:0", "core", 0)
     with (
@@ -118,8 +119,9 @@ def test_cpu_energy_split_3_to_1_by_cpu_time(tmp_path: Path) -> None:
         light.start()
         heavy.wait()
         light.wait()
-        # Two samples past the end, so the last CPU time is attributed. Per-interval CPU times are whole
-        # clock ticks: intervals of several ticks keep that rounding small next to the 5 % allowed.
+        # Two samples past the end, so the last CPU time is attributed. Per-interval CPU times
+        # are whole clock ticks: intervals of several ticks keep that rounding small next to the
+        # 5 % allowed.
         time.sleep(1.2)
         after = scrape(agent)
 
@@ -173,7 +175,8 @@ def test_cpu_energy_series_absent_without_rapl(tmp_path: Path) -> None:
 def drawing(
     write: Callable[[float], None], joules: float, watts: float, step: float = 0.1
 ) -> Iterator[None]:
-    """While the block runs, write(counter) every `step` seconds, the counter (J) rising from `joules` at `watts`."""
+    """While the block runs, write(counter) every `step` seconds, the counter (J) rising from
+    `joules` at `watts`."""
     stop = threading.Event()
 
     def run() -> None:
@@ -259,7 +262,8 @@ def test_gpu_energy_split_3_to_1_by_sm_utilization(fake_nvml: FakeNvml) -> None:
 
 
 def write_microjoules(path: Path) -> Callable[[float], None]:
-    """A writer of a hwmon energy file (µJ) that replaces it whole, so the agent never reads half a number."""
+    """A writer of a hwmon energy file (µJ) that replaces it whole, so the agent never reads
+    half a number."""
 
     def write(joules: float) -> None:
         partial = path.with_name(f".{path.name}")
@@ -330,7 +334,8 @@ def test_an_amd_card_without_process_data_gives_the_pod_holding_it_its_energy_ab
     total = gain("gpu_energy_joules_total", "gpu", "0")
     assert total > 250  # 1.5 s at 250 W
     assert pod > idle["0"]  # 200 of the 250 W are above the 50 W idle
-    # Card 0: its whole energy is idle or its pod's; card 1: 15 of its 65 W are active, but whose is unknown.
+    # Card 0: its whole energy is idle or its pod's; card 1: 15 of its 65 W are active, but
+    # whose is unknown.
     assert idle["0"] + pod == pytest.approx(total, rel=1e-6)
     assert lost == {
         ("0", "shared"): 0.0,

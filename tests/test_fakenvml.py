@@ -415,7 +415,8 @@ def test_runtime_change_is_seen_without_reinit(fake_nvml: FakeNvml, nvml: NvmlPr
 
 
 def test_in_place_same_size_rewrites_are_seen(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
-    """Same inode, same size, same mtime tick: still re-read (a young file is never trusted to stat())."""
+    """Same inode, same size, same mtime tick: still re-read (a young file is never trusted
+    to stat())."""
     fake_nvml.gpu(0, temperature=70)
     assert nvml.call("nvmlDeviceGetTemperature", H(0), 0) == 70
     text = fake_nvml.config.read_text()
@@ -609,13 +610,17 @@ def test_delay_ms(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
 
 
 def test_delay_does_not_block_other_threads(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
-    """A slow call in one thread must not serialise the others (the lock is not held while sleeping)."""
+    """A slow call in one thread must not serialise the others (the lock is not held
+    while sleeping)."""
     nvml.call("nvmlDeviceGetUUID", H(0))
     fake_nvml.set(delay_ms=1000)
     elapsed = nvml.exec("""
         import threading
         t0 = time.monotonic()
-        ts = [threading.Thread(target=pynvml.nvmlDeviceGetPowerUsage, args=(H(0),)) for _ in range(4)]
+        ts = [
+            threading.Thread(target=pynvml.nvmlDeviceGetPowerUsage, args=(H(0),))
+            for _ in range(4)
+        ]
         [t.start() for t in ts]; [t.join() for t in ts]
         result = time.monotonic() - t0
     """)
@@ -759,7 +764,8 @@ def test_xid_event_wakes_a_blocked_waiter(fake_nvml: FakeNvml, nvml: NvmlProcess
             while len(events) < 2 and time.monotonic() - t0 < 15:
                 try:
                     d = pynvml.nvmlEventSetWait(es, 5000)
-                    events.append((pynvml.nvmlDeviceGetIndex(d.device), d.eventData, time.monotonic()))
+                    index = pynvml.nvmlDeviceGetIndex(d.device)
+                    events.append((index, d.eventData, time.monotonic()))
                 except pynvml.NVMLError_Timeout:
                     pass
         def sampler():

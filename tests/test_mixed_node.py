@@ -1,4 +1,5 @@
-"""A heterogeneous node: a (fake) NVIDIA GPU, an AMD card and a command-source accelerator in one agent."""
+"""A heterogeneous node: a (fake) NVIDIA GPU, an AMD card and a command-source accelerator in
+one agent."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ KUNLUN = {
 
 @pytest.fixture
 def node(fakenvml_lib: Path, tmp_path: Path) -> tuple[FakeNvml, list[str]]:
-    """One fake NVIDIA GPU, an RX 7900 in a fake sysfs and a command printing one Kunlun card: agent args."""
+    """One fake NVIDIA GPU, an RX 7900 in a fake sysfs and a command printing one Kunlun card:
+    agent args."""
     nvidia = FakeNvml(fakenvml_lib, tmp_path / "fakenvml.conf", gpus=1, processes_per_gpu=1)
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.simpledrm(0)

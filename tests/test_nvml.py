@@ -1,4 +1,5 @@
-"""The NVML source through the real pynvml binding against the fake libnvidia-ml.so.1, in the real agent."""
+"""The NVML source through the real pynvml binding against the fake libnvidia-ml.so.1, in the
+real agent."""
 
 from __future__ import annotations
 
@@ -64,12 +65,12 @@ def test_values_arrive_in_contract_units(fake_nvml: FakeNvml) -> None:
         assert agent.samples("gpu_pcie_receive_bytes_per_second")["0"] == 2000 * 1024
         assert agent.samples("gpu_performance_state")["0"] == 0
         assert (
-            'gpu_throttled{gpu="0",model="NVIDIA Fake A100",node="test-node",reason="hw_thermal_slowdown"'
-            in text
+            'gpu_throttled{gpu="0",model="NVIDIA Fake A100",node="test-node",'
+            'reason="hw_thermal_slowdown"' in text
         )
         assert (
-            'kind="uncorrected",model="NVIDIA Fake A100",node="test-node",uuid="GPU-fa4e0000-0000-4000-8000-000000000000",vendor="nvidia"} 3.0'
-            in text
+            'kind="uncorrected",model="NVIDIA Fake A100",node="test-node",'
+            'uuid="GPU-fa4e0000-0000-4000-8000-000000000000",vendor="nvidia"} 3.0' in text
         )
         assert 'driver_version="' in text and 'pci_bus_id="00000000:10:00.0"' in text
         comm = Path(f"/proc/{os.getpid()}/comm").read_text().strip()

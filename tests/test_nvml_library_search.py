@@ -1,5 +1,6 @@
-"""--nvml-library DIR: the agent finds libnvidia-ml.so.1 in the driver layouts of amd64, arm64 and Jetson hosts
-(the privileged manifests mount the host's /usr and name it), through the real CLI and the fake NVML library."""
+"""--nvml-library DIR: the agent finds libnvidia-ml.so.1 in the driver layouts of amd64, arm64 and
+Jetson hosts (the privileged manifests mount the host's /usr and name it), through the real CLI and
+the fake NVML library."""
 
 from __future__ import annotations
 

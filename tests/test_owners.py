@@ -1,4 +1,5 @@
-"""Kubernetes owners are joined once, in the sampler: every series a sample updates names that sample's owner."""
+"""Kubernetes owners are joined once, in the sampler: every series a sample updates names that
+sample's owner."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from kepler_bridge.store import SnapshotStore
 from scaffold import make_config, samples
 
 GIB = 1024**3
-# Families with one series per process, container or device: each names the owner of the newest sample.
+# Families with one series per process, container or device: each names the owner of the
+# newest sample.
 CURRENT = (
     "gpu_pod_info",
     "gpu_process_memory_used_bytes",
@@ -31,7 +33,8 @@ CURRENT = (
     "kepler_bridge_process_cpu_joules_total",
     "kepler_bridge_process_gpu_joules_total",
 )
-# Families whose series of an owner that has gone stay until the grace period ends, but no longer grow.
+# Families whose series of an owner that has gone stay until the grace period ends, but no
+# longer grow.
 GROWING = (
     "kepler_bridge_container_cpu_joules_total",
     "kepler_bridge_container_gpu_joules_total",
@@ -41,8 +44,9 @@ GROWING = (
 
 
 class Node(Source):
-    """Container c1 training on a GPU that lists its processes (and loading on the CPU only), next to a process of
-    another pid namespace, and a card that lists none; the kubelet assigned both devices to c0 of the same pod."""
+    """Container c1 training on a GPU that lists its processes (and loading on the CPU only), next
+    to a process of another pid namespace, and a card that lists none; the kubelet assigned both
+    devices to c0 of the same pod."""
 
     name = "node"
 
@@ -97,8 +101,9 @@ def owned_by(pod: str) -> KubeView:
 
 
 def agrees(labels: dict[str, str], pod: str) -> bool:
-    """Whether a series names its owner in the view of pod `pod`: c1's rows c1's container, the rest (the devices,
-    the process of another pid namespace, the card's energy) the container holding the devices."""
+    """Whether a series names its owner in the view of pod `pod`: c1's rows c1's container,
+    the rest (the devices, the process of another pid namespace, the card's energy) the container
+    holding the devices."""
     mine = labels.get("container_id") == "c1" or labels.get("pid") == "1"
     owner = {"namespace": "ml", "pod": pod, "container": "trainer" if mine else "main"}
     return all(labels[name] == value for name, value in owner.items() if name in labels)

@@ -1,4 +1,5 @@
-"""Process names and cgroup paths are bytes: no name a process gives itself may take a source down."""
+"""Process names and cgroup paths are bytes: no name a process gives itself may take a source
+down."""
 
 from __future__ import annotations
 

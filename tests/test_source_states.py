@@ -1,4 +1,5 @@
-"""Source states: only a source in use that fails is down; absent hardware and a standing-by alternative are not."""
+"""Source states: only a source in use that fails is down; absent hardware and a standing-by
+alternative are not."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from agent import Agent
 from powercap import PowercapTree
 from scaffold import families
 
-# Counters that count from the agent's start (or from the source's start, for the simulated GPUs): without the
-# carried state a new worker would start each of them again from zero.
+# Counters that count from the agent's start (or from the source's start, for the simulated GPUs):
+# without the carried state a new worker would start each of them again from zero.
 RESTARTING = (
     "kepler_bridge_node_cpu_joules_total",
     "kepler_bridge_pod_cpu_joules_total",
@@ -32,8 +32,8 @@ pytestmark = pytest.mark.e2e
 
 
 def counters(agent: Agent) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
-    """Every counter series of the agent (not prometheus_client's process_*, which describe one worker process),
-    or None while no worker answers with a sample."""
+    """Every counter series of the agent (not prometheus_client's process_*, which describe one
+    worker process), or None while no worker answers with a sample."""
     try:
         text = agent.metrics()
     except requests.RequestException:

@@ -88,7 +88,8 @@ def build(outdir: Path) -> Path:
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             raise RuntimeError(
-                f"building the fake NVML library failed (exit {proc.returncode}: {' '.join(cmd)}):\n"
+                f"building the fake NVML library failed (exit {proc.returncode}: "
+                f"{' '.join(cmd)}):\n"
                 f"{proc.stdout}{proc.stderr}"
             )
         os.replace(tmp, lib)
@@ -105,7 +106,9 @@ GLOBAL_FIELDS = {
     "nvml_version": "str, nvmlSystemGetNVMLVersion",
     "device_count": "int, nvmlDeviceGetCount_v2 (clamped to 64)",
     "init_error": "NVML return code returned by nvmlInitWithFlags/nvmlInit_v2 (0 = ok)",
-    "fail_all": "NVML return code returned by every call except init/shutdown/errorString (0 = off)",
+    "fail_all": (
+        "NVML return code returned by every call except init/shutdown/errorString (0 = off)"
+    ),
     "delay_ms": "every call sleeps this many ms (slow driver)",
     "errors": "dict {nvml function name: return code} injected for every call of that function",
 }
@@ -306,14 +309,16 @@ class FakeNvml:
 
     def set(self, **globals: Any) -> None:
         """Change global settings, e.g. ``set(fail_all=999)``, ``set(delay_ms=500)``,
-        ``set(init_error=9)``, ``set(device_count=8)``, ``set(errors={"nvmlDeviceGetCount_v2": 999})``.
+        ``set(init_error=9)``, ``set(device_count=8)``,
+        ``set(errors={"nvmlDeviceGetCount_v2": 999})``.
 
         Raising ``device_count`` adds default GPUs for the new indices.
         """
         unknown = set(globals) - set(GLOBAL_FIELDS)
         if unknown:
             raise TypeError(
-                f"fakenvml: unknown global setting(s) {sorted(unknown)}; known: {sorted(GLOBAL_FIELDS)}"
+                f"fakenvml: unknown global setting(s) {sorted(unknown)}; "
+                f"known: {sorted(GLOBAL_FIELDS)}"
             )
         with self._lock:
             self.globals.update(globals)

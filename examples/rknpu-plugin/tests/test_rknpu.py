@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).parent.parent
 
 
 def rk3588(root: Path, load_text: str) -> Path:
-    """devfreq fdab0000.npu, the rknpu load file in debugfs and the board's device-tree compatible list."""
+    """devfreq fdab0000.npu, the rknpu load file in debugfs and the board's device-tree
+    compatible list."""
     (root / "class" / "devfreq" / "fdab0000.npu").mkdir(parents=True)
     (root / "class" / "devfreq" / "fdab0000.npu" / "cur_freq").write_text("1000000000\n")
     (root / "kernel" / "debug" / "rknpu").mkdir(parents=True)
