@@ -4,10 +4,12 @@ process churn."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, TypeVar
 
 from kepler_bridge.model import GpuReading, ProcessCpu, ProcessKey
 from kepler_bridge.sampling.top import TopCounter
+
+Number = TypeVar("Number", int, float)
 
 
 def increase(last: float | None, raw: float, wrap_at: float = 0.0) -> float:
@@ -66,15 +68,22 @@ class CounterGuard:
         """Return the reading with its counters made monotonic per device uuid."""
         if not reading.up:
             return reading
-        changes: dict[str, object] = {}
-        for name in ("energy_joules", "ecc_corrected_total", "ecc_uncorrected_total"):
-            raw = getattr(reading, name)
-            if raw is not None:
-                value = self._value(reading.uuid, name, raw)
-                changes[name] = type(raw)(value)
-        if reading.xid_errors:
-            changes["xid_errors"] = self._xids(reading.uuid, reading.xid_errors)
-        return dataclasses.replace(reading, **changes) if changes else reading
+        uuid, xids = reading.uuid, reading.xid_errors
+        return dataclasses.replace(
+            reading,
+            energy_joules=self._counter(uuid, "energy_joules", reading.energy_joules),
+            ecc_corrected_total=self._counter(
+                uuid, "ecc_corrected_total", reading.ecc_corrected_total
+            ),
+            ecc_uncorrected_total=self._counter(
+                uuid, "ecc_uncorrected_total", reading.ecc_uncorrected_total
+            ),
+            xid_errors=self._xids(uuid, xids) if xids else xids,
+        )
+
+    def _counter(self, uuid: str, name: str, raw: Number | None) -> Number | None:
+        """The monotonic value of one device counter, in the raw value's own type."""
+        return None if raw is None else type(raw)(self._value(uuid, name, raw))
 
     def _xids(
         self, uuid: str, counts: tuple[tuple[int | str, int], ...]
