@@ -19,7 +19,7 @@ from kepler_bridge.model import (
     RaplZone,
 )
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
-from kepler_bridge.sampling.counters import CounterGuard
+from kepler_bridge.sampling.counters import MonotonicCounters
 from kepler_bridge.sampling.gpu_energy import gpu_shares
 
 REAL_MAX_UJ = 262143328850
@@ -107,7 +107,7 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
     idle_watts = draw(st.none() | st.floats(0, 300), label="gpu_idle_watts")
     limit = draw(st.integers(1, 4), label="top")
     counter_gpu = draw(st.booleans(), label="GPU-0 has an energy counter")
-    guard = CounterGuard()
+    counters = MonotonicCounters()
     full = Attribution(gpu_idle_watts=idle_watts, process_limit=None, grace=1e9)
     top = Attribution(gpu_idle_watts=idle_watts, process_limit=limit, grace=1e9)
     cpu = {slot: 0.0 for slot in SLOTS}
@@ -151,7 +151,7 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
             expected_cpu[slot] = cpu[slot] - old if known else cpu[slot]
             rows.append(ProcessCpu(slot[0], slot[1], cpu[slot], slot[2]))
         present_before = {(row.pid, row.comm, row.container_id) for row in rows}
-        cpu_increases = guard.cpu_increases(rows)
+        cpu_increases = counters.cpu_increases(rows)
         assert cpu_increases == pytest.approx(expected_cpu)
         # One GPU: lost now and then, reset now and then, 0..3 processes with or without
         # SM utilization.
@@ -183,7 +183,7 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
                 )
             )
         )
-        reading = guard.gpu(
+        reading = counters.gpu(
             gpu(
                 "GPU-0",
                 up=up,
@@ -502,7 +502,7 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(
     }
     raw = {uuid: draw(st.floats(0, 1e6)) for _, uuid, _ in devices}
     raw_at_last_up: dict[str, float] = {}
-    guard = CounterGuard()
+    counters = MonotonicCounters()
     attribution = Attribution(gpu_idle_watts=idle_watts, process_limit=None, grace=1e9)
     now, before = 0.0, {}
     for step in range(draw(st.integers(2, 12), label="samples")):
@@ -544,7 +544,7 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(
                 else ()
             )
             readings.append(
-                guard.gpu(
+                counters.gpu(
                     GpuReading(
                         index=len(readings),
                         uuid=uuid,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import scaffold
 
-from kepler_bridge.sampling.counters import CounterGuard
+from kepler_bridge.sampling.counters import MonotonicCounters
 from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.model import ContainerCpu, GpuProcess, GpuReading, Holder, PodRef, ProcessCpu, Snapshot, SourceStatus
 
@@ -146,7 +146,7 @@ def test_baetyl_matches_design_example_and_units() -> None:
 
 
 def test_counters_never_decrease_across_resets() -> None:
-    guard = CounterGuard()
+    guard = MonotonicCounters()
     values = [guard.gpu(gpu(0, energy_joules=e, xid_errors=((79, x),))) for e, x in
               [(100.0, 1), (150.0, 2), (10.0, 1), (20.0, 1)]]
     energy = [v.energy_joules for v in values]
@@ -155,7 +155,7 @@ def test_counters_never_decrease_across_resets() -> None:
 
 
 def test_container_totals_survive_processes_leaving() -> None:
-    guard = CounterGuard()
+    guard = MonotonicCounters()
 
     def totals(*processes: ProcessCpu) -> tuple[tuple[str, float], ...]:
         return guard.containers(guard.cpu_increases(processes))

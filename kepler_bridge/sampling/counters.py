@@ -43,7 +43,7 @@ class Monotonic:
         return self.value
 
 
-class CounterGuard:
+class MonotonicCounters:
     """Per-device and per-container counter state owned by the sampler thread."""
 
     def __init__(self, process_limit: int | None = None) -> None:

@@ -16,7 +16,7 @@ from kepler_bridge.model import NO_POD, ContainerCpu, GpuReading, Snapshot, Sour
 from kepler_bridge.reload import KUBE, SettingsWatch
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
-from kepler_bridge.sampling.counters import CounterGuard
+from kepler_bridge.sampling.counters import MonotonicCounters
 from kepler_bridge.sampling.device_index import DeviceIndexes
 from kepler_bridge.sampling.slots import Slot, build_slots, read_all, replace_command
 from kepler_bridge.store import SnapshotStore
@@ -29,7 +29,7 @@ class WorkerState:
     """What a new worker takes over from the one before it: counter states, device indexes,
     the attribution ledger and source error counts."""
 
-    counters: CounterGuard
+    counters: MonotonicCounters
     devices: DeviceIndexes
     attribution: Attribution
     source_errors: dict[str, int]
@@ -53,7 +53,7 @@ class Sampler:
         self.config = config
         self.store = store
         self.slots = build_slots(config) if slots is None else slots
-        self._counters = CounterGuard(config.process_metrics)
+        self._counters = MonotonicCounters(config.process_metrics)
         self._devices = DeviceIndexes()
         self._attribution = Attribution(**_attribution_settings(config))
         self.kube = KubeMetadata(config)
