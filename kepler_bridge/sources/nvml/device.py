@@ -20,7 +20,7 @@ UNSUPPORTED = (
 )
 
 
-def text(value: bytes | str) -> str:
+def decoded(value: bytes | str) -> str:
     """An NVML string (bytes in older bindings) as str."""
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 

@@ -12,7 +12,7 @@ from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading
 from kepler_bridge.sources.nvml import library
-from kepler_bridge.sources.nvml.device import Device, text
+from kepler_bridge.sources.nvml.device import Device, decoded
 from kepler_bridge.sources.nvml.events import XidEvents
 from kepler_bridge.sources.nvml.processes import gpu_processes
 from kepler_bridge.sources.sysfs import on_pci_bus
@@ -61,7 +61,7 @@ class NvmlSource(Source):
                 f"no NVIDIA GPU on the PCI bus ({self.config.sysfs}/bus/pci/devices); NVML: {err}"
             ) from None
         try:
-            self.driver_version = text(pynvml.nvmlSystemGetDriverVersion())
+            self.driver_version = decoded(pynvml.nvmlSystemGetDriverVersion())
             self.devices = [Device(i) for i in range(pynvml.nvmlDeviceGetCount())]
         except pynvml.NVMLError as err:
             pynvml.nvmlShutdown()
@@ -163,9 +163,9 @@ class NvmlSource(Source):
 
 def _acquire(device: Device) -> None:
     handle = pynvml.nvmlDeviceGetHandleByIndex(device.index)
-    device.uuid = text(pynvml.nvmlDeviceGetUUID(handle))
-    device.model = text(pynvml.nvmlDeviceGetName(handle))
-    device.pci_bus_id = text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+    device.uuid = decoded(pynvml.nvmlDeviceGetUUID(handle))
+    device.model = decoded(pynvml.nvmlDeviceGetName(handle))
+    device.pci_bus_id = decoded(pynvml.nvmlDeviceGetPciInfo(handle).busId)
     device.unsupported.clear()
     device.handle = handle
 
@@ -303,7 +303,9 @@ def _mig_uuids(device: Device) -> tuple[str, ...]:
     ):
         try:
             uuids.append(
-                text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index)))
+                decoded(
+                    pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index))
+                )
             )
         except pynvml.NVMLError:  # an empty slot answers NOT_FOUND
             continue
