@@ -7,12 +7,19 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from kepler_bridge.config import Config
 from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.kube.view import KubeView
-from kepler_bridge.model import NO_POD, ContainerCpu, GpuReading, Snapshot, SourceReading
+from kepler_bridge.model import (
+    NO_POD,
+    ContainerCpu,
+    GpuReading,
+    ProcessKey,
+    Snapshot,
+    SourceReading,
+)
 from kepler_bridge.reload import KUBE, SettingsWatch
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
@@ -166,15 +173,7 @@ class Sampler:
         )
         increases = self._counters.cpu_increases(reading.processes)
         shown, other_seconds = self._counters.process_seconds(increases)
-        self.kube.notice(
-            {key.container_id for key in increases if key.container_id}
-            | {
-                proc.container_id
-                for gpu in node_gpus
-                for proc in gpu.processes
-                if proc.container_id
-            }
-        )
+        self.kube.notice(_container_ids(increases, node_gpus))
         energy = self._attribution.update(
             SampleInputs(
                 now=started,
@@ -203,6 +202,13 @@ class Sampler:
             ebpf_programs_attached=reading.ebpf_programs_attached,
             energy=energy,
         )
+
+
+def _container_ids(increases: Mapping[ProcessKey, float], gpus: Iterable[GpuReading]) -> set[str]:
+    """The container ids of a sample's processes, on the CPU and on the devices."""
+    return {key.container_id for key in increases if key.container_id} | {
+        proc.container_id for gpu in gpus for proc in gpu.processes if proc.container_id
+    }
 
 
 def _attribution_settings(config: Config) -> dict[str, Any]:
