@@ -26,11 +26,20 @@ class _ScalarsAsWritten(yaml.SafeLoader):
     `interval: 1:30` stays "1:30" (not 90 seconds), `node_name: 0123` stays "0123" (not 83) and
     `yes` stays "yes"."""
 
-    yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag == _NULL]
-                               for first, resolvers
-                               in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    yaml_constructors = {tag: yaml.SafeLoader.yaml_constructors[tag] for tag in (
-        None, _NULL, "tag:yaml.org,2002:str", "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map")}
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag == _NULL]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    yaml_constructors = {
+        tag: yaml.SafeLoader.yaml_constructors[tag]
+        for tag in (
+            None,
+            _NULL,
+            "tag:yaml.org,2002:str",
+            "tag:yaml.org,2002:seq",
+            "tag:yaml.org,2002:map",
+        )
+    }
 
     def construct_decimal(self, node: yaml.ScalarNode) -> int:
         """An int from decimal digits; an explicit `!!int` with anything else (0x10, 1:30) is
@@ -38,7 +47,8 @@ class _ScalarsAsWritten(yaml.SafeLoader):
         text = self.construct_scalar(node)
         if not _DECIMAL.match(text):
             raise yaml.constructor.ConstructorError(
-                None, None, f"{text!r} is not a whole number in decimal digits", node.start_mark)
+                None, None, f"{text!r} is not a whole number in decimal digits", node.start_mark
+            )
         return int(text)
 
 
@@ -58,8 +68,9 @@ def read(path: str, keys: Collection[str]) -> dict[str, object]:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        raise ConfigError("config", path, f"not UTF-8 text ({err.reason} at byte {err.start}); "
-                                          "save it as UTF-8") from None
+        raise ConfigError(
+            "config", path, f"not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
+        ) from None
     data = _parse(path, text)
     if data is None:
         return {}
@@ -70,11 +81,17 @@ def read(path: str, keys: Collection[str]) -> dict[str, object]:
     for key, value in data.items():
         name = _FILE_ALIASES[key] if key in _FILE_ALIASES else key
         if name not in keys:
-            raise ConfigError(f"{key} (in {path})", value,
-                              f"unknown key; accepted keys: {', '.join(known)}")
+            raise ConfigError(
+                f"{key} (in {path})", value, f"unknown key; accepted keys: {', '.join(known)}"
+            )
         if value is None and name in _NULL_REFUSED:
-            raise ConfigError(name, value, "an empty value would turn it off; give the file's "
-                              "path, or delete the key to serve without it", path)
+            raise ConfigError(
+                name,
+                value,
+                "an empty value would turn it off; give the file's "
+                "path, or delete the key to serve without it",
+                path,
+            )
         if value is not None:
             result[name] = value
     return result
@@ -87,16 +104,19 @@ def _parse(path: str, text: str) -> object:
             return json.loads(text)
         return yaml.load(text, Loader=_ScalarsAsWritten)
     except json.JSONDecodeError as err:
-        raise ConfigError("config", path,
-                          f"JSON syntax error at line {err.lineno}: {err.msg}") from None
+        raise ConfigError(
+            "config", path, f"JSON syntax error at line {err.lineno}: {err.msg}"
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError("config", path, f"YAML syntax error{line}: {problem}") from None
     except RecursionError:
-        raise ConfigError("config", path,
-                          "nested too deeply; a setting is a value or a flat list") from None
+        raise ConfigError(
+            "config", path, "nested too deeply; a setting is a value or a flat list"
+        ) from None
     except ValueError as err:  # JSON integers longer than Python converts (4300 digits)
-        raise ConfigError("config", path,
-                          f"cannot read a number: {str(err).split(':')[0]}") from None
+        raise ConfigError(
+            "config", path, f"cannot read a number: {str(err).split(':')[0]}"
+        ) from None

@@ -14,8 +14,7 @@ import shutil
 import socket
 from typing import Callable
 
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
-                   "h": 3600.0}
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 # Linux's highest pid_max: no node has more processes than this.
 MAX_PIDS = 1 << 22
@@ -27,8 +26,9 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 120, 120
 
 def one_line(text: str) -> str:
     """The text with line breaks and other control characters escaped: it prints as one line."""
-    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode()
-                   for char in text)
+    return "".join(
+        char if char.isprintable() else char.encode("unicode_escape").decode() for char in text
+    )
 
 
 class ConfigError(Exception):
@@ -75,11 +75,13 @@ def duration(value: object) -> float:
 
 def bounded(parse: Callable[[object], float], low: float, high: float) -> Callable[[object], float]:
     """A parser that accepts what `parse` accepts, from low to high."""
+
     def parse_bounded(value: object) -> float:
         result = parse(value)
         if not low <= result <= high:
             raise ValueError
         return result
+
     return parse_bounded
 
 
@@ -149,11 +151,13 @@ def argv(value: object) -> tuple[str, ...]:
 
 def one_of(*choices: str) -> Callable[[object], str]:
     """A parser that accepts exactly one of `choices`."""
+
     def parse_choice(value: object) -> str:
         written = text(value)
         if written not in choices:
             raise ValueError
         return written
+
     return parse_choice
 
 

@@ -30,8 +30,11 @@ def make_dir() -> str:
             return tempfile.mkdtemp(prefix=f"kepler-bridge-{os.getpid()}-", dir=place)
         except OSError as err:
             problems.append(f"{place or tempfile.gettempdir()}: {err.strerror or err}")
-    log.warning("no directory for counter state (%s): counters restart from zero if the worker restarts; "
-                "make /dev/shm or $TMPDIR writable", "; ".join(problems))
+    log.warning(
+        "no directory for counter state (%s): counters restart from zero if the worker restarts; "
+        "make /dev/shm or $TMPDIR writable",
+        "; ".join(problems),
+    )
     return ""
 
 
@@ -58,6 +61,10 @@ def load(directory: str) -> object | None:
             return pickle.load(file)
     except FileNotFoundError:
         return None
-    except Exception as err:  # e.g. the package was upgraded under the running master and its classes changed
-        log.warning("counter state in %s unreadable, counters restart from zero: %s", directory, err)
+    except (
+        Exception
+    ) as err:  # e.g. the package was upgraded under the running master and its classes changed
+        log.warning(
+            "counter state in %s unreadable, counters restart from zero: %s", directory, err
+        )
         return None

@@ -23,7 +23,9 @@ class DeviceIndexes:
         numbered: dict[tuple[str, str], GpuReading] = {}
         for gpu in gpus:
             identity = (gpu.vendor, gpu.uuid)
-            if identity in numbered:  # two sources reading one chip: its series would be exported twice
+            if (
+                identity in numbered
+            ):  # two sources reading one chip: its series would be exported twice
                 continue
             if identity not in self._known:
                 self._known[identity], self._next = self._next, self._next + 1

@@ -11,16 +11,30 @@ import dataclasses
 import numbers
 from typing import Any, Callable
 
-from kepler_bridge.model import MAX_DEVICES, MAX_EXACT, NO_POD, CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, SourceReading
+from kepler_bridge.model import (
+    MAX_DEVICES,
+    MAX_EXACT,
+    NO_POD,
+    CpuTimes,
+    GpuProcess,
+    GpuReading,
+    ProcessCpu,
+    RaplZone,
+    SourceReading,
+)
 
 
 def reading(value: Any) -> SourceReading:
     """The source's reading with every unusable value dropped; raises for a wrong type or over MAX_DEVICES devices."""
     if not isinstance(value, SourceReading):
-        raise TypeError(f"read() returned {type(value).__name__}, not a SourceReading; fix the source")
+        raise TypeError(
+            f"read() returned {type(value).__name__}, not a SourceReading; fix the source"
+        )
     if len(value.gpus) > MAX_DEVICES:
-        raise ValueError(f"{len(value.gpus)} devices, more than {MAX_DEVICES} per source: the source is refused; "
-                         "report only real accelerators")
+        raise ValueError(
+            f"{len(value.gpus)} devices, more than {MAX_DEVICES} per source: the source is refused; "
+            "report only real accelerators"
+        )
     return _record(value, SourceReading)
 
 
@@ -57,6 +71,7 @@ def text(value: Any) -> str:
 
 def _items(rule: Callable[[Any], Any]) -> Callable[[Any], tuple]:
     """A rule for a tuple field: each element through rule, the dropped (None) ones left out."""
+
     def clean(values: Any) -> tuple:
         if not isinstance(values, (tuple, list)):
             raise TypeError(f"expected a tuple, got {type(values).__name__}; fix the source")
@@ -64,10 +79,13 @@ def _items(rule: Callable[[Any], Any]) -> Callable[[Any], tuple]:
         if type(values) is tuple and all(new is old for new, old in zip(cleaned, values)):
             return values
         return tuple(new for new in cleaned if new is not None)
+
     return clean
 
 
-def _pair(first: Callable[[Any], Any], second: Callable[[Any], Any]) -> Callable[[Any], tuple | None]:
+def _pair(
+    first: Callable[[Any], Any], second: Callable[[Any], Any]
+) -> Callable[[Any], tuple | None]:
     def clean(pair: Any) -> tuple | None:
         if not isinstance(pair, tuple) or len(pair) != 2:
             return None
@@ -75,6 +93,7 @@ def _pair(first: Callable[[Any], Any], second: Callable[[Any], Any]) -> Callable
         if None in new:
             return None
         return pair if new[0] is pair[0] and new[1] is pair[1] else new
+
     return clean
 
 
@@ -104,27 +123,43 @@ def _optional(cls: type) -> Callable[[Any], Any]:
 # Field annotation (as written in model.py) -> (rule, whether the record needs it). A new annotation must get a
 # rule here: the plans below refuse to build without one.
 _RULES: dict[str, tuple[Callable[[Any], Any], bool]] = {
-    "float | None": (real, False), "int | None": (whole, False), "float": (real, True), "int": (whole, True),
-    "str": (text, False), "bool": (bool, False),
+    "float | None": (real, False),
+    "int | None": (whole, False),
+    "float": (real, True),
+    "int": (whole, True),
+    "str": (text, False),
+    "bool": (bool, False),
     "tuple[str, ...]": (_items(text), False),
     "tuple[tuple[str, bool], ...]": (_items(_pair(text, bool)), False),
-    "tuple[tuple[int | str, int], ...]": (_items(_pair(lambda code: text(code) if isinstance(code, str)
-                                                        else whole(code), whole)), False),
+    "tuple[tuple[int | str, int], ...]": (
+        _items(_pair(lambda code: text(code) if isinstance(code, str) else whole(code), whole)),
+        False,
+    ),
     "tuple[GpuProcess, ...]": (_items(_nested(GpuProcess)), False),
     "tuple[GpuReading, ...]": (_items(_nested(GpuReading)), False),
     "tuple[ProcessCpu, ...]": (_items(_nested(ProcessCpu)), False),
     "tuple[RaplZone, ...]": (_items(_nested(RaplZone)), False),
     "CpuTimes | None": (_optional(CpuTimes), False),
     # Kubernetes owners, which the sampler joins after this check: what a source put there is dropped.
-    "PodRef": (lambda _: NO_POD, False), "tuple[Holder, ...]": (lambda _: (), False),
+    "PodRef": (lambda _: NO_POD, False),
+    "tuple[Holder, ...]": (lambda _: (), False),
 }
 
 
 def _plan(cls: type) -> tuple[tuple[str, Callable[[Any], Any], bool], ...]:
-    missing = [f"{field.name}: {field.type}" for field in dataclasses.fields(cls) if field.type not in _RULES]
+    missing = [
+        f"{field.name}: {field.type}"
+        for field in dataclasses.fields(cls)
+        if field.type not in _RULES
+    ]
     if missing:
-        raise TypeError(f"kepler_bridge.sampling.sanitize has no rule for {cls.__name__} field(s) {missing}; add one")
+        raise TypeError(
+            f"kepler_bridge.sampling.sanitize has no rule for {cls.__name__} field(s) {missing}; add one"
+        )
     return tuple((field.name, *_RULES[field.type]) for field in dataclasses.fields(cls))
 
 
-_PLANS = {cls: _plan(cls) for cls in (SourceReading, GpuReading, GpuProcess, ProcessCpu, RaplZone, CpuTimes)}
+_PLANS = {
+    cls: _plan(cls)
+    for cls in (SourceReading, GpuReading, GpuProcess, ProcessCpu, RaplZone, CpuTimes)
+}

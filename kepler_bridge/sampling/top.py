@@ -18,13 +18,19 @@ class TopCounter(Generic[K]):
         self.other: float | None = None  # None until a key is left out
         self._offsets: dict[K, float] = {}
 
-    def update(self, totals: Mapping[K, float], increases: Mapping[K, float]) -> list[tuple[K, float]]:
+    def update(
+        self, totals: Mapping[K, float], increases: Mapping[K, float]
+    ) -> list[tuple[K, float]]:
         """(key, series value) of the shown keys, highest total first; `other` then holds the rest."""
         if self.limit == 0:
             return []
         shown = top(totals, self.limit)
-        offsets = {key: self._offsets[key] if key in self._offsets else totals[key] - increases.get(key, 0.0)
-                   for key in shown}
+        offsets = {
+            key: self._offsets[key]
+            if key in self._offsets
+            else totals[key] - increases.get(key, 0.0)
+            for key in shown
+        }
         if self.other is None and len(totals) > len(shown):
             self.other = 0.0
         if self.other is not None:
