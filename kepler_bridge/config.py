@@ -226,7 +226,8 @@ class Config:
             parse.bounded(parse.duration, 0.5, 300),
             "5s",
             "expected a duration from 500ms to 5m, such as 5s",
-            "time a client has to send a whole request head; a slower or silent connection is closed",
+            "time a client has to send a whole request head; "
+            "a slower or silent connection is closed",
         )
     )
     http_write_timeout: float = field(
@@ -244,7 +245,8 @@ class Config:
             parse.bounded(parse.count, 64, 1 << 22),
             16384,
             "expected a whole number from 64 to 4194304",
-            "size of the eBPF map of ended processes: thread groups that may end within one interval",
+            "size of the eBPF map of ended processes: "
+            "thread groups that may end within one interval",
         )
     )
     command: tuple[str, ...] = field(
@@ -264,7 +266,8 @@ class Config:
             parse.bounded(parse.duration, 0.1, 600),
             "5s",
             "expected a duration from 100ms to 10m, such as 2s or 30s",
-            "time limit of one run of --command and of npu-smi; past it all the run started is killed",
+            "time limit of one run of --command and of npu-smi; "
+            "past it all the run started is killed",
         )
     )
     npu_smi: str = field(
@@ -272,7 +275,8 @@ class Config:
             ("KEPLER_BRIDGE_NPU_SMI",),
             parse.text,
             "npu-smi",
-            "expected the npu-smi executable: a path, or a name looked up in PATH and /usr/local/sbin",
+            "expected the npu-smi executable: "
+            "a path, or a name looked up in PATH and /usr/local/sbin",
             "Huawei Ascend npu-smi that the ascend source runs",
         )
     )

@@ -12,7 +12,8 @@ from kepler_bridge.config import Config, ConfigError, load
 
 log = logging.getLogger(__name__)
 
-# What a running agent can change without losing counters or reopening drivers, the port or the eBPF programs.
+# What a running agent can change without losing counters or reopening drivers,
+# the port or the eBPF programs.
 RELOADABLE = frozenset(
     {
         "interval",

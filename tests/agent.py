@@ -1,4 +1,4 @@
-"""Starts the real agent (`kepler-bridge serve`, gunicorn inside) on a free loopback port for tests."""
+"""Starts the real agent (`kepler-bridge serve`, gunicorn inside) on a free loopback port."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ class Agent:
         ca: str = "",
         client_cert: tuple[str, str] | None = None,
     ) -> None:
-        """`ca`: the agent serves HTTPS with a certificate this CA file verifies; `client_cert`: (cert, key) to present."""
+        """`ca`: the agent serves HTTPS with a certificate this CA file verifies.
+
+        `client_cert`: (cert, key) to present."""
         self.port = free_port()
         self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
         self.verify: str | bool = ca or True
@@ -105,7 +107,7 @@ class Agent:
         return values(self.metrics(), name, "gpu")
 
     def source_states(self) -> dict[str, str]:
-        """Each source's state (up, down, standby, absent) from kepler_bridge_source_state in /metrics."""
+        """Each source's state (up, down, standby, absent) from kepler_bridge_source_state."""
         return source_states(self.metrics())
 
     def wait_for(self, check, timeout: float = 10.0, what: str = "condition"):

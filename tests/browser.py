@@ -1,4 +1,7 @@
-"""Debian's headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe), no extra package."""
+"""Debian's headless Chromium driven over the DevTools protocol on a pipe.
+
+Over --remote-debugging-pipe, so that no extra package is needed.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ def chromium() -> str:
 
 
 class Browser:
-    """One page in a headless Chromium; `problems` collects console errors, exceptions and failed requests."""
+    """One page in a headless Chromium.
+
+    `problems` collects console errors, exceptions and failed requests."""
 
     def __init__(self, profile: Path, headers: dict[str, str] | None = None) -> None:
         commands, self._commands = os.pipe()
@@ -94,7 +99,7 @@ class Browser:
         self.close()
 
     def call(self, method: str, timeout: float = 10.0, **params: Any) -> dict:
-        """Send one protocol command and return its result, noting the events that arrive meanwhile."""
+        """Send one protocol command and return its result, noting the events meanwhile."""
         self._last_id += 1
         message: dict[str, Any] = {"id": self._last_id, "method": method, "params": params}
         if self._session:

@@ -22,7 +22,7 @@ def _connect(port: int, rcvbuf: int = 0) -> socket.socket:
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
-    """Whether the server has closed this connection (EOF or reset), reading what it sent meanwhile."""
+    """Whether the server has closed this connection (EOF or reset), reading what it sent."""
     while True:
         readable, _, _ = select.select([sock], [], [], 0)
         if not readable:

@@ -1,4 +1,7 @@
-"""Debian's Prometheus and Alertmanager, and HTTP stubs (webhook receiver, MetaServer), on loopback for tests."""
+"""Debian's Prometheus and Alertmanager, and HTTP stubs, on loopback for tests.
+
+The stubs: a webhook receiver and a MetaServer.
+"""
 
 from __future__ import annotations
 
@@ -75,7 +78,7 @@ class Daemon:
 
 
 class Prometheus(Daemon):
-    """A Prometheus server scraping the given static targets every second with the gpu-alerts rules."""
+    """A Prometheus server scraping the static targets every second with the gpu-alerts rules."""
 
     def __init__(
         self, workdir: Path, jobs: dict[str, list[str]], alertmanager: str | None = None

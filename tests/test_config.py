@@ -26,7 +26,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 
 def refused(*args: str) -> str:
-    """Run `kepler-bridge collect ARGS`; assert exit 2 with one line on stderr and nothing on stdout; that line."""
+    """The one stderr line of `kepler-bridge collect ARGS`, asserting exit 2 and no stdout."""
     result = run_cli("collect", *args)
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
@@ -284,7 +284,8 @@ def test_null_protection_setting_in_file_is_refused(tmp_path: Path, key: str) ->
         ("kb.yaml", "node_name:\nmetrics:\nprocfs: ~\ninterval: null\ncommand:\n"),
         (
             "kb.json",
-            '{"node_name": null, "metrics": null, "procfs": null, "interval": null, "command": null}',
+            '{"node_name": null, "metrics": null, "procfs": null, "interval": null, '
+            '"command": null}',
         ),
     ],
 )
@@ -357,7 +358,7 @@ def test_token_is_read_once_at_load_and_kept_out_of_repr(tmp_path: Path) -> None
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two certificate/key pairs from the openssl CLI, an encrypted copy of a key, and a garbage file."""
+    """Two certificate/key pairs from the openssl CLI, an encrypted key, and a garbage file."""
     first, second = tmp_path_factory.mktemp("first"), tmp_path_factory.mktemp("second")
     (cert, key), (_, other_key) = self_signed(first), self_signed(second)
     encrypted, garbage = first / "encrypted.key", first / "garbage.pem"

@@ -1,4 +1,7 @@
-"""Hostile config files, flags and environment: every outcome is a clean config or one line naming the setting."""
+"""Hostile config files, flags and environment.
+
+Every outcome is a clean config or one line naming the setting.
+"""
 
 from __future__ import annotations
 
@@ -124,7 +127,8 @@ documents = st.tuples(
     st.dictionaries(st.sampled_from(KEYS), values, max_size=5),
     st.just({}) | st.dictionaries(st.text(max_size=12), values, max_size=1),
 ).map(lambda parts: {**parts[0], **parts[1]})
-# Keys written into a line of text by hand: known ones or a plain word, so that the file has exactly these keys.
+# Keys written into a line of text by hand: known ones or a plain word,
+# so that the file has exactly these keys.
 line_keys = (
     st.sampled_from(KEYS) | st.sampled_from(KEYS) | st.from_regex(r"[a-z_]{1,12}", fullmatch=True)
 )
@@ -175,7 +179,8 @@ def config_files(draw: st.DrawFn) -> tuple[str, bytes, set[str]]:
     return draw(st.sampled_from(["kb.yaml", "kb.json"])), draw(st.binary(max_size=200)), set()
 
 
-# Mostly none, so that the file's values are reached; flag values may hold anything, env values no NUL.
+# Mostly none, so that the file's values are reached;
+# flag values may hold anything, env values no NUL.
 flag_values = st.just({}) | st.dictionaries(
     st.sampled_from([s.key for s in SETTINGS]), st.sampled_from(ODD_TEXT) | st.text(), max_size=2
 )
@@ -187,12 +192,13 @@ env_values = st.just({}) | st.dictionaries(
 
 
 def check_refusal(message: str, named: set[str]) -> None:
-    """One printable line that names a setting given, the config file, or an unknown key of the file."""
+    """One printable line naming a setting given, the config file, or an unknown key of it."""
     assert len(message.splitlines()) == 1 and message.isprintable(), message
     if "unknown key; accepted keys" in message:
         key = re.match(r"bad setting (.*) \(in ", message)
         assert key and key.group(1) not in KEYS, message
-        # Keys the test knows it wrote include an unknown one; a random binary file's keys it cannot know.
+        # Keys the test knows it wrote include an unknown one;
+        # a random binary file's keys it cannot know.
         assert named - set(KEYS) or not named, message
         return
     match = re.match(r"bad setting (\w+)=", message)
@@ -246,7 +252,8 @@ def test_cli_exits_0_or_2_with_one_line_never_a_traceback(
     name, content, _ = file
     path = scratch / name
     path.write_bytes(content)
-    # The environment names the simulated source, so that a clean config takes one quick sample of no hardware.
+    # The environment names the simulated source,
+    # so that a clean config takes one quick sample of no hardware.
     result = subprocess.run(
         [KEPLER_BRIDGE, "collect", "--json", "--config", str(path)],
         capture_output=True,

@@ -1,5 +1,8 @@
-"""docs/design.md states what the code does: package layout, import direction, commands, endpoints and who may read
-them, the /v1/collect example, the health series and the metric catalogue (names, types, labels)."""
+"""docs/design.md states what the code does.
+
+Package layout, import direction, commands, endpoints and who may read them, the
+/v1/collect example, the health series and the metric catalogue (names, types, labels).
+"""
 
 from __future__ import annotations
 
@@ -50,7 +53,9 @@ TOP_LEVEL = (
 
 
 def section(title: str, subsections: bool = True) -> str:
-    """The text under the heading that starts with `title`, up to the next heading of the same or a higher level
+    """The text under the heading that starts with `title`.
+
+    It runs up to the next heading of the same or a higher level
     (of any level without `subsections`)."""
     match = re.search(rf"^(#+) {re.escape(title)}.*$", DESIGN, re.MULTILINE)
     assert match, f"docs/design.md has no heading {title!r}"
@@ -252,7 +257,7 @@ def test_health_series_are_the_code_s() -> None:
 
 
 def _filled(cls: type, **given: object) -> object:
-    """An instance with every optional number set, so that every family built from it has a series."""
+    """An instance with every optional number set, so that each family from it has a series."""
     hints = typing.get_type_hints(cls, vars(model))
     numbers = {
         item.name: 1 if int in typing.get_args(hints[item.name]) else 0.5

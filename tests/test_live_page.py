@@ -1,4 +1,7 @@
-"""The live page at `/` in Debian's headless Chromium against the real agent, and its `/api/v1/history` JSON."""
+"""The live page at `/` and its `/api/v1/history` JSON.
+
+The page runs in Debian's headless Chromium against the real agent.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +28,11 @@ CHART_PATHS = "[...document.querySelectorAll('#devices svg path')].map((p) => p.
 
 
 def charts_drawn(count: int) -> str:
-    """JavaScript: the charts' paths once there are `count`, each with at least two points, else false."""
-    return f"(() => {{ const d = {CHART_PATHS}; return d.length === {count} && d.every((p) => p.includes('L')) && d; }})()"
+    """JavaScript: the charts' paths once `count` are drawn with two points or more, else false."""
+    return (
+        f"(() => {{ const d = {CHART_PATHS}; "
+        f"return d.length === {count} && d.every((p) => p.includes('L')) && d; }})()"
+    )
 
 
 @pytest.fixture(scope="module")

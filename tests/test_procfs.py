@@ -1,4 +1,4 @@
-"""The procfs source: /proc/<pid>/stat parsing, accuracy, grace period, cap, a host /proc elsewhere."""
+"""The procfs source: /proc/<pid>/stat parsing, accuracy, grace, cap, a host /proc elsewhere."""
 
 from __future__ import annotations
 
@@ -148,7 +148,8 @@ def test_an_unreadable_stat_skips_that_process_only(tmp_path: Path) -> None:
     )
     (proc / "2" / "stat").chmod(0)  # what hidepid=1 or an LSM answers: EACCES
     (proc / "3" / "cgroup").chmod(0)
-    # Root reads any file: the reading process runs without CAP_DAC_OVERRIDE, like an unprivileged agent.
+    # Root reads any file: the reading process runs without CAP_DAC_OVERRIDE,
+    # like an unprivileged agent.
     drop = (
         ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
         if os.geteuid() == 0

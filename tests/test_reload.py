@@ -1,4 +1,7 @@
-"""Settings re-read while the agent runs: a changed config file, SIGHUP, a refused file, a setting that needs a restart."""
+"""Settings re-read while the agent runs.
+
+By a changed config file or SIGHUP; a refused file; a setting that needs a restart.
+"""
 
 from __future__ import annotations
 

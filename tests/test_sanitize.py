@@ -1,4 +1,7 @@
-"""Hostile readings from plug-ins and commands: /v1/collect stays Go-decodable JSON, /metrics stays parseable."""
+"""Hostile readings from plug-ins and commands.
+
+/v1/collect stays Go-decodable JSON, /metrics stays parseable.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ from kepler_bridge.store import SnapshotStore
 from scaffold import make_config, samples
 
 GO_UINT64 = 2**64
-# Counters go through the sampler's monotonic guard; every other number must arrive as the source gave it.
+# Counters go through the sampler's monotonic guard;
+# every other number must arrive as the source gave it.
 COUNTERS = {"energy_joules", "ecc_corrected_total", "ecc_uncorrected_total"}
 NUMERIC = {
     field.name: field.type
@@ -141,7 +145,9 @@ def sampler(*slots: Slot, **settings: str) -> Sampler:
 
 
 def assert_exportable(collect: bytes, metrics: str) -> None:
-    """What Go's encoding/json (uint64 fields) and Prometheus accept: no NaN or Inf, whole numbers as integers."""
+    """What Go's encoding/json (uint64 fields) and Prometheus accept.
+
+    No NaN or Inf, whole numbers as integers."""
 
     def no_constants(token: str) -> None:
         raise AssertionError(f"/v1/collect holds {token}")
@@ -156,7 +162,7 @@ def assert_exportable(collect: bytes, metrics: str) -> None:
 
 
 def expected(raw: Any, whole: bool) -> float | int | None:
-    """The rule: a usable number as it is (bytes and counts rounded down), anything else not reported."""
+    """The rule: a usable number as it is (bytes and counts rounded down), else not reported."""
     usable = (
         isinstance(raw, (int, float))
         and not isinstance(raw, bool)
@@ -255,7 +261,8 @@ def test_hostile_command_output_reaches_the_exporters_clean(tmp_path: Path) -> N
     check()
 
 
-# A plug-in package (entry point in group kepler_bridge.sources) whose readings are what the test writes.
+# A plug-in package (entry point in group kepler_bridge.sources)
+# whose readings are what the test writes.
 PLUGIN = """
 import json, os
 from kepler_bridge.model import GpuReading, SourceReading

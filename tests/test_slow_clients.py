@@ -1,4 +1,7 @@
-"""Slow, silent, non-reading and malformed clients against the real agent: probes are still answered."""
+"""Slow, silent, non-reading and malformed clients against the real agent.
+
+Probes are still answered.
+"""
 
 from __future__ import annotations
 
@@ -67,7 +70,8 @@ def test_probes_answered_while_slowloris_and_non_readers_hold_connections() -> N
         deadline = time.monotonic() + 2 * HEADER_TIMEOUT
         while time.monotonic() < deadline:
             for path in PROBES:
-                # The old threaded worker never answered here: every thread waited on a dripping client.
+                # The old threaded worker never answered here:
+                # every thread waited on a dripping client.
                 assert requests.get(agent.url + path, timeout=5).status_code == 200, path
                 answered += 1
         assert answered >= len(PROBES)

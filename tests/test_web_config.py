@@ -1,4 +1,7 @@
-"""--web.config.file (exporter-toolkit format) through the real agent: TLS, mTLS, basic auth, rotation."""
+"""--web.config.file (exporter-toolkit format) through the real agent.
+
+It covers TLS, mTLS, basic auth and rotation.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ def _hash(password: str, rounds: int = 4) -> str:
 
 
 def _write(path: Path, data: dict) -> Path:
-    # Written beside, then renamed: a reader never sees half a file (as a Kubernetes secret update does).
+    # Written beside, then renamed: a reader never sees half a file
+    # (as a Kubernetes secret update does).
     temporary = path.with_suffix(".tmp")
     temporary.write_text(yaml.safe_dump(data))
     temporary.replace(path)

@@ -1,8 +1,10 @@
-"""Readings as they enter the snapshot: whatever a source returns (a plug-in's too), the exporters only see
-finite, non-negative numbers, whole numbers where the contract counts, and text that encodes as UTF-8.
+"""Readings as they enter the snapshot.
 
-A value that fails is dropped, never clamped: it reads as "cannot report". A record without a value it
-cannot do without (a process without a pid) is dropped whole.
+Whatever a source returns (a plug-in's too), the exporters only see finite, non-negative
+numbers, whole numbers where the contract counts, and text that encodes as UTF-8.
+
+A value that fails is dropped, never clamped: it reads as "cannot report". A record without
+a value it cannot do without (a process without a pid) is dropped whole.
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ from kepler_bridge.model import (
 
 
 def reading(value: Any) -> SourceReading:
-    """The source's reading with every unusable value dropped; raises for a wrong type or over MAX_DEVICES devices."""
+    """The source's reading with every unusable value dropped.
+
+    Raises for a wrong type or for more than MAX_DEVICES devices."""
     if not isinstance(value, SourceReading):
         raise TypeError(
             f"read() returned {type(value).__name__}, not a SourceReading; fix the source"
         )
     if len(value.gpus) > MAX_DEVICES:
         raise ValueError(
-            f"{len(value.gpus)} devices, more than {MAX_DEVICES} per source: the source is refused; "
-            "report only real accelerators"
+            f"{len(value.gpus)} devices, more than {MAX_DEVICES} per source: "
+            "the source is refused; report only real accelerators"
         )
     return _record(value, SourceReading)
 
@@ -63,7 +67,9 @@ def whole(value: Any) -> int | None:
 
 
 def text(value: Any) -> str:
-    """A label value: str as it is when it encodes as UTF-8 (lone surrogates become '?'), '' for None."""
+    """A label value: str as it is when it encodes as UTF-8, '' for None.
+
+    Lone surrogates become '?'."""
     if type(value) is not str:
         value = "" if value is None else str(value)
     return value if value.isascii() else value.encode("utf-8", "replace").decode("utf-8")
@@ -98,7 +104,9 @@ def _pair(
 
 
 def _record(value: Any, cls: type) -> Any:
-    """A dataclass record with each field through its rule; None when a required field is unusable."""
+    """A dataclass record with each field through its rule.
+
+    None when a required field is unusable."""
     if not isinstance(value, cls):
         raise TypeError(f"expected a {cls.__name__}, got {type(value).__name__}; fix the source")
     changes = {}
@@ -120,8 +128,8 @@ def _optional(cls: type) -> Callable[[Any], Any]:
     return lambda value: None if value is None else _record(value, cls)
 
 
-# Field annotation (as written in model.py) -> (rule, whether the record needs it). A new annotation must get a
-# rule here: the plans below refuse to build without one.
+# Field annotation (as written in model.py) -> (rule, whether the record needs it).
+# A new annotation must get a rule here: the plans below refuse to build without one.
 _RULES: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "float | None": (real, False),
     "int | None": (whole, False),
@@ -140,7 +148,8 @@ _RULES: dict[str, tuple[Callable[[Any], Any], bool]] = {
     "tuple[ProcessCpu, ...]": (_items(_nested(ProcessCpu)), False),
     "tuple[RaplZone, ...]": (_items(_nested(RaplZone)), False),
     "CpuTimes | None": (_optional(CpuTimes), False),
-    # Kubernetes owners, which the sampler joins after this check: what a source put there is dropped.
+    # Kubernetes owners, which the sampler joins after this check:
+    # what a source put there is dropped.
     "PodRef": (lambda _: NO_POD, False),
     "tuple[Holder, ...]": (lambda _: (), False),
 }
@@ -154,7 +163,8 @@ def _plan(cls: type) -> tuple[tuple[str, Callable[[Any], Any], bool], ...]:
     ]
     if missing:
         raise TypeError(
-            f"kepler_bridge.sampling.sanitize has no rule for {cls.__name__} field(s) {missing}; add one"
+            "kepler_bridge.sampling.sanitize has no rule for "
+            f"{cls.__name__} field(s) {missing}; add one"
         )
     return tuple((field.name, *_RULES[field.type]) for field in dataclasses.fields(cls))
 

@@ -1,4 +1,7 @@
-"""Per-process families bounded by `process_metrics`: the N series with the highest values, the rest in "other"."""
+"""Per-process families bounded by `process_metrics`.
+
+The N series with the highest values are shown, the rest go to "other".
+"""
 
 from __future__ import annotations
 
@@ -10,8 +13,10 @@ K = TypeVar("K", bound=Hashable)
 
 
 class TopCounter(Generic[K]):
-    """One counter family limited to the top N keys by total: a key's series counts from the sample it entered the
-    top N and the increases of the keys not shown go to "other", so none decreases and together they gain it all."""
+    """One counter family limited to the top N keys by total.
+
+    A key's series counts from the sample it entered the top N and the increases of the
+    keys not shown go to "other", so none decreases and together they gain it all."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
@@ -21,7 +26,9 @@ class TopCounter(Generic[K]):
     def update(
         self, totals: Mapping[K, float], increases: Mapping[K, float]
     ) -> list[tuple[K, float]]:
-        """(key, series value) of the shown keys, highest total first; `other` then holds the rest."""
+        """(key, series value) of the shown keys, highest total first.
+
+        `other` then holds the rest."""
         if self.limit == 0:
             return []
         shown = top(totals, self.limit)
