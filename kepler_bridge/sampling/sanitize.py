@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from kepler_bridge.model import (
     MAX_DEVICES,
@@ -24,6 +24,14 @@ from kepler_bridge.model import (
     RaplZone,
     SourceReading,
 )
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# A rule takes a field's value as the source gave it; None means the value is dropped.
+_Rule = Callable[[Any], Any]
+# (field name, rule, whether the record needs the field) for each field of a record.
+_Plan = tuple[tuple[str, _Rule, bool], ...]
 
 
 def reading(value: Any) -> SourceReading:
@@ -75,7 +83,7 @@ def text(value: Any) -> str:
     return value if value.isascii() else value.encode("utf-8", "replace").decode("utf-8")
 
 
-def _items(rule: Callable[[Any], Any]) -> Callable[[Any], tuple]:
+def _items(rule: _Rule) -> Callable[[Any], tuple]:
     """A rule for a tuple field: each element through rule, the dropped (None) ones left out."""
 
     def clean(values: Any) -> tuple:
@@ -89,9 +97,7 @@ def _items(rule: Callable[[Any], Any]) -> Callable[[Any], tuple]:
     return clean
 
 
-def _pair(
-    first: Callable[[Any], Any], second: Callable[[Any], Any]
-) -> Callable[[Any], tuple | None]:
+def _pair(first: _Rule, second: _Rule) -> Callable[[Any], tuple | None]:
     def clean(pair: Any) -> tuple | None:
         if not isinstance(pair, tuple) or len(pair) != 2:
             return None
@@ -103,7 +109,7 @@ def _pair(
     return clean
 
 
-def _record(value: Any, cls: type) -> Any:
+def _record(value: Any, cls: type[DataclassInstance]) -> Any:
     """A dataclass record with each field through its rule.
 
     None when a required field is unusable."""
@@ -120,17 +126,18 @@ def _record(value: Any, cls: type) -> Any:
     return dataclasses.replace(value, **changes) if changes else value
 
 
-def _nested(cls: type) -> Callable[[Any], Any]:
+def _nested(cls: type[DataclassInstance]) -> _Rule:
     return lambda value: _record(value, cls)
 
 
-def _optional(cls: type) -> Callable[[Any], Any]:
+def _optional(cls: type[DataclassInstance]) -> _Rule:
     return lambda value: None if value is None else _record(value, cls)
 
 
 # Field annotation (as written in model.py) -> (rule, whether the record needs it).
 # A new annotation must get a rule here: the plans below refuse to build without one.
-_RULES: dict[str, tuple[Callable[[Any], Any], bool]] = {
+# Under `from __future__ import annotations` dataclasses give the annotation as text.
+_RULES: dict[str | type, tuple[_Rule, bool]] = {
     "float | None": (real, False),
     "int | None": (whole, False),
     "float": (real, True),
@@ -155,7 +162,7 @@ _RULES: dict[str, tuple[Callable[[Any], Any], bool]] = {
 }
 
 
-def _plan(cls: type) -> tuple[tuple[str, Callable[[Any], Any], bool], ...]:
+def _plan(cls: type[DataclassInstance]) -> _Plan:
     missing = [
         f"{field.name}: {field.type}"
         for field in dataclasses.fields(cls)
@@ -169,7 +176,7 @@ def _plan(cls: type) -> tuple[tuple[str, Callable[[Any], Any], bool], ...]:
     return tuple((field.name, *_RULES[field.type]) for field in dataclasses.fields(cls))
 
 
-_PLANS = {
+_PLANS: dict[type[DataclassInstance], _Plan] = {
     cls: _plan(cls)
     for cls in (SourceReading, GpuReading, GpuProcess, ProcessCpu, RaplZone, CpuTimes)
 }
