@@ -2,52 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import os
-import re
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from kepler_bridge import settings_file
 from kepler_bridge import settings_parse as parse
-from kepler_bridge.settings_parse import ConfigError
+from kepler_bridge.settings_parse import ConfigError, Setting
 
 # Where Kubernetes mounts a pod's service-account token and the cluster CA.
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting: its config-file key, flag, environment names, parser and default."""
-
-    key: str
-    envs: tuple[str, ...]
-    parse: Callable[[object], Any]
-    default: Any
-    accepted: str
-    help: str
-    aliases: tuple[str, ...] = ()
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
-
-
-_SETTING = "setting"
-
-
-def _setting(
-    envs: tuple[str, ...],
-    parser: Callable[[object], Any],
-    default: Any,
-    accepted: str,
-    help: str,
-    aliases: tuple[str, ...] = (),
-) -> dict[str, Setting]:
-    """The metadata that makes a Config field a setting; its key is the field's name."""
-    return {_SETTING: Setting("", envs, parser, default, accepted, help, aliases)}
 
 
 @dataclass(frozen=True)
@@ -55,7 +20,7 @@ class Config:
     """Validated settings of one agent run; the fields with setting metadata make SETTINGS."""
 
     listen: tuple[str, int] = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_LISTEN",),
             parse.listen,
             "0.0.0.0:30060",
@@ -64,7 +29,7 @@ class Config:
         )
     )
     interval: float = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_INTERVAL", "KEPLER_SAMPLING_INTERVAL"),
             parse.bounded(parse.duration, 0.1, 3600),
             "1s",
@@ -73,7 +38,7 @@ class Config:
         )
     )
     node_name: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KUBE_NODE_NAME",),
             parse.text,
             "",
@@ -82,7 +47,7 @@ class Config:
         )
     )
     sources: tuple[str, ...] = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_SOURCES",),
             parse.name_list,
             ("auto",),
@@ -91,7 +56,7 @@ class Config:
         )
     )
     metrics_allow: tuple[str, ...] = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_METRICS_ALLOW",),
             parse.name_list,
             (),
@@ -100,7 +65,7 @@ class Config:
         )
     )
     metrics_deny: tuple[str, ...] = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_METRICS_DENY",),
             parse.name_list,
             (),
@@ -109,7 +74,7 @@ class Config:
         )
     )
     procfs: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_PROCFS",),
             parse.text,
             "/proc",
@@ -118,7 +83,7 @@ class Config:
         )
     )
     sysfs: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_SYSFS",),
             parse.text,
             "/sys",
@@ -127,7 +92,7 @@ class Config:
         )
     )
     nvml_library: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_NVML_LIBRARY",),
             parse.text,
             "",
@@ -136,7 +101,7 @@ class Config:
         )
     )
     simulate: int = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_SIMULATE",),
             parse.bounded(parse.count, 0, 1024),
             0,
@@ -145,7 +110,7 @@ class Config:
         )
     )
     simulate_seed: int = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_SIMULATE_SEED",),
             parse.bounded(parse.count, 0, 2**32 - 1),
             0,
@@ -154,7 +119,7 @@ class Config:
         )
     )
     baetyl_memory_unit: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_BAETYL_MEMORY_UNIT",),
             parse.one_of("bytes", "KiB", "MiB"),
             "bytes",
@@ -163,7 +128,7 @@ class Config:
         )
     )
     max_processes: int = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_MAX_PROCESSES",),
             parse.bounded(parse.count, 0, parse.MAX_PIDS),
             5000,
@@ -172,7 +137,7 @@ class Config:
         )
     )
     process_grace: float = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_PROCESS_GRACE",),
             parse.bounded(parse.duration, 0, 86400),
             "30s",
@@ -181,7 +146,7 @@ class Config:
         )
     )
     tls_cert: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_TLS_CERT",),
             parse.text,
             "",
@@ -190,7 +155,7 @@ class Config:
         )
     )
     tls_key: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_TLS_KEY",),
             parse.text,
             "",
@@ -199,7 +164,7 @@ class Config:
         )
     )
     auth_token_file: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",),
             parse.text,
             "",
@@ -210,7 +175,7 @@ class Config:
     # Read from auth_token_file once, by load().
     auth_token: bytes = field(repr=False)
     web_config_file: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_WEB_CONFIG_FILE",),
             parse.text,
             "",
@@ -221,7 +186,7 @@ class Config:
         )
     )
     http_header_timeout: float = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_HTTP_HEADER_TIMEOUT",),
             parse.bounded(parse.duration, 0.5, 300),
             "5s",
@@ -231,7 +196,7 @@ class Config:
         )
     )
     http_write_timeout: float = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_HTTP_WRITE_TIMEOUT",),
             parse.bounded(parse.duration, 0.5, 600),
             "30s",
@@ -240,7 +205,7 @@ class Config:
         )
     )
     ebpf_map_entries: int = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_EBPF_MAP_ENTRIES",),
             parse.bounded(parse.count, 64, 1 << 22),
             16384,
@@ -250,7 +215,7 @@ class Config:
         )
     )
     command: tuple[str, ...] = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_COMMAND",),
             parse.argv,
             (),
@@ -261,7 +226,7 @@ class Config:
         )
     )
     command_timeout: float = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_COMMAND_TIMEOUT",),
             parse.bounded(parse.duration, 0.1, 600),
             "5s",
@@ -271,7 +236,7 @@ class Config:
         )
     )
     npu_smi: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_NPU_SMI",),
             parse.text,
             "npu-smi",
@@ -281,7 +246,7 @@ class Config:
         )
     )
     cpu_tdp_watts: float = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_CPU_TDP_WATTS",),
             parse.watts,
             0,
@@ -291,7 +256,7 @@ class Config:
         )
     )
     gpu_idle_watts: float | None = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_GPU_IDLE_WATTS",),
             parse.optional_watts,
             "",
@@ -301,7 +266,7 @@ class Config:
         )
     )
     process_metrics: int | None = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_PROCESS_METRICS",),
             parse.process_metrics,
             "top:50",
@@ -310,7 +275,7 @@ class Config:
         )
     )
     kube_source: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_KUBE_SOURCE",),
             parse.one_of("auto", "kubelet", "apiserver", "metaserver", "off"),
             "auto",
@@ -320,7 +285,7 @@ class Config:
         )
     )
     kubelet_url: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_KUBELET_URL",),
             parse.url,
             "",
@@ -329,7 +294,7 @@ class Config:
         )
     )
     metaserver_url: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_METASERVER_URL",),
             parse.url,
             "http://127.0.0.1:10550",
@@ -338,7 +303,7 @@ class Config:
         )
     )
     kube_token_file: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_KUBE_TOKEN_FILE",),
             parse.text,
             f"{SERVICE_ACCOUNT}/token",
@@ -347,7 +312,7 @@ class Config:
         )
     )
     kube_ca_file: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_KUBE_CA_FILE",),
             parse.text,
             f"{SERVICE_ACCOUNT}/ca.crt",
@@ -356,7 +321,7 @@ class Config:
         )
     )
     kube_insecure_skip_tls_verify: bool = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_KUBE_INSECURE_SKIP_TLS_VERIFY",),
             parse.flag,
             False,
@@ -365,7 +330,7 @@ class Config:
         )
     )
     pod_resources_socket: str = field(
-        metadata=_setting(
+        metadata=parse.setting(
             ("KEPLER_BRIDGE_POD_RESOURCES_SOCKET",),
             parse.text,
             "/var/lib/kubelet/pod-resources/kubelet.sock",
@@ -384,74 +349,8 @@ class Config:
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-SETTINGS: tuple[Setting, ...] = tuple(
-    dataclasses.replace(item.metadata[_SETTING], key=item.name)
-    for item in dataclasses.fields(Config)
-    if _SETTING in item.metadata
-)
+SETTINGS: tuple[Setting, ...] = parse.settings_of(Config)
 _BY_KEY = {setting.key: setting for setting in SETTINGS}
-MAX_TOKEN_BYTES = 64 << 10
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per setting, plus --config; defaults stay None so precedence works."""
-    parser.add_argument(
-        "--config", metavar="FILE", help="YAML or JSON config file (env KEPLER_BRIDGE_CONFIG)"
-    )
-    for setting in SETTINGS:
-        parser.add_argument(
-            setting.flag,
-            *setting.aliases,
-            dest=setting.key,
-            metavar=setting.key.split("_")[-1].upper(),
-            help=f"{setting.help} (env {setting.envs[0]}, default {_show(setting.default)})",
-        )
-
-
-def _show(default: object) -> str:
-    if isinstance(default, tuple):
-        return ",".join(default) or "none"
-    return str(default) if default != "" else "none"
-
-
-def _read_token(path: str, origin: str = "") -> bytes:
-    """The bearer token in the file: one line of visible ASCII characters, blanks around removed."""
-    fix = (
-        "write one line of visible ASCII characters into it, such as the output of "
-        "openssl rand -hex 32"
-    )
-    try:
-        with open(path, "rb") as file:
-            token = file.read(MAX_TOKEN_BYTES + 1).strip()
-    except OSError as err:
-        raise ConfigError(
-            "auth_token_file",
-            path,
-            f"cannot read the file: {err.strerror or err}; "
-            "give the path of the file holding the bearer token",
-            origin,
-        ) from None
-    if not token:
-        raise ConfigError(
-            "auth_token_file",
-            path,
-            f"the file is empty, so no token would be required; {fix}, "
-            "or leave the setting unset to serve /metrics without one",
-            origin,
-        )
-    if len(token) > MAX_TOKEN_BYTES:
-        raise ConfigError(
-            "auth_token_file", path, f"larger than 64 KiB, not a bearer token; {fix}", origin
-        )
-    if not re.fullmatch(rb"[\x21-\x7e]+", token):
-        raise ConfigError(
-            "auth_token_file",
-            path,
-            "the token has blanks, line breaks or non-ASCII characters inside "
-            f"(a bearer token is visible ASCII, RFC 6750); {fix}",
-            origin,
-        )
-    return token
 
 
 def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) -> Config:
@@ -476,7 +375,7 @@ def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) 
             "--tls-cert and --tls-key must be given together",
         )
     token_file = str(values["auth_token_file"])
-    token = _read_token(token_file, origins["auth_token_file"]) if token_file else b""
+    token = settings_file.read_token(token_file, origins["auth_token_file"]) if token_file else b""
     return Config(config_file=str(config_file), auth_token=token, origins=origins, **values)
 
 

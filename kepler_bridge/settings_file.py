@@ -1,4 +1,7 @@
-"""The config file (`--config FILE`): YAML or JSON, read as written into setting keys and values."""
+"""The files read at load: the config file and the bearer-token file.
+
+The config file (`--config FILE`) is YAML or JSON, read as written into setting keys and values.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ _FILE_ALIASES = {"metrics": "metrics_allow"}
 # protection.
 _NULL_REFUSED = ("auth_token_file", "tls_cert", "tls_key")
 MAX_CONFIG_BYTES = 1 << 20
+MAX_TOKEN_BYTES = 64 << 10
 
 _NULL, _INT = "tag:yaml.org,2002:null", "tag:yaml.org,2002:int"
 _DECIMAL = re.compile(r"^(?:0|[1-9][0-9]{0,17})$")
@@ -120,3 +124,43 @@ def _parse(path: str, text: str) -> object:
         raise ConfigError(
             "config", path, f"cannot read a number: {str(err).split(':')[0]}"
         ) from None
+
+
+def read_token(path: str, origin: str = "") -> bytes:
+    """The bearer token in the file: one line of visible ASCII characters, blanks around removed."""
+    fix = (
+        "write one line of visible ASCII characters into it, such as the output of "
+        "openssl rand -hex 32"
+    )
+    try:
+        with open(path, "rb") as file:
+            token = file.read(MAX_TOKEN_BYTES + 1).strip()
+    except OSError as err:
+        raise ConfigError(
+            "auth_token_file",
+            path,
+            f"cannot read the file: {err.strerror or err}; "
+            "give the path of the file holding the bearer token",
+            origin,
+        ) from None
+    if not token:
+        raise ConfigError(
+            "auth_token_file",
+            path,
+            f"the file is empty, so no token would be required; {fix}, "
+            "or leave the setting unset to serve /metrics without one",
+            origin,
+        )
+    if len(token) > MAX_TOKEN_BYTES:
+        raise ConfigError(
+            "auth_token_file", path, f"larger than 64 KiB, not a bearer token; {fix}", origin
+        )
+    if not re.fullmatch(rb"[\x21-\x7e]+", token):
+        raise ConfigError(
+            "auth_token_file",
+            path,
+            "the token has blanks, line breaks or non-ASCII characters inside "
+            f"(a bearer token is visible ASCII, RFC 6750); {fix}",
+            origin,
+        )
+    return token

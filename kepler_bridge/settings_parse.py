@@ -1,18 +1,23 @@
-"""How a setting as written (on a flag, in a variable, in the config file) becomes a value.
+"""One setting: its row of the table (`Setting`) and how its value as written becomes a value.
 
-Each parser returns the value or raises ValueError; ConfigError then names the setting and what
-it accepts, in one line.
+A value is written on a flag, in a variable or in the config file. Each parser returns the
+value or raises ValueError; ConfigError then names the setting and what it accepts, in one line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import reprlib
 import shlex
 import shutil
 import socket
-from typing import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -37,6 +42,47 @@ class ConfigError(Exception):
     def __init__(self, setting: str, value: object, accepted: str, origin: str = "") -> None:
         where = f" (from {origin})" if origin else ""
         super().__init__(one_line(f"bad setting {setting}={_SHORT.repr(value)}{where}: {accepted}"))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its config-file key, flag, environment names, parser and default."""
+
+    key: str
+    envs: tuple[str, ...]
+    parse: Callable[[object], Any]
+    default: Any
+    accepted: str
+    help: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+_SETTING = "setting"
+
+
+def setting(
+    envs: tuple[str, ...],
+    parser: Callable[[object], Any],
+    default: Any,
+    accepted: str,
+    help: str,
+    aliases: tuple[str, ...] = (),
+) -> dict[str, Setting]:
+    """The metadata that makes a dataclass field a setting; its key is the field's name."""
+    return {_SETTING: Setting("", envs, parser, default, accepted, help, aliases)}
+
+
+def settings_of(table: type[DataclassInstance]) -> tuple[Setting, ...]:
+    """The settings of a dataclass, in field order: its fields with setting metadata."""
+    return tuple(
+        dataclasses.replace(item.metadata[_SETTING], key=item.name)
+        for item in dataclasses.fields(table)
+        if _SETTING in item.metadata
+    )
 
 
 def number(value: object) -> float:
