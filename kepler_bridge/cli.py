@@ -8,7 +8,7 @@ import sys
 from typing import NoReturn, Sequence
 
 from kepler_bridge import __version__
-from kepler_bridge.config import Config, ConfigError, add_arguments, load
+from kepler_bridge.config import SETTINGS, Config, ConfigError, load
 from kepler_bridge.http import preflight
 from kepler_bridge.settings_parse import one_line
 from kepler_bridge.sources import available, selected_groups
@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kepler-bridge {__version__}")
     # dest is not "command": that is a setting (--command) and would overwrite the subcommand name.
     commands = parser.add_subparsers(dest="subcommand", required=True, parser_class=_Parser)
-    add_arguments(
+    _add_setting_flags(
         commands.add_parser("serve", help="run the agent: /metrics and /v1/collect over HTTP")
     )
     collect = commands.add_parser("collect", help="take one sample, print it, exit")
@@ -49,9 +49,33 @@ def _parser() -> argparse.ArgumentParser:
         dest="form",
         help="Prometheus text (the default)",
     )
-    add_arguments(collect)
-    add_arguments(commands.add_parser("doctor", help="say which sources work here, and why not"))
+    _add_setting_flags(collect)
+    _add_setting_flags(
+        commands.add_parser("doctor", help="say which sources work here, and why not")
+    )
     return parser
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per setting, plus --config; defaults stay None so precedence works."""
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML or JSON config file (env KEPLER_BRIDGE_CONFIG)"
+    )
+    for setting in SETTINGS:
+        parser.add_argument(
+            setting.flag,
+            *setting.aliases,
+            dest=setting.key,
+            metavar=setting.key.split("_")[-1].upper(),
+            help=f"{setting.help} (env {setting.envs[0]}, default {_show(setting.default)})",
+        )
+
+
+def _show(default: object) -> str:
+    """A default as --help shows it."""
+    if isinstance(default, tuple):
+        return ",".join(default) or "none"
+    return str(default) if default != "" else "none"
 
 
 def _validate_sources(config: Config) -> None:

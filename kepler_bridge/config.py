@@ -2,189 +2,342 @@
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import os
-import re
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from kepler_bridge import settings_file
 from kepler_bridge import settings_parse as parse
-from kepler_bridge.settings_parse import ConfigError
+from kepler_bridge.settings_parse import ConfigError, Setting
 
 # Where Kubernetes mounts a pod's service-account token and the cluster CA.
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 @dataclass(frozen=True)
-class Setting:
-    """One setting: its config-file key, flag, environment names, parser and default."""
-
-    key: str
-    envs: tuple[str, ...]
-    parse: Callable[[object], Any]
-    default: Any
-    accepted: str
-    help: str
-    aliases: tuple[str, ...] = ()
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
-
-
-_SETTING = "setting"
-
-
-def _setting(envs: tuple[str, ...], parser: Callable[[object], Any], default: Any, accepted: str,
-             help: str, aliases: tuple[str, ...] = ()) -> dict[str, Setting]:
-    """The metadata that makes a Config field a setting; its key is the field's name."""
-    return {_SETTING: Setting("", envs, parser, default, accepted, help, aliases)}
-
-
-@dataclass(frozen=True)
 class Config:
     """Validated settings of one agent run; the fields with setting metadata make SETTINGS."""
 
-    listen: tuple[str, int] = field(metadata=_setting(
-        ("KEPLER_BRIDGE_LISTEN",), parse.listen, "0.0.0.0:30060",
-        "expected HOST:PORT such as 0.0.0.0:30060, 127.0.0.1:9400 or [::]:30060",
-        "address of /metrics and /v1/collect"))
-    interval: float = field(metadata=_setting(
-        ("KEPLER_BRIDGE_INTERVAL", "KEPLER_SAMPLING_INTERVAL"),
-        parse.bounded(parse.duration, 0.1, 3600), "1s",
-        "expected a duration from 100ms to 1h, such as 500ms, 5s, 1m, or a number of seconds",
-        "sampling period"))
-    node_name: str = field(metadata=_setting(
-        ("KUBE_NODE_NAME",), parse.text, "",
-        "expected a node name", "key of /v1/collect and the node label (default: hostname)"))
-    sources: tuple[str, ...] = field(metadata=_setting(
-        ("KEPLER_BRIDGE_SOURCES",), parse.name_list, ("auto",),
-        "expected a comma list of source names such as nvml,ebpf or auto",
-        "sources to read; auto = every source that works here"))
-    metrics_allow: tuple[str, ...] = field(metadata=_setting(
-        ("KEPLER_BRIDGE_METRICS_ALLOW",), parse.name_list, (),
-        "expected a comma list of metric-name prefixes such as gpu_utilization,gpu_memory",
-        "export only metrics whose name starts with one of these prefixes"))
-    metrics_deny: tuple[str, ...] = field(metadata=_setting(
-        ("KEPLER_BRIDGE_METRICS_DENY",), parse.name_list, (),
-        "expected a comma list of metric-name prefixes",
-        "never export metrics with these prefixes"))
-    procfs: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_PROCFS",), parse.text, "/proc",
-        "expected a directory path", "host /proc root (in a pod: /host/proc)"))
-    sysfs: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_SYSFS",), parse.text, "/sys",
-        "expected a directory path", "host /sys root (in a pod: /host/sys)"))
-    nvml_library: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_NVML_LIBRARY",), parse.text, "",
-        "expected the path of libnvidia-ml.so.1", "explicit NVIDIA driver library path"))
-    simulate: int = field(metadata=_setting(
-        ("KEPLER_BRIDGE_SIMULATE",), parse.bounded(parse.count, 0, 1024), 0,
-        "expected a whole number from 0 to 1024", "add N simulated accelerators"))
-    simulate_seed: int = field(metadata=_setting(
-        ("KEPLER_BRIDGE_SIMULATE_SEED",), parse.bounded(parse.count, 0, 2**32 - 1), 0,
-        "expected a whole number from 0 to 4294967295", "seed of the simulated readings"))
-    baetyl_memory_unit: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_BAETYL_MEMORY_UNIT",), parse.one_of("bytes", "KiB", "MiB"), "bytes",
-        "expected one of bytes, KiB, MiB", "unit of memory values in /v1/collect"))
-    max_processes: int = field(metadata=_setting(
-        ("KEPLER_BRIDGE_MAX_PROCESSES",), parse.bounded(parse.count, 0, parse.MAX_PIDS), 5000,
-        f"expected a whole number from 0 (no cap) to {parse.MAX_PIDS}",
-        "cap on tracked processes (memory bound)"))
-    process_grace: float = field(metadata=_setting(
-        ("KEPLER_BRIDGE_PROCESS_GRACE",), parse.bounded(parse.duration, 0, 86400), "30s",
-        "expected a duration from 0 to 24h, such as 30s or 2m",
-        "how long an ended process keeps its series"))
-    tls_cert: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_TLS_CERT",), parse.text, "",
-        "expected a PEM certificate path", "serve HTTPS with this certificate"))
-    tls_key: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_TLS_KEY",), parse.text, "",
-        "expected a PEM key path", "private key of --tls-cert"))
-    auth_token_file: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",), parse.text, "",
-        "expected a readable file holding the bearer token",
-        "require this bearer token on /metrics"))
+    listen: tuple[str, int] = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_LISTEN",),
+            parse.listen,
+            "0.0.0.0:30060",
+            "expected HOST:PORT such as 0.0.0.0:30060, 127.0.0.1:9400 or [::]:30060",
+            "address of /metrics and /v1/collect",
+        )
+    )
+    interval: float = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_INTERVAL", "KEPLER_SAMPLING_INTERVAL"),
+            parse.bounded(parse.duration, 0.1, 3600),
+            "1s",
+            "expected a duration from 100ms to 1h, such as 500ms, 5s, 1m, or a number of seconds",
+            "sampling period",
+        )
+    )
+    node_name: str = field(
+        metadata=parse.setting(
+            ("KUBE_NODE_NAME",),
+            parse.text,
+            "",
+            "expected a node name",
+            "key of /v1/collect and the node label (default: hostname)",
+        )
+    )
+    sources: tuple[str, ...] = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_SOURCES",),
+            parse.name_list,
+            ("auto",),
+            "expected a comma list of source names such as nvml,ebpf or auto",
+            "sources to read; auto = every source that works here",
+        )
+    )
+    metrics_allow: tuple[str, ...] = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_METRICS_ALLOW",),
+            parse.name_list,
+            (),
+            "expected a comma list of metric-name prefixes such as gpu_utilization,gpu_memory",
+            "export only metrics whose name starts with one of these prefixes",
+        )
+    )
+    metrics_deny: tuple[str, ...] = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_METRICS_DENY",),
+            parse.name_list,
+            (),
+            "expected a comma list of metric-name prefixes",
+            "never export metrics with these prefixes",
+        )
+    )
+    procfs: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_PROCFS",),
+            parse.text,
+            "/proc",
+            "expected a directory path",
+            "host /proc root (in a pod: /host/proc)",
+        )
+    )
+    sysfs: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_SYSFS",),
+            parse.text,
+            "/sys",
+            "expected a directory path",
+            "host /sys root (in a pod: /host/sys)",
+        )
+    )
+    nvml_library: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_NVML_LIBRARY",),
+            parse.text,
+            "",
+            "expected the path of libnvidia-ml.so.1",
+            "explicit NVIDIA driver library path",
+        )
+    )
+    simulate: int = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_SIMULATE",),
+            parse.bounded(parse.count, 0, 1024),
+            0,
+            "expected a whole number from 0 to 1024",
+            "add N simulated accelerators",
+        )
+    )
+    simulate_seed: int = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_SIMULATE_SEED",),
+            parse.bounded(parse.count, 0, 2**32 - 1),
+            0,
+            "expected a whole number from 0 to 4294967295",
+            "seed of the simulated readings",
+        )
+    )
+    baetyl_memory_unit: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_BAETYL_MEMORY_UNIT",),
+            parse.one_of("bytes", "KiB", "MiB"),
+            "bytes",
+            "expected one of bytes, KiB, MiB",
+            "unit of memory values in /v1/collect",
+        )
+    )
+    max_processes: int = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_MAX_PROCESSES",),
+            parse.bounded(parse.count, 0, parse.MAX_PIDS),
+            5000,
+            f"expected a whole number from 0 (no cap) to {parse.MAX_PIDS}",
+            "cap on tracked processes (memory bound)",
+        )
+    )
+    process_grace: float = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_PROCESS_GRACE",),
+            parse.bounded(parse.duration, 0, 86400),
+            "30s",
+            "expected a duration from 0 to 24h, such as 30s or 2m",
+            "how long an ended process keeps its series",
+        )
+    )
+    tls_cert: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_TLS_CERT",),
+            parse.text,
+            "",
+            "expected a PEM certificate path",
+            "serve HTTPS with this certificate",
+        )
+    )
+    tls_key: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_TLS_KEY",),
+            parse.text,
+            "",
+            "expected a PEM key path",
+            "private key of --tls-cert",
+        )
+    )
+    auth_token_file: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",),
+            parse.text,
+            "",
+            "expected a readable file holding the bearer token",
+            "require this bearer token on /metrics",
+        )
+    )
     # Read from auth_token_file once, by load().
     auth_token: bytes = field(repr=False)
-    web_config_file: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_WEB_CONFIG_FILE",), parse.text, "",
-        "expected the path of a web config file in the Prometheus exporter-toolkit format",
-        "TLS, client certificates and basic-auth users (exporter-toolkit format), "
-        "re-read when it changes",
-        aliases=("--web.config.file",)))
-    http_header_timeout: float = field(metadata=_setting(
-        ("KEPLER_BRIDGE_HTTP_HEADER_TIMEOUT",), parse.bounded(parse.duration, 0.5, 300), "5s",
-        "expected a duration from 500ms to 5m, such as 5s",
-        "time a client has to send a whole request head; a slower or silent connection is closed"))
-    http_write_timeout: float = field(metadata=_setting(
-        ("KEPLER_BRIDGE_HTTP_WRITE_TIMEOUT",), parse.bounded(parse.duration, 0.5, 600), "30s",
-        "expected a duration from 500ms to 10m, such as 30s",
-        "time a client may leave a response unread before its connection is closed"))
-    ebpf_map_entries: int = field(metadata=_setting(
-        ("KEPLER_BRIDGE_EBPF_MAP_ENTRIES",), parse.bounded(parse.count, 64, 1 << 22), 16384,
-        "expected a whole number from 64 to 4194304",
-        "size of the eBPF map of ended processes: thread groups that may end within one interval"))
-    command: tuple[str, ...] = field(metadata=_setting(
-        ("KEPLER_BRIDGE_COMMAND",), parse.argv, (),
-        "expected an executable that exists, with its arguments: a list in the config file, "
-        "a string split like a shell would on the flag or env (no shell runs it)",
-        "run this executable each interval; it prints accelerator readings as JSON "
-        "(docs/command-source.md)"))
-    command_timeout: float = field(metadata=_setting(
-        ("KEPLER_BRIDGE_COMMAND_TIMEOUT",), parse.bounded(parse.duration, 0.1, 600), "5s",
-        "expected a duration from 100ms to 10m, such as 2s or 30s",
-        "time limit of one run of --command and of npu-smi; past it all the run started is killed"))
-    npu_smi: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_NPU_SMI",), parse.text, "npu-smi",
-        "expected the npu-smi executable: a path, or a name looked up in PATH and /usr/local/sbin",
-        "Huawei Ascend npu-smi that the ascend source runs"))
-    cpu_tdp_watts: float = field(metadata=_setting(
-        ("KEPLER_BRIDGE_CPU_TDP_WATTS",), parse.watts, 0,
-        "expected a number of watts from 0 to 100000, such as 65 (0 = no estimate)",
-        "where RAPL is absent, estimate CPU power as this times CPU usage "
-        "(0 = no CPU energy there)"))
-    gpu_idle_watts: float | None = field(metadata=_setting(
-        ("KEPLER_BRIDGE_GPU_IDLE_WATTS",), parse.optional_watts, "",
-        "expected a number of watts from 0 to 100000, or empty for the lowest power seen",
-        "idle power of each GPU: energy above it is shared by the GPU's processes "
-        "(default: lowest seen)"))
-    process_metrics: int | None = field(metadata=_setting(
-        ("KEPLER_BRIDGE_PROCESS_METRICS",), parse.process_metrics, "top:50",
-        f"expected off, all, or top:N with N from 1 to {parse.MAX_PIDS}, such as top:50",
-        "per-process energy series: none, all, or the N using most energy plus one pid=\"other\""))
-    kube_source: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_KUBE_SOURCE",),
-        parse.one_of("auto", "kubelet", "apiserver", "metaserver", "off"), "auto",
-        "expected one of auto, kubelet, apiserver, metaserver, off",
-        "where pod names come from; auto tries the KubeEdge MetaServer, the kubelet, "
-        "then the API server"))
-    kubelet_url: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_KUBELET_URL",), parse.url, "",
-        "expected an http(s) URL such as https://10.0.0.5:10250",
-        "the kubelet (default https://$NODE_IP:10250)"))
-    metaserver_url: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_METASERVER_URL",), parse.url, "http://127.0.0.1:10550",
-        "expected an http(s) URL such as http://127.0.0.1:10550", "KubeEdge's edge MetaServer"))
-    kube_token_file: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_KUBE_TOKEN_FILE",), parse.text, f"{SERVICE_ACCOUNT}/token",
-        "expected a file path",
-        "bearer token for the kubelet and the API server (re-read at each refresh)"))
-    kube_ca_file: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_KUBE_CA_FILE",), parse.text, f"{SERVICE_ACCOUNT}/ca.crt",
-        "expected a PEM file path",
-        "CA that signed the kubelet's and the API server's certificates"))
-    kube_insecure_skip_tls_verify: bool = field(metadata=_setting(
-        ("KEPLER_BRIDGE_KUBE_INSECURE_SKIP_TLS_VERIFY",), parse.flag, False,
-        "expected true or false", "do not verify the kubelet's and API server's certificates"))
-    pod_resources_socket: str = field(metadata=_setting(
-        ("KEPLER_BRIDGE_POD_RESOURCES_SOCKET",), parse.text,
-        "/var/lib/kubelet/pod-resources/kubelet.sock",
-        "expected a unix socket path, or empty for none",
-        "the kubelet's pod-resources socket: which pod each GPU is assigned to"))
+    web_config_file: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_WEB_CONFIG_FILE",),
+            parse.text,
+            "",
+            "expected the path of a web config file in the Prometheus exporter-toolkit format",
+            "TLS, client certificates and basic-auth users (exporter-toolkit format), "
+            "re-read when it changes",
+            aliases=("--web.config.file",),
+        )
+    )
+    http_header_timeout: float = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_HTTP_HEADER_TIMEOUT",),
+            parse.bounded(parse.duration, 0.5, 300),
+            "5s",
+            "expected a duration from 500ms to 5m, such as 5s",
+            "time a client has to send a whole request head; "
+            "a slower or silent connection is closed",
+        )
+    )
+    http_write_timeout: float = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_HTTP_WRITE_TIMEOUT",),
+            parse.bounded(parse.duration, 0.5, 600),
+            "30s",
+            "expected a duration from 500ms to 10m, such as 30s",
+            "time a client may leave a response unread before its connection is closed",
+        )
+    )
+    ebpf_map_entries: int = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_EBPF_MAP_ENTRIES",),
+            parse.bounded(parse.count, 64, 1 << 22),
+            16384,
+            "expected a whole number from 64 to 4194304",
+            "size of the eBPF map of ended processes: "
+            "thread groups that may end within one interval",
+        )
+    )
+    command: tuple[str, ...] = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_COMMAND",),
+            parse.argv,
+            (),
+            "expected an executable that exists, with its arguments: a list in the config file, "
+            "a string split like a shell would on the flag or env (no shell runs it)",
+            "run this executable each interval; it prints accelerator readings as JSON "
+            "(docs/command-source.md)",
+        )
+    )
+    command_timeout: float = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_COMMAND_TIMEOUT",),
+            parse.bounded(parse.duration, 0.1, 600),
+            "5s",
+            "expected a duration from 100ms to 10m, such as 2s or 30s",
+            "time limit of one run of --command and of npu-smi; "
+            "past it all the run started is killed",
+        )
+    )
+    npu_smi: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_NPU_SMI",),
+            parse.text,
+            "npu-smi",
+            "expected the npu-smi executable: "
+            "a path, or a name looked up in PATH and /usr/local/sbin",
+            "Huawei Ascend npu-smi that the ascend source runs",
+        )
+    )
+    cpu_tdp_watts: float = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_CPU_TDP_WATTS",),
+            parse.watts,
+            0,
+            "expected a number of watts from 0 to 100000, such as 65 (0 = no estimate)",
+            "where RAPL is absent, estimate CPU power as this times CPU usage "
+            "(0 = no CPU energy there)",
+        )
+    )
+    gpu_idle_watts: float | None = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_GPU_IDLE_WATTS",),
+            parse.optional_watts,
+            "",
+            "expected a number of watts from 0 to 100000, or empty for the lowest power seen",
+            "idle power of each GPU: energy above it is shared by the GPU's processes "
+            "(default: lowest seen)",
+        )
+    )
+    process_metrics: int | None = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_PROCESS_METRICS",),
+            parse.process_metrics,
+            "top:50",
+            f"expected off, all, or top:N with N from 1 to {parse.MAX_PIDS}, such as top:50",
+            'per-process energy series: none, all, or the N using most energy plus one pid="other"',
+        )
+    )
+    kube_source: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_KUBE_SOURCE",),
+            parse.one_of("auto", "kubelet", "apiserver", "metaserver", "off"),
+            "auto",
+            "expected one of auto, kubelet, apiserver, metaserver, off",
+            "where pod names come from; auto tries the KubeEdge MetaServer, the kubelet, "
+            "then the API server",
+        )
+    )
+    kubelet_url: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_KUBELET_URL",),
+            parse.url,
+            "",
+            "expected an http(s) URL such as https://10.0.0.5:10250",
+            "the kubelet (default https://$NODE_IP:10250)",
+        )
+    )
+    metaserver_url: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_METASERVER_URL",),
+            parse.url,
+            "http://127.0.0.1:10550",
+            "expected an http(s) URL such as http://127.0.0.1:10550",
+            "KubeEdge's edge MetaServer",
+        )
+    )
+    kube_token_file: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_KUBE_TOKEN_FILE",),
+            parse.text,
+            f"{SERVICE_ACCOUNT}/token",
+            "expected a file path",
+            "bearer token for the kubelet and the API server (re-read at each refresh)",
+        )
+    )
+    kube_ca_file: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_KUBE_CA_FILE",),
+            parse.text,
+            f"{SERVICE_ACCOUNT}/ca.crt",
+            "expected a PEM file path",
+            "CA that signed the kubelet's and the API server's certificates",
+        )
+    )
+    kube_insecure_skip_tls_verify: bool = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_KUBE_INSECURE_SKIP_TLS_VERIFY",),
+            parse.flag,
+            False,
+            "expected true or false",
+            "do not verify the kubelet's and API server's certificates",
+        )
+    )
+    pod_resources_socket: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_POD_RESOURCES_SOCKET",),
+            parse.text,
+            "/var/lib/kubelet/pod-resources/kubelet.sock",
+            "expected a unix socket path, or empty for none",
+            "the kubelet's pod-resources socket: which pod each GPU is assigned to",
+        )
+    )
     config_file: str
     # Where each setting's value came from (a flag, a variable, the file or "default"),
     # for error lines.
@@ -196,52 +349,8 @@ class Config:
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-SETTINGS: tuple[Setting, ...] = tuple(
-    dataclasses.replace(item.metadata[_SETTING], key=item.name)
-    for item in dataclasses.fields(Config) if _SETTING in item.metadata)
+SETTINGS: tuple[Setting, ...] = parse.settings_of(Config)
 _BY_KEY = {setting.key: setting for setting in SETTINGS}
-MAX_TOKEN_BYTES = 64 << 10
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per setting, plus --config; defaults stay None so precedence works."""
-    parser.add_argument("--config", metavar="FILE",
-                        help="YAML or JSON config file (env KEPLER_BRIDGE_CONFIG)")
-    for setting in SETTINGS:
-        parser.add_argument(setting.flag, *setting.aliases, dest=setting.key,
-                            metavar=setting.key.split("_")[-1].upper(),
-                            help=f"{setting.help} (env {setting.envs[0]}, "
-                                 f"default {_show(setting.default)})")
-
-
-def _show(default: object) -> str:
-    if isinstance(default, tuple):
-        return ",".join(default) or "none"
-    return str(default) if default != "" else "none"
-
-
-def _read_token(path: str, origin: str = "") -> bytes:
-    """The bearer token in the file: one line of visible ASCII characters, blanks around removed."""
-    fix = ("write one line of visible ASCII characters into it, such as the output of "
-           "openssl rand -hex 32")
-    try:
-        with open(path, "rb") as file:
-            token = file.read(MAX_TOKEN_BYTES + 1).strip()
-    except OSError as err:
-        raise ConfigError("auth_token_file", path, f"cannot read the file: {err.strerror or err}; "
-                          "give the path of the file holding the bearer token", origin) from None
-    if not token:
-        raise ConfigError("auth_token_file", path,
-                          f"the file is empty, so no token would be required; {fix}, "
-                          "or leave the setting unset to serve /metrics without one", origin)
-    if len(token) > MAX_TOKEN_BYTES:
-        raise ConfigError("auth_token_file", path,
-                          f"larger than 64 KiB, not a bearer token; {fix}", origin)
-    if not re.fullmatch(rb"[\x21-\x7e]+", token):
-        raise ConfigError("auth_token_file", path,
-                          "the token has blanks, line breaks or non-ASCII characters inside "
-                          f"(a bearer token is visible ASCII, RFC 6750); {fix}", origin)
-    return token
 
 
 def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) -> Config:
@@ -260,15 +369,23 @@ def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) 
     if not values["node_name"]:
         values["node_name"] = socket.gethostname()
     if bool(values["tls_cert"]) != bool(values["tls_key"]):
-        raise ConfigError("tls_key" if values["tls_cert"] else "tls_cert", "",
-                          "--tls-cert and --tls-key must be given together")
+        raise ConfigError(
+            "tls_key" if values["tls_cert"] else "tls_cert",
+            "",
+            "--tls-cert and --tls-key must be given together",
+        )
     token_file = str(values["auth_token_file"])
-    token = _read_token(token_file, origins["auth_token_file"]) if token_file else b""
+    token = settings_file.read_token(token_file, origins["auth_token_file"]) if token_file else b""
     return Config(config_file=str(config_file), auth_token=token, origins=origins, **values)
 
 
-def _pick(setting: Setting, flags: Mapping[str, object], environ: Mapping[str, str],
-          from_file: Mapping[str, object], config_file: str) -> tuple[object, str]:
+def _pick(
+    setting: Setting,
+    flags: Mapping[str, object],
+    environ: Mapping[str, str],
+    from_file: Mapping[str, object],
+    config_file: str,
+) -> tuple[object, str]:
     if flags.get(setting.key) is not None:
         return flags[setting.key], setting.flag
     for env in setting.envs:

@@ -12,13 +12,28 @@ from kepler_bridge.config import Config, ConfigError, load
 
 log = logging.getLogger(__name__)
 
-# What a running agent can change without losing counters or reopening drivers, the port or the eBPF programs.
-RELOADABLE = frozenset({
-    "interval", "metrics_allow", "metrics_deny", "process_metrics", "process_grace", "baetyl_memory_unit",
-    "command", "command_timeout", "cpu_tdp_watts", "gpu_idle_watts",
-    "kube_source", "kubelet_url", "metaserver_url", "kube_token_file", "kube_ca_file",
-    "kube_insecure_skip_tls_verify",
-})
+# What a running agent can change without losing counters or reopening drivers,
+# the port or the eBPF programs.
+RELOADABLE = frozenset(
+    {
+        "interval",
+        "metrics_allow",
+        "metrics_deny",
+        "process_metrics",
+        "process_grace",
+        "baetyl_memory_unit",
+        "command",
+        "command_timeout",
+        "cpu_tdp_watts",
+        "gpu_idle_watts",
+        "kube_source",
+        "kubelet_url",
+        "metaserver_url",
+        "kube_token_file",
+        "kube_ca_file",
+        "kube_insecure_skip_tls_verify",
+    }
+)
 KUBE = frozenset(name for name in RELOADABLE if name.startswith("kube") or name == "metaserver_url")
 T = TypeVar("T")
 
@@ -68,7 +83,9 @@ class DerivedSettings(Generic[T]):
         return last[1]
 
 
-def reread(current: Config, flags: Mapping[str, object], environ: Mapping[str, str] | None = None) -> Config | None:
+def reread(
+    current: Config, flags: Mapping[str, object], environ: Mapping[str, str] | None = None
+) -> Config | None:
     """The settings as flags, environment and file now give them, keeping those that need a restart;
     None when the new settings are refused (one log line; the running settings stay)."""
     try:
@@ -76,11 +93,19 @@ def reread(current: Config, flags: Mapping[str, object], environ: Mapping[str, s
     except ConfigError as err:
         log.error("settings not reloaded, the running ones stay: %s", err)
         return None
-    kept = [field.name for field in dataclasses.fields(Config)
-            if field.compare and field.name not in RELOADABLE and getattr(new, field.name) != getattr(current, field.name)]
+    kept = [
+        field.name
+        for field in dataclasses.fields(Config)
+        if field.compare
+        and field.name not in RELOADABLE
+        and getattr(new, field.name) != getattr(current, field.name)
+    ]
     if kept:
-        log.warning("settings reloaded, except %s: restart the agent to apply a change of %s",
-                    ", ".join(kept), "it" if len(kept) == 1 else "them")
+        log.warning(
+            "settings reloaded, except %s: restart the agent to apply a change of %s",
+            ", ".join(kept),
+            "it" if len(kept) == 1 else "them",
+        )
     changed = sorted(name for name in RELOADABLE if getattr(new, name) != getattr(current, name))
     log.info("settings reloaded: %s", ", ".join(changed) or "nothing changed")
     return dataclasses.replace(new, **{name: getattr(current, name) for name in kept})

@@ -1,4 +1,7 @@
-"""The config file (`--config FILE`): YAML or JSON, read as written into setting keys and values."""
+"""The files read at load: the config file and the bearer-token file.
+
+The config file (`--config FILE`) is YAML or JSON, read as written into setting keys and values.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ _FILE_ALIASES = {"metrics": "metrics_allow"}
 # protection.
 _NULL_REFUSED = ("auth_token_file", "tls_cert", "tls_key")
 MAX_CONFIG_BYTES = 1 << 20
+MAX_TOKEN_BYTES = 64 << 10
 
 _NULL, _INT = "tag:yaml.org,2002:null", "tag:yaml.org,2002:int"
 _DECIMAL = re.compile(r"^(?:0|[1-9][0-9]{0,17})$")
@@ -26,11 +30,20 @@ class _ScalarsAsWritten(yaml.SafeLoader):
     `interval: 1:30` stays "1:30" (not 90 seconds), `node_name: 0123` stays "0123" (not 83) and
     `yes` stays "yes"."""
 
-    yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag == _NULL]
-                               for first, resolvers
-                               in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    yaml_constructors = {tag: yaml.SafeLoader.yaml_constructors[tag] for tag in (
-        None, _NULL, "tag:yaml.org,2002:str", "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map")}
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag == _NULL]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    yaml_constructors = {
+        tag: yaml.SafeLoader.yaml_constructors[tag]
+        for tag in (
+            None,
+            _NULL,
+            "tag:yaml.org,2002:str",
+            "tag:yaml.org,2002:seq",
+            "tag:yaml.org,2002:map",
+        )
+    }
 
     def construct_decimal(self, node: yaml.ScalarNode) -> int:
         """An int from decimal digits; an explicit `!!int` with anything else (0x10, 1:30) is
@@ -38,7 +51,8 @@ class _ScalarsAsWritten(yaml.SafeLoader):
         text = self.construct_scalar(node)
         if not _DECIMAL.match(text):
             raise yaml.constructor.ConstructorError(
-                None, None, f"{text!r} is not a whole number in decimal digits", node.start_mark)
+                None, None, f"{text!r} is not a whole number in decimal digits", node.start_mark
+            )
         return int(text)
 
 
@@ -58,8 +72,9 @@ def read(path: str, keys: Collection[str]) -> dict[str, object]:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        raise ConfigError("config", path, f"not UTF-8 text ({err.reason} at byte {err.start}); "
-                                          "save it as UTF-8") from None
+        raise ConfigError(
+            "config", path, f"not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
+        ) from None
     data = _parse(path, text)
     if data is None:
         return {}
@@ -70,11 +85,17 @@ def read(path: str, keys: Collection[str]) -> dict[str, object]:
     for key, value in data.items():
         name = _FILE_ALIASES[key] if key in _FILE_ALIASES else key
         if name not in keys:
-            raise ConfigError(f"{key} (in {path})", value,
-                              f"unknown key; accepted keys: {', '.join(known)}")
+            raise ConfigError(
+                f"{key} (in {path})", value, f"unknown key; accepted keys: {', '.join(known)}"
+            )
         if value is None and name in _NULL_REFUSED:
-            raise ConfigError(name, value, "an empty value would turn it off; give the file's "
-                              "path, or delete the key to serve without it", path)
+            raise ConfigError(
+                name,
+                value,
+                "an empty value would turn it off; give the file's "
+                "path, or delete the key to serve without it",
+                path,
+            )
         if value is not None:
             result[name] = value
     return result
@@ -87,16 +108,59 @@ def _parse(path: str, text: str) -> object:
             return json.loads(text)
         return yaml.load(text, Loader=_ScalarsAsWritten)
     except json.JSONDecodeError as err:
-        raise ConfigError("config", path,
-                          f"JSON syntax error at line {err.lineno}: {err.msg}") from None
+        raise ConfigError(
+            "config", path, f"JSON syntax error at line {err.lineno}: {err.msg}"
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError("config", path, f"YAML syntax error{line}: {problem}") from None
     except RecursionError:
-        raise ConfigError("config", path,
-                          "nested too deeply; a setting is a value or a flat list") from None
+        raise ConfigError(
+            "config", path, "nested too deeply; a setting is a value or a flat list"
+        ) from None
     except ValueError as err:  # JSON integers longer than Python converts (4300 digits)
-        raise ConfigError("config", path,
-                          f"cannot read a number: {str(err).split(':')[0]}") from None
+        raise ConfigError(
+            "config", path, f"cannot read a number: {str(err).split(':')[0]}"
+        ) from None
+
+
+def read_token(path: str, origin: str = "") -> bytes:
+    """The bearer token in the file: one line of visible ASCII characters, blanks around removed."""
+    fix = (
+        "write one line of visible ASCII characters into it, such as the output of "
+        "openssl rand -hex 32"
+    )
+    try:
+        with open(path, "rb") as file:
+            token = file.read(MAX_TOKEN_BYTES + 1).strip()
+    except OSError as err:
+        raise ConfigError(
+            "auth_token_file",
+            path,
+            f"cannot read the file: {err.strerror or err}; "
+            "give the path of the file holding the bearer token",
+            origin,
+        ) from None
+    if not token:
+        raise ConfigError(
+            "auth_token_file",
+            path,
+            f"the file is empty, so no token would be required; {fix}, "
+            "or leave the setting unset to serve /metrics without one",
+            origin,
+        )
+    if len(token) > MAX_TOKEN_BYTES:
+        raise ConfigError(
+            "auth_token_file", path, f"larger than 64 KiB, not a bearer token; {fix}", origin
+        )
+    if not re.fullmatch(rb"[\x21-\x7e]+", token):
+        raise ConfigError(
+            "auth_token_file",
+            path,
+            "the token has blanks, line breaks or non-ASCII characters inside "
+            f"(a bearer token is visible ASCII, RFC 6750); {fix}",
+            origin,
+        )
+    return token

@@ -1,21 +1,25 @@
-"""How a setting as written (on a flag, in a variable, in the config file) becomes a value.
+"""One setting: its row of the table (`Setting`) and how its value as written becomes a value.
 
-Each parser returns the value or raises ValueError; ConfigError then names the setting and what
-it accepts, in one line.
+A value is written on a flag, in a variable or in the config file. Each parser returns the
+value or raises ValueError; ConfigError then names the setting and what it accepts, in one line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import reprlib
 import shlex
 import shutil
 import socket
-from typing import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
-                   "h": 3600.0}
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 # Linux's highest pid_max: no node has more processes than this.
 MAX_PIDS = 1 << 22
@@ -27,8 +31,9 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 120, 120
 
 def one_line(text: str) -> str:
     """The text with line breaks and other control characters escaped: it prints as one line."""
-    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode()
-                   for char in text)
+    return "".join(
+        char if char.isprintable() else char.encode("unicode_escape").decode() for char in text
+    )
 
 
 class ConfigError(Exception):
@@ -37,6 +42,47 @@ class ConfigError(Exception):
     def __init__(self, setting: str, value: object, accepted: str, origin: str = "") -> None:
         where = f" (from {origin})" if origin else ""
         super().__init__(one_line(f"bad setting {setting}={_SHORT.repr(value)}{where}: {accepted}"))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its config-file key, flag, environment names, parser and default."""
+
+    key: str
+    envs: tuple[str, ...]
+    parse: Callable[[object], Any]
+    default: Any
+    accepted: str
+    help: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+_SETTING = "setting"
+
+
+def setting(
+    envs: tuple[str, ...],
+    parser: Callable[[object], Any],
+    default: Any,
+    accepted: str,
+    help: str,
+    aliases: tuple[str, ...] = (),
+) -> dict[str, Setting]:
+    """The metadata that makes a dataclass field a setting; its key is the field's name."""
+    return {_SETTING: Setting("", envs, parser, default, accepted, help, aliases)}
+
+
+def settings_of(table: type[DataclassInstance]) -> tuple[Setting, ...]:
+    """The settings of a dataclass, in field order: its fields with setting metadata."""
+    return tuple(
+        dataclasses.replace(item.metadata[_SETTING], key=item.name)
+        for item in dataclasses.fields(table)
+        if _SETTING in item.metadata
+    )
 
 
 def number(value: object) -> float:
@@ -75,11 +121,13 @@ def duration(value: object) -> float:
 
 def bounded(parse: Callable[[object], float], low: float, high: float) -> Callable[[object], float]:
     """A parser that accepts what `parse` accepts, from low to high."""
+
     def parse_bounded(value: object) -> float:
         result = parse(value)
         if not low <= result <= high:
             raise ValueError
         return result
+
     return parse_bounded
 
 
@@ -149,11 +197,13 @@ def argv(value: object) -> tuple[str, ...]:
 
 def one_of(*choices: str) -> Callable[[object], str]:
     """A parser that accepts exactly one of `choices`."""
+
     def parse_choice(value: object) -> str:
         written = text(value)
         if written not in choices:
             raise ValueError
         return written
+
     return parse_choice
 
 

@@ -1,4 +1,4 @@
-"""Starts the real agent (`kepler-bridge serve`, gunicorn inside) on a free loopback port for tests."""
+"""Starts the real agent (`kepler-bridge serve`, gunicorn inside) on a free loopback port."""
 
 from __future__ import annotations
 
@@ -20,14 +20,30 @@ KEPLER_BRIDGE = str(Path(sys.executable).with_name("kepler-bridge"))
 class Agent:
     """A running `kepler-bridge serve`; use as a context manager."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, ready: bool = True,
-                 timeout: float = 20.0, ca: str = "", client_cert: tuple[str, str] | None = None) -> None:
-        """`ca`: the agent serves HTTPS with a certificate this CA file verifies; `client_cert`: (cert, key) to present."""
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        ready: bool = True,
+        timeout: float = 20.0,
+        ca: str = "",
+        client_cert: tuple[str, str] | None = None,
+    ) -> None:
+        """`ca`: the agent serves HTTPS with a certificate this CA file verifies.
+
+        `client_cert`: (cert, key) to present."""
         self.port = free_port()
         self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
         self.verify: str | bool = ca or True
         self.client_cert = client_cert
-        self.args = ["serve", "--listen", f"127.0.0.1:{self.port}", "--node-name", "test-node", *args]
+        self.args = [
+            "serve",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--node-name",
+            "test-node",
+            *args,
+        ]
         self.env = {**os.environ, **(env or {})}
         self.ready = ready
         self.timeout = timeout
@@ -36,8 +52,13 @@ class Agent:
 
     def __enter__(self) -> "Agent":
         # A file, not a pipe: an unread pipe would fill up and block the agent's logging.
-        self.process = subprocess.Popen([KEPLER_BRIDGE, *self.args], env=self.env, stdout=self.log,
-                                        stderr=subprocess.STDOUT, text=True)
+        self.process = subprocess.Popen(
+            [KEPLER_BRIDGE, *self.args],
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         path = "/readyz" if self.ready else "/healthz"
         try:
             wait_for(lambda: self._answers(path), self.timeout, f"agent {path}", log=self.output)
@@ -52,9 +73,12 @@ class Agent:
         if self.process.poll() is not None:
             raise RuntimeError(f"agent exited {self.process.returncode}: {self.output()}")
         try:
-            response = requests.get(self.url + path, timeout=1, verify=self.verify,
-                                    cert=self.client_cert)
-        except requests.RequestException:  # not listening yet, or too busy to answer within the second
+            response = requests.get(
+                self.url + path, timeout=1, verify=self.verify, cert=self.client_cert
+            )
+        except (
+            requests.RequestException
+        ):  # not listening yet, or too busy to answer within the second
             return False
         return response.status_code == 200
 
@@ -62,12 +86,16 @@ class Agent:
         self.stop()
 
     def get(self, path: str, **kwargs) -> requests.Response:
-        return requests.get(self.url + path, timeout=5, verify=self.verify, cert=self.client_cert, **kwargs)
+        return requests.get(
+            self.url + path, timeout=5, verify=self.verify, cert=self.client_cert, **kwargs
+        )
 
     def worker_pids(self) -> list[int]:
         """The gunicorn workers the agent's master runs now."""
         master = self.process.pid
-        return [int(pid) for pid in Path(f"/proc/{master}/task/{master}/children").read_text().split()]
+        return [
+            int(pid) for pid in Path(f"/proc/{master}/task/{master}/children").read_text().split()
+        ]
 
     def metrics(self) -> str:
         response = self.get("/metrics")
@@ -79,7 +107,7 @@ class Agent:
         return values(self.metrics(), name, "gpu")
 
     def source_states(self) -> dict[str, str]:
-        """Each source's state (up, down, standby, absent) from kepler_bridge_source_state in /metrics."""
+        """Each source's state (up, down, standby, absent) from kepler_bridge_source_state."""
         return source_states(self.metrics())
 
     def wait_for(self, check, timeout: float = 10.0, what: str = "condition"):

@@ -1,4 +1,7 @@
-"""Debian's headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe), no extra package."""
+"""Debian's headless Chromium driven over the DevTools protocol on a pipe.
+
+Over --remote-debugging-pipe, so that no extra package is needed.
+"""
 
 from __future__ import annotations
 
@@ -26,25 +29,45 @@ def chromium() -> str:
 
 
 class Browser:
-    """One page in a headless Chromium; `problems` collects console errors, exceptions and failed requests."""
+    """One page in a headless Chromium.
+
+    `problems` collects console errors, exceptions and failed requests."""
 
     def __init__(self, profile: Path, headers: dict[str, str] | None = None) -> None:
         commands, self._commands = os.pipe()
         self._replies, replies = os.pipe()
 
         def on_fds_3_and_4() -> None:  # the protocol's pipe: Chromium reads fd 3 and writes fd 4
-            read, write = fcntl.fcntl(commands, fcntl.F_DUPFD, 10), fcntl.fcntl(replies, fcntl.F_DUPFD, 10)
+            read, write = (
+                fcntl.fcntl(commands, fcntl.F_DUPFD, 10),
+                fcntl.fcntl(replies, fcntl.F_DUPFD, 10),
+            )
             os.dup2(read, 3)
             os.dup2(write, 4)
 
-        args = [chromium(), "--headless=new", "--remote-debugging-pipe", f"--user-data-dir={profile}",
-                "--no-first-run", "--no-default-browser-check", "--disable-gpu", "--disable-extensions",
-                "--window-size=1280,900", "about:blank"]
+        args = [
+            chromium(),
+            "--headless=new",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={profile}",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-gpu",
+            "--disable-extensions",
+            "--window-size=1280,900",
+            "about:blank",
+        ]
         if os.geteuid() == 0:
             args.append("--no-sandbox")  # Chromium refuses to start as root with its sandbox
         self.log = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(args, preexec_fn=on_fds_3_and_4, close_fds=False, stdin=subprocess.DEVNULL,
-                                        stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            args,
+            preexec_fn=on_fds_3_and_4,
+            close_fds=False,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         os.close(commands)
         os.close(replies)
         self._buffer = b""
@@ -54,10 +77,18 @@ class Browser:
         self.requests: list[str] = []
         self.problems: list[str] = []
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)[
+            "sessionId"
+        ]
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(domain + ".enable")
-        self.call("Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1, mobile=False)
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=1280,
+            height=900,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         if headers:
             self.call("Network.setExtraHTTPHeaders", headers=headers)
 
@@ -68,7 +99,7 @@ class Browser:
         self.close()
 
     def call(self, method: str, timeout: float = 10.0, **params: Any) -> dict:
-        """Send one protocol command and return its result, noting the events that arrive meanwhile."""
+        """Send one protocol command and return its result, noting the events meanwhile."""
         self._last_id += 1
         message: dict[str, Any] = {"id": self._last_id, "method": method, "params": params}
         if self._session:
@@ -87,12 +118,16 @@ class Browser:
         """Navigate and wait for the load event."""
         self.call("Page.navigate", url=url)
         deadline = time.monotonic() + timeout
-        while (event := self._receive(deadline, "Page.loadEventFired")).get("method") != "Page.loadEventFired":
+        while (event := self._receive(deadline, "Page.loadEventFired")).get(
+            "method"
+        ) != "Page.loadEventFired":
             self._note(event)
 
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page; raises on a JavaScript exception."""
-        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        result = self.call(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -102,13 +137,17 @@ class Browser:
         deadline = time.monotonic() + timeout
         while not (value := self.evaluate(expression)):
             if time.monotonic() > deadline:
-                raise AssertionError(f"{expression!r} still {value!r} after {timeout}s; problems: {self.problems}")
+                raise AssertionError(
+                    f"{expression!r} still {value!r} after {timeout}s; problems: {self.problems}"
+                )
             time.sleep(0.1)
         return value
 
     def screenshot(self, path: Path) -> None:
         """The viewport as a PNG file."""
-        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+        path.write_bytes(
+            base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+        )
 
     def close(self) -> None:
         """Quit Chromium (kill it when it does not quit within 5 s) and close the pipe."""
@@ -128,12 +167,16 @@ class Browser:
 
     def _receive(self, deadline: float, waiting_for: str) -> dict:
         while b"\0" not in self._buffer:
-            ready, _, _ = select.select([self._replies], [], [], max(0.0, deadline - time.monotonic()))
+            ready, _, _ = select.select(
+                [self._replies], [], [], max(0.0, deadline - time.monotonic())
+            )
             chunk = os.read(self._replies, 1 << 20) if ready else b""
             if not chunk:
                 self.log.seek(0)
-                raise AssertionError(f"no answer from Chromium to {waiting_for}; its log:\n"
-                                     f"{self.log.read()[-3000:].decode(errors='replace')}")
+                raise AssertionError(
+                    f"no answer from Chromium to {waiting_for}; its log:\n"
+                    f"{self.log.read()[-3000:].decode(errors='replace')}"
+                )
             self._buffer += chunk
         message, self._buffer = self._buffer.split(b"\0", 1)
         return json.loads(message)
@@ -144,13 +187,21 @@ class Browser:
             self._urls[params["requestId"]] = params["request"]["url"]
             self.requests.append(params["request"]["url"])
         elif method == "Network.loadingFailed":
-            self.problems.append(f"request failed: {self._urls.get(params['requestId'])}: {params['errorText']}")
+            self.problems.append(
+                f"request failed: {self._urls.get(params['requestId'])}: {params['errorText']}"
+            )
         elif method == "Network.responseReceived" and params["response"]["status"] >= 400:
-            self.problems.append(f"HTTP {params['response']['status']}: {params['response']['url']}")
+            self.problems.append(
+                f"HTTP {params['response']['status']}: {params['response']['url']}"
+            )
         elif method == "Runtime.exceptionThrown":
             details = params["exceptionDetails"]
-            self.problems.append(f"exception: {details.get('exception', {}).get('description', details['text'])}")
+            self.problems.append(
+                f"exception: {details.get('exception', {}).get('description', details['text'])}"
+            )
         elif method == "Runtime.consoleAPICalled" and params["type"] in ("error", "assert"):
-            self.problems.append(f"console.{params['type']}: {[arg.get('value') for arg in params['args']]}")
+            self.problems.append(
+                f"console.{params['type']}: {[arg.get('value') for arg in params['args']]}"
+            )
         elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
             self.problems.append(f"log: {params['entry']['text']} {params['entry'].get('url', '')}")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fakenvml import FakeNvml, build as build_fakenvml
+from fakenvml import FakeNvml
+from fakenvml import build as build_fakenvml
 
 
 @pytest.fixture(scope="session")

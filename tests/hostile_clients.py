@@ -13,14 +13,16 @@ REQUEST = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: drip\r\nAcce
 def _connect(port: int, rcvbuf: int = 0) -> socket.socket:
     sock = socket.socket()
     if rcvbuf:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connect: sets the window
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf
+        )  # before connect: sets the window
     sock.settimeout(5)
     sock.connect(("127.0.0.1", port))
     return sock
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
-    """Whether the server has closed this connection (EOF or reset), reading what it sent meanwhile."""
+    """Whether the server has closed this connection (EOF or reset), reading what it sent."""
     while True:
         readable, _, _ = select.select([sock], [], [], 0)
         if not readable:
@@ -42,9 +44,17 @@ def _hung_up(sock: socket.socket) -> bool:
 class Attack:
     """Slowloris and non-reading clients held open on a port until stop() or `max_seconds`."""
 
-    def __init__(self, port: int, silent: int = 0, dripping: int = 0, non_readers: int = 0,
-                 drip_every: float = 0.5, pipelined: int = 200, max_seconds: float = 120.0,
-                 reconnect: bool = False) -> None:
+    def __init__(
+        self,
+        port: int,
+        silent: int = 0,
+        dripping: int = 0,
+        non_readers: int = 0,
+        drip_every: float = 0.5,
+        pipelined: int = 200,
+        max_seconds: float = 120.0,
+        reconnect: bool = False,
+    ) -> None:
         self.port = port
         self.reconnect = reconnect
         self.reconnects = 0
@@ -78,8 +88,11 @@ class Attack:
 
     def _replace_closed(self) -> None:
         """Open a new connection for each one the server closed, as a real attacker would."""
-        for group, start, rcvbuf in ((self.silent, self._start_silent, 0), (self.dripping, None, 0),
-                                     (self.non_readers, self._start_non_reader, 4096)):
+        for group, start, rcvbuf in (
+            (self.silent, self._start_silent, 0),
+            (self.dripping, None, 0),
+            (self.non_readers, self._start_non_reader, 4096),
+        ):
             for index, sock in enumerate(group):
                 if not _hung_up(sock):
                     continue
@@ -95,7 +108,7 @@ class Attack:
     def _run(self) -> None:
         position = 0
         while not self._stop.wait(self.drip_every) and time.monotonic() < self.deadline:
-            byte = REQUEST[position % (len(REQUEST) - 4):][:1]  # never completes the head
+            byte = REQUEST[position % (len(REQUEST) - 4) :][:1]  # never completes the head
             position += 1
             for sock in self.dripping:
                 try:

@@ -1,4 +1,7 @@
-"""Debian's Prometheus and Alertmanager, and HTTP stubs (webhook receiver, MetaServer), on loopback for tests."""
+"""Debian's Prometheus and Alertmanager, and HTTP stubs, on loopback for tests.
+
+The stubs: a webhook receiver and a MetaServer.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +28,11 @@ def binary(name: str) -> str:
     """Path of a Debian Prometheus tool; fails the test (never skips) when it is missing."""
     path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
     if path is None:
-        pytest.fail(f"{name} is not installed: run `make deps` "
-                    "(apt-get install prometheus prometheus-alertmanager)", pytrace=False)
+        pytest.fail(
+            f"{name} is not installed: run `make deps` "
+            "(apt-get install prometheus prometheus-alertmanager)",
+            pytrace=False,
+        )
     return path
 
 
@@ -43,14 +49,21 @@ class Daemon:
         self.log = workdir / f"{name}.log"
         self.name = name
         self._log_file = self.log.open("wb")
-        self.process = subprocess.Popen(args, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, cwd=workdir)
+        self.process = subprocess.Popen(
+            args,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=workdir,
+        )
 
     def check_alive(self) -> None:
         """Fail with the tail of the log when the process has exited."""
         if self.process.poll() is not None:
             tail = self.log.read_text(errors="replace")[-3000:]
-            pytest.fail(f"{self.name} exited with {self.process.returncode}:\n{tail}", pytrace=False)
+            pytest.fail(
+                f"{self.name} exited with {self.process.returncode}:\n{tail}", pytrace=False
+            )
 
     def stop(self) -> None:
         """Terminate, then kill if it lingers."""
@@ -65,24 +78,41 @@ class Daemon:
 
 
 class Prometheus(Daemon):
-    """A Prometheus server scraping the given static targets every second with the gpu-alerts rules."""
+    """A Prometheus server scraping the static targets every second with the gpu-alerts rules."""
 
-    def __init__(self, workdir: Path, jobs: dict[str, list[str]], alertmanager: str | None = None) -> None:
+    def __init__(
+        self, workdir: Path, jobs: dict[str, list[str]], alertmanager: str | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config: dict[str, Any] = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "global": {
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "evaluation_interval": "1s",
+            },
             "rule_files": [str(RULES)],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}
-                               for job, targets in jobs.items()],
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": targets}]}
+                for job, targets in jobs.items()
+            ],
         }
         if alertmanager:
-            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+            config["alerting"] = {
+                "alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]
+            }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        super().__init__([
-            binary("prometheus"), "--config.file=prometheus.yml", f"--storage.tsdb.path={workdir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn",
-        ], workdir, "prometheus")
+        super().__init__(
+            [
+                binary("prometheus"),
+                "--config.file=prometheus.yml",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            workdir,
+            "prometheus",
+        )
         wait_for(self._ready, 30, "Prometheus to be ready", step=0.25, ignore=(OSError,))
 
     def _ready(self) -> bool:
@@ -103,8 +133,11 @@ class Prometheus(Daemon):
 
     def firing(self, alertname: str) -> list[dict[str, Any]]:
         """Alerts of that name in state firing."""
-        return [alert for alert in self.api("alerts")["alerts"]
-                if alert["labels"]["alertname"] == alertname and alert["state"] == "firing"]
+        return [
+            alert
+            for alert in self.api("alerts")["alerts"]
+            if alert["labels"]["alertname"] == alertname and alert["state"] == "firing"
+        ]
 
 
 class HttpStub:
@@ -131,8 +164,12 @@ class HttpStub:
 
     def alerts(self, alertname: str, status: str = "firing") -> list[dict[str, Any]]:
         """Alerts of that name and status in the Alertmanager notifications received so far."""
-        return [alert for notification in list(self.received) for alert in notification.get("alerts", [])
-                if alert["labels"].get("alertname") == alertname and alert["status"] == status]
+        return [
+            alert
+            for notification in list(self.received)
+            for alert in notification.get("alerts", [])
+            if alert["labels"].get("alertname") == alertname and alert["status"] == status
+        ]
 
     def stop(self) -> None:
         """Shut the server down."""
@@ -147,18 +184,31 @@ class Alertmanager(Daemon):
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         config = {
-            "route": {"receiver": "test", "group_by": ["alertname"], "group_wait": "1s",
-                      "group_interval": "1s", "repeat_interval": "1h"},
-            "receivers": [{"name": "test", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+            "route": {
+                "receiver": "test",
+                "group_by": ["alertname"],
+                "group_wait": "1s",
+                "group_interval": "1s",
+                "repeat_interval": "1h",
+            },
+            "receivers": [
+                {"name": "test", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}
+            ],
         }
         (workdir / "alertmanager.yml").write_text(yaml.safe_dump(config))
-        super().__init__([
-            binary("prometheus-alertmanager"), "--config.file=alertmanager.yml",
-            f"--storage.path={workdir / 'am-data'}", f"--web.listen-address={self.address}",
-            "--cluster.listen-address=", "--log.level=warn",
-        ], workdir, "alertmanager")
-        wait_for(self._ready, 30, "Alertmanager to be ready", step=0.25,
-                 ignore=(OSError,))
+        super().__init__(
+            [
+                binary("prometheus-alertmanager"),
+                "--config.file=alertmanager.yml",
+                f"--storage.path={workdir / 'am-data'}",
+                f"--web.listen-address={self.address}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ],
+            workdir,
+            "alertmanager",
+        )
+        wait_for(self._ready, 30, "Alertmanager to be ready", step=0.25, ignore=(OSError,))
 
     def _ready(self) -> bool:
         self.check_alive()

@@ -33,8 +33,12 @@ def families(text: str) -> dict[str, Metric]:
 
 def samples(text: str, name: str | None = None) -> list[Sample]:
     """The samples of a /metrics text in order; only those called `name` when it is given."""
-    return [sample for family in text_string_to_metric_families(text) for sample in family.samples
-            if name is None or sample.name == name]
+    return [
+        sample
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if name is None or sample.name == name
+    ]
 
 
 def values(text: str, name: str, label: str) -> dict[str, float]:
@@ -52,8 +56,11 @@ def by_name(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def source_states(text: str) -> dict[str, str]:
     """Each source's state (up, down, standby, absent) from kepler_bridge_source_state."""
-    return {sample.labels["source"]: sample.labels["state"]
-            for sample in samples(text, "kepler_bridge_source_state") if sample.value == 1}
+    return {
+        sample.labels["source"]: sample.labels["state"]
+        for sample in samples(text, "kepler_bridge_source_state")
+        if sample.value == 1
+    }
 
 
 def make_config(**settings: object) -> config.Config:
@@ -61,9 +68,15 @@ def make_config(**settings: object) -> config.Config:
     return config.load({key: str(value) for key, value in settings.items()}, {})
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition", *,
-             step: float = 0.1, ignore: tuple[type[Exception], ...] = (),
-             log: Callable[[], str] | None = None) -> Any:
+def wait_for(
+    check: Callable[[], Any],
+    timeout: float = 10.0,
+    what: str = "condition",
+    *,
+    step: float = 0.1,
+    ignore: tuple[type[Exception], ...] = (),
+    log: Callable[[], str] | None = None,
+) -> Any:
     """Poll check() until it returns something truthy and return that; an exception of a type in
     `ignore` counts as not yet. Fails naming `what` (and the tail of `log`) after `timeout` s."""
     deadline = time.monotonic() + timeout

@@ -1,5 +1,8 @@
-"""docs/design.md states what the code does: package layout, import direction, commands, endpoints and who may read
-them, the /v1/collect example, the health series and the metric catalogue (names, types, labels)."""
+"""docs/design.md states what the code does.
+
+Package layout, import direction, commands, endpoints and who may read them, the
+/v1/collect example, the health series and the metric catalogue (names, types, labels).
+"""
 
 from __future__ import annotations
 
@@ -11,33 +14,55 @@ import re
 import typing
 from pathlib import Path
 
-from scaffold import families, make_config
-
 from kepler_bridge import cli, model
 from kepler_bridge.exposition import baetyl, prometheus
-from kepler_bridge.model import (ContainerCpu, CpuZoneEnergy, Energy, GpuProcess, GpuReading, Holder, PodRef,
-                                 ProcessCpu, Snapshot, SourceStatus, WorkloadEnergy)
-from kepler_bridge.store import SnapshotStore
 from kepler_bridge.http.app import WebSettings, create_app
+from kepler_bridge.model import (
+    ContainerCpu,
+    CpuZoneEnergy,
+    Energy,
+    GpuProcess,
+    GpuReading,
+    Holder,
+    PodRef,
+    ProcessCpu,
+    Snapshot,
+    SourceStatus,
+    WorkloadEnergy,
+)
+from kepler_bridge.store import SnapshotStore
+from scaffold import families, make_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
 PACKAGE = ROOT / "kepler_bridge"
 # What "device" stands for in the catalogue's label column, besides node.
 DEVICE_LABELS = {"gpu", "uuid", "vendor", "model"}
-TOP_LEVEL = ("kepler_bridge/", "tests/", "docs/", "manifests/", "alerts/", "grafana/", "bpf/", "scripts/",
-             "examples/", "benchmarks/")
+TOP_LEVEL = (
+    "kepler_bridge/",
+    "tests/",
+    "docs/",
+    "manifests/",
+    "alerts/",
+    "grafana/",
+    "bpf/",
+    "scripts/",
+    "examples/",
+    "benchmarks/",
+)
 
 
 def section(title: str, subsections: bool = True) -> str:
-    """The text under the heading that starts with `title`, up to the next heading of the same or a higher level
+    """The text under the heading that starts with `title`.
+
+    It runs up to the next heading of the same or a higher level
     (of any level without `subsections`)."""
     match = re.search(rf"^(#+) {re.escape(title)}.*$", DESIGN, re.MULTILINE)
     assert match, f"docs/design.md has no heading {title!r}"
     level = len(match.group(1)) if subsections else 6
-    rest = DESIGN[match.end():]
+    rest = DESIGN[match.end() :]
     end = re.search(rf"^#{{1,{level}}} ", rest, re.MULTILINE)
-    return rest[:end.start()] if end else rest
+    return rest[: end.start()] if end else rest
 
 
 def rows(text: str) -> list[list[str]]:
@@ -56,8 +81,16 @@ def quoted(cell: str) -> list[str]:
 
 
 def test_layout_lists_every_module_and_nothing_else() -> None:
-    listed = {path for cells in rows(section("Package layout", subsections=False)) for path in quoted(cells[0])}
-    actual = {path.relative_to(ROOT).as_posix() for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts}
+    listed = {
+        path
+        for cells in rows(section("Package layout", subsections=False))
+        for path in quoted(cells[0])
+    }
+    actual = {
+        path.relative_to(ROOT).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
     assert {path for path in listed if path.endswith(".py")} == actual
     for path in listed:
         assert (ROOT / path).exists(), path
@@ -68,7 +101,9 @@ def test_every_repository_path_named_exists() -> None:
     named |= {f"docs/{link}" for link in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", DESIGN)}
     assert named
     for path in sorted(named):
-        assert (ROOT / path).resolve().exists(), f"docs/design.md names {path}, which does not exist"
+        assert (ROOT / path).resolve().exists(), (
+            f"docs/design.md names {path}, which does not exist"
+        )
 
 
 def _imports(path: Path, module: str) -> set[str]:
@@ -120,7 +155,9 @@ def test_import_table_has_a_row_for_every_package_and_top_level_module() -> None
     packages = {name for name, path in modules.items() if path.name == "__init__.py"}
     top_level = {name for name in modules if name.count(".") == 1}
     table = _import_table()
-    assert packages | top_level <= set(table), f"no row for {sorted(packages | top_level - set(table))}"
+    assert packages | top_level <= set(table), (
+        f"no row for {sorted(packages | top_level - set(table))}"
+    )
     assert set(table) <= set(modules), f"rows for no module: {sorted(set(table) - set(modules))}"
 
 
@@ -130,20 +167,29 @@ def test_imports_follow_the_data_flow() -> None:
         layer = _row(table, name)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         own = {layer} | ({package} if package != "kepler_bridge" else set())
-        wrong = sorted(imported for imported in _imports(path, name)
-                       if not any(_under(imported, allowed) for allowed in own | table[layer])
-                       and imported not in ("kepler_bridge", "kepler_bridge.__version__"))
-        assert not wrong, f"{name} imports {wrong}, against docs/design.md's import direction (row {layer})"
+        wrong = sorted(
+            imported
+            for imported in _imports(path, name)
+            if not any(_under(imported, allowed) for allowed in own | table[layer])
+            and imported not in ("kepler_bridge", "kepler_bridge.__version__")
+        )
+        assert not wrong, (
+            f"{name} imports {wrong}, against docs/design.md's import direction (row {layer})"
+        )
 
 
 def test_import_table_has_no_cycle() -> None:
     table = _import_table()
-    edges = {layer: {_row(table, allowed) for allowed in allowed_set} - {layer}
-             for layer, allowed_set in table.items()}
+    edges = {
+        layer: {_row(table, allowed) for allowed in allowed_set} - {layer}
+        for layer, allowed_set in table.items()
+    }
     done: set[str] = set()
 
     def visit(layer: str, path: tuple[str, ...]) -> None:
-        assert layer not in path, f"docs/design.md's import table has a cycle: {' -> '.join(path + (layer,))}"
+        assert layer not in path, (
+            f"docs/design.md's import table has a cycle: {' -> '.join(path + (layer,))}"
+        )
         if layer not in done:
             for target in edges[layer]:
                 visit(target, path + (layer,))
@@ -154,8 +200,16 @@ def test_import_table_has_no_cycle() -> None:
 
 
 def test_commands_are_the_subcommands() -> None:
-    listed = {command.split()[1] for cells in rows(section("Command line")) for command in quoted(cells[0])}
-    (subparsers,) = [action for action in cli._parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    listed = {
+        command.split()[1]
+        for cells in rows(section("Command line"))
+        for command in quoted(cells[0])
+    }
+    (subparsers,) = [
+        action
+        for action in cli._parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    ]
     assert listed == set(subparsers.choices)
 
 
@@ -179,11 +233,21 @@ def test_endpoints_and_who_may_read_them(tmp_path: Path) -> None:
 def test_collect_example_is_what_the_code_renders() -> None:
     (example,) = re.findall(r"```json\n(.*?)```", section("/v1/collect"), re.DOTALL)
     body = json.loads(example)
-    (node, answer), = body.items()
-    gpus = tuple(GpuReading(index=i, uuid=f"GPU-{i}", vendor="nvidia", model="A100",
-                            memory_used_bytes=device["usedMemory"], memory_total_bytes=device["totalMemory"])
-                 for i, device in enumerate(answer["devices"]))
-    snapshot = Snapshot(node=node, timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0, gpus=gpus)
+    ((node, answer),) = body.items()
+    gpus = tuple(
+        GpuReading(
+            index=i,
+            uuid=f"GPU-{i}",
+            vendor="nvidia",
+            model="A100",
+            memory_used_bytes=device["usedMemory"],
+            memory_total_bytes=device["totalMemory"],
+        )
+        for i, device in enumerate(answer["devices"])
+    )
+    snapshot = Snapshot(
+        node=node, timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0, gpus=gpus
+    )
     assert json.loads(baetyl.render(snapshot)) == body
 
 
@@ -193,28 +257,54 @@ def test_health_series_are_the_code_s() -> None:
 
 
 def _filled(cls: type, **given: object) -> object:
-    """An instance with every optional number set, so that every family built from it has a series."""
+    """An instance with every optional number set, so that each family from it has a series."""
     hints = typing.get_type_hints(cls, vars(model))
-    numbers = {item.name: 1 if int in typing.get_args(hints[item.name]) else 0.5
-               for item in dataclasses.fields(cls) if item.name not in given and item.default is None}
+    numbers = {
+        item.name: 1 if int in typing.get_args(hints[item.name]) else 0.5
+        for item in dataclasses.fields(cls)
+        if item.name not in given and item.default is None
+    }
     return cls(**numbers, **given)
 
 
 def full_snapshot() -> Snapshot:
     """A snapshot in which every metric family of the catalogue has at least one series."""
     owner = PodRef("ml", "train-0", "main")
-    row = WorkloadEnergy(pid="7", comm="python3", container_id="c1", owner=owner, cpu_joules=1.0, gpu_joules=1.0)
-    gpu = _filled(GpuReading, index=0, uuid="GPU-0", vendor="nvidia", model="A100",
-                  throttled=(("sw_power_cap", True),), xid_errors=((79, 1),),
-                  processes=(GpuProcess(pid=7, comm="python3", memory_used_bytes=1, utilization=0.5),),
-                  holders=(Holder("c1", owner),))
+    row = WorkloadEnergy(
+        pid="7", comm="python3", container_id="c1", owner=owner, cpu_joules=1.0, gpu_joules=1.0
+    )
+    gpu = _filled(
+        GpuReading,
+        index=0,
+        uuid="GPU-0",
+        vendor="nvidia",
+        model="A100",
+        throttled=(("sw_power_cap", True),),
+        xid_errors=((79, 1),),
+        processes=(GpuProcess(pid=7, comm="python3", memory_used_bytes=1, utilization=0.5),),
+        holders=(Holder("c1", owner),),
+    )
     return Snapshot(
-        node="n1", timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0, sources=(SourceStatus("nvml", True),),
-        gpus=(gpu,), processes=(ProcessCpu(7, "python3", 2.0, "c1"),), process_cpu_other=1.0,
-        containers=(ContainerCpu("c1", 2.0, owner),), ebpf_programs_attached=1,
-        energy=Energy(cpu_zones=(CpuZoneEnergy("package", "rapl", 1.0),), gpu_idle=(("GPU-0", 1.0),),
-                      gpu_unattributed=(("GPU-0", "shared", 1.0),), cpu_processes=(row,), gpu_processes=(row,),
-                      containers=(row,), pods=(row,)))
+        node="n1",
+        timestamp=1.0,
+        duration_seconds=0.01,
+        interval_seconds=1.0,
+        sources=(SourceStatus("nvml", True),),
+        gpus=(gpu,),
+        processes=(ProcessCpu(7, "python3", 2.0, "c1"),),
+        process_cpu_other=1.0,
+        containers=(ContainerCpu("c1", 2.0, owner),),
+        ebpf_programs_attached=1,
+        energy=Energy(
+            cpu_zones=(CpuZoneEnergy("package", "rapl", 1.0),),
+            gpu_idle=(("GPU-0", 1.0),),
+            gpu_unattributed=(("GPU-0", "shared", 1.0),),
+            cpu_processes=(row,),
+            gpu_processes=(row,),
+            containers=(row,),
+            pods=(row,),
+        ),
+    )
 
 
 def catalogue() -> dict[str, tuple[str, set[str]]]:
@@ -224,8 +314,13 @@ def catalogue() -> dict[str, tuple[str, set[str]]]:
         name, kind, labels = quoted(cells[0])[0], cells[1], cells[2]
         assert name not in found, f"{name} is listed twice"
         words = set(re.sub(r"`[^`]*`", "", labels).replace(",", " ").split())
-        assert words <= {"device"}, f"{name}: labels column may hold backticked labels and 'device' only"
-        found[name] = (kind, {"node", *quoted(labels), *(DEVICE_LABELS if "device" in words else ())})
+        assert words <= {"device"}, (
+            f"{name}: labels column may hold backticked labels and 'device' only"
+        )
+        found[name] = (
+            kind,
+            {"node", *quoted(labels), *(DEVICE_LABELS if "device" in words else ())},
+        )
     return found
 
 
@@ -239,7 +334,10 @@ def test_metric_catalogue_types_and_labels_are_what_a_scrape_shows() -> None:
     for family in families(text).values():
         name = prometheus.exposed_name(family)
         if name in prometheus.METRICS:
-            seen[name] = (family.type, {label for sample in family.samples for label in sample.labels})
+            seen[name] = (
+                family.type,
+                {label for sample in family.samples for label in sample.labels},
+            )
     missing = set(prometheus.METRICS) - set(seen)
     assert not missing, f"full_snapshot() yields no series of {missing}: extend it"
     documented = catalogue()

@@ -8,17 +8,31 @@ import json
 from pathlib import Path
 
 import scaffold
-
-from kepler_bridge.sampling.counters import MonotonicCounters
 from kepler_bridge.exposition import baetyl, prometheus
-from kepler_bridge.model import ContainerCpu, GpuProcess, GpuReading, Holder, PodRef, ProcessCpu, Snapshot, SourceStatus
+from kepler_bridge.model import (
+    ContainerCpu,
+    GpuProcess,
+    GpuReading,
+    Holder,
+    PodRef,
+    ProcessCpu,
+    Snapshot,
+    SourceStatus,
+)
+from kepler_bridge.sampling.counters import MonotonicCounters
 
 GIB = 1024**3
 
 
 def snapshot(*gpus: GpuReading) -> Snapshot:
-    return Snapshot(node="n1", timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0,
-                    sources=(SourceStatus("nvml", True),), gpus=gpus)
+    return Snapshot(
+        node="n1",
+        timestamp=1.0,
+        duration_seconds=0.01,
+        interval_seconds=1.0,
+        sources=(SourceStatus("nvml", True),),
+        gpus=gpus,
+    )
 
 
 def gpu(index: int, **values) -> GpuReading:
@@ -51,36 +65,78 @@ def test_device_series_keep_their_labels_and_the_owner_is_a_series_of_its_own() 
     owned = families(snapshot(held, *gpus[1:]))
     assert set(owned) - set(unowned) == {"gpu_pod_info"}
     for name, samples in unowned.items():
-        assert [sample.labels for sample in owned[name]] == [sample.labels for sample in samples], name
+        assert [sample.labels for sample in owned[name]] == [sample.labels for sample in samples], (
+            name
+        )
     device = {"node": "n1", "gpu": "0", "uuid": "GPU-0", "vendor": "nvidia", "model": "A100"}
     assert [(sample.labels, sample.value) for sample in owned["gpu_pod_info"]] == [
-        (device | {"namespace": "ml", "pod": "train-0", "container": "main"}, 1.0)]
+        (device | {"namespace": "ml", "pod": "train-0", "container": "main"}, 1.0)
+    ]
 
 
 def test_labelled_families() -> None:
-    snap = snapshot(gpu(0, throttled=(("hw_slowdown", True), ("gpu_idle", False)), ecc_uncorrected_total=2,
-                        xid_errors=((79, 1),), last_xid_timestamp=5.0,
-                        processes=(GpuProcess(pid=7, comm="python3", memory_used_bytes=GIB, utilization=0.25),)))
+    snap = snapshot(
+        gpu(
+            0,
+            throttled=(("hw_slowdown", True), ("gpu_idle", False)),
+            ecc_uncorrected_total=2,
+            xid_errors=((79, 1),),
+            last_xid_timestamp=5.0,
+            processes=(GpuProcess(pid=7, comm="python3", memory_used_bytes=GIB, utilization=0.25),),
+        )
+    )
     found = families(snap)
-    assert {s.labels["reason"]: s.value for s in found["gpu_throttled"]} == {"hw_slowdown": 1, "gpu_idle": 0}
+    assert {s.labels["reason"]: s.value for s in found["gpu_throttled"]} == {
+        "hw_slowdown": 1,
+        "gpu_idle": 0,
+    }
     assert [(s.name, s.labels["kind"], s.value) for s in found["gpu_ecc_errors"]] == [
-        ("gpu_ecc_errors_total", "uncorrected", 2)]
+        ("gpu_ecc_errors_total", "uncorrected", 2)
+    ]
     assert found["gpu_xid_errors"][0].labels["xid"] == "79"
-    proc, = found["gpu_process_memory_used_bytes"]
-    assert proc.labels | {} == {"node": "n1", "gpu": "0", "uuid": "GPU-0", "vendor": "nvidia", "model": "A100",
-                                "pid": "7", "comm": "python3", "namespace": "", "pod": "", "container": ""}
+    (proc,) = found["gpu_process_memory_used_bytes"]
+    assert proc.labels | {} == {
+        "node": "n1",
+        "gpu": "0",
+        "uuid": "GPU-0",
+        "vendor": "nvidia",
+        "model": "A100",
+        "pid": "7",
+        "comm": "python3",
+        "namespace": "",
+        "pod": "",
+        "container": "",
+    }
     assert found["gpu_process_utilization_ratio"][0].value == 0.25
 
 
-HEALTH = {"gpu_up", "kepler_bridge_source_up", "kepler_bridge_source_state", "kepler_bridge_build_info",
-          "kepler_bridge_last_sample_timestamp_seconds"}
+HEALTH = {
+    "gpu_up",
+    "kepler_bridge_source_up",
+    "kepler_bridge_source_state",
+    "kepler_bridge_build_info",
+    "kepler_bridge_last_sample_timestamp_seconds",
+}
 
 
 def test_filter_applies_to_exposed_names_including_seed_short_names() -> None:
     allowed = ("gpu_utilization", "gpu_memory_used", "gpu_temperature")
-    found = families(snapshot(gpu(0, utilization=0.5, memory_used_bytes=5, memory_total_bytes=10,
-                                  temperature_celsius=40.0)), lambda name: name.startswith(allowed))
-    assert set(found) == {"gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_temperature_celsius"} | HEALTH
+    found = families(
+        snapshot(
+            gpu(
+                0,
+                utilization=0.5,
+                memory_used_bytes=5,
+                memory_total_bytes=10,
+                temperature_celsius=40.0,
+            )
+        ),
+        lambda name: name.startswith(allowed),
+    )
+    assert (
+        set(found)
+        == {"gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_temperature_celsius"} | HEALTH
+    )
 
 
 def test_health_series_are_exported_whatever_the_lists_say() -> None:
@@ -90,11 +146,26 @@ def test_health_series_are_exported_whatever_the_lists_say() -> None:
 
 
 def test_every_emitted_family_is_declared() -> None:
-    snap = Snapshot(node="n1", timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0,
-                    sources=(SourceStatus("ebpf", True),), processes=(ProcessCpu(1, "init", 2.0, "abc"),),
-                    containers=(ContainerCpu("abc", 2.0),), ebpf_programs_attached=1,
-                    gpus=(gpu(0, utilization=0.1, energy_joules=1.0, ecc_corrected_total=0,
-                              throttled=(("gpu_idle", True),), xid_errors=((13, 1),)),))
+    snap = Snapshot(
+        node="n1",
+        timestamp=1.0,
+        duration_seconds=0.01,
+        interval_seconds=1.0,
+        sources=(SourceStatus("ebpf", True),),
+        processes=(ProcessCpu(1, "init", 2.0, "abc"),),
+        containers=(ContainerCpu("abc", 2.0),),
+        ebpf_programs_attached=1,
+        gpus=(
+            gpu(
+                0,
+                utilization=0.1,
+                energy_joules=1.0,
+                ecc_corrected_total=0,
+                throttled=(("gpu_idle", True),),
+                xid_errors=((13, 1),),
+            ),
+        ),
+    )
     text = prometheus.render(snap, lambda name: True).decode()
     names = {prometheus.exposed_name(f) for f in scaffold.families(text).values()}
     assert names - set(prometheus.METRICS) == {n for n in names if n.startswith("process_")}
@@ -116,39 +187,59 @@ def test_every_metric_name_is_written_where_it_is_emitted() -> None:
     for path in Path(prometheus.__file__).parent.glob("*.py"):
         for statement in ast.parse(path.read_text(encoding="utf-8")).body:
             if not _names_assigned(statement) & {"METRICS", "HEALTH"}:
-                literals |= {node.value for node in ast.walk(statement)
-                             if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+                literals |= {
+                    node.value
+                    for node in ast.walk(statement)
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                }
     missing = sorted(set(prometheus.METRICS) - literals)
     assert not missing, f"write these names out where they are emitted, not built: {missing}"
 
 
 def test_baetyl_contract_lost_device_keeps_place_and_no_nan() -> None:
-    snap = snapshot(gpu(0, memory_used_bytes=100, memory_total_bytes=1000),
-                    gpu(1, up=False, memory_used_bytes=5, memory_total_bytes=10),
-                    gpu(2, memory_total_bytes=0))
+    snap = snapshot(
+        gpu(0, memory_used_bytes=100, memory_total_bytes=1000),
+        gpu(1, up=False, memory_used_bytes=5, memory_total_bytes=10),
+        gpu(2, memory_total_bytes=0),
+    )
     body = json.loads(baetyl.render(snap))
-    assert body == {"n1": {"deviceNum": 3, "devices": [
-        {"usedMemory": 100, "totalMemory": 1000, "percent": 0.1},
-        {"usedMemory": 0, "totalMemory": 0, "percent": 0},
-        {"usedMemory": 0, "totalMemory": 0, "percent": 0}],
-        "usedMemory": 100, "totalMemory": 1000, "percent": 0.1}}
+    assert body == {
+        "n1": {
+            "deviceNum": 3,
+            "devices": [
+                {"usedMemory": 100, "totalMemory": 1000, "percent": 0.1},
+                {"usedMemory": 0, "totalMemory": 0, "percent": 0},
+                {"usedMemory": 0, "totalMemory": 0, "percent": 0},
+            ],
+            "usedMemory": 100,
+            "totalMemory": 1000,
+            "percent": 0.1,
+        }
+    }
 
 
 def test_baetyl_matches_design_example_and_units() -> None:
-    snap = snapshot(gpu(0, memory_used_bytes=100, memory_total_bytes=1000),
-                    gpu(1, memory_used_bytes=101, memory_total_bytes=1001))
+    snap = snapshot(
+        gpu(0, memory_used_bytes=100, memory_total_bytes=1000),
+        gpu(1, memory_used_bytes=101, memory_total_bytes=1001),
+    )
     node = json.loads(baetyl.render(snap))["n1"]
     assert node["devices"][1]["percent"] == 0.1008991008991009
     assert node["percent"] == 0.10044977511244378
     big = snapshot(gpu(0, memory_used_bytes=3 * GIB, memory_total_bytes=80 * GIB))
     assert json.loads(baetyl.render(big, "MiB"))["n1"]["devices"][0] == {
-        "usedMemory": 3072, "totalMemory": 81920, "percent": 0.0375}
+        "usedMemory": 3072,
+        "totalMemory": 81920,
+        "percent": 0.0375,
+    }
 
 
 def test_counters_never_decrease_across_resets() -> None:
     guard = MonotonicCounters()
-    values = [guard.gpu(gpu(0, energy_joules=e, xid_errors=((79, x),))) for e, x in
-              [(100.0, 1), (150.0, 2), (10.0, 1), (20.0, 1)]]
+    values = [
+        guard.gpu(gpu(0, energy_joules=e, xid_errors=((79, x),)))
+        for e, x in [(100.0, 1), (150.0, 2), (10.0, 1), (20.0, 1)]
+    ]
     energy = [v.energy_joules for v in values]
     assert energy == [100.0, 150.0, 160.0, 170.0]
     assert [v.xid_errors[0][1] for v in values] == [1, 2, 3, 3]

@@ -14,7 +14,6 @@ import requests
 import scaffold
 from agent import KEPLER_BRIDGE, Agent
 
-
 pytestmark = pytest.mark.e2e
 
 
@@ -29,7 +28,12 @@ def test_metrics_text_format_parses_and_has_node_label_everywhere(agent: Agent) 
     assert response.status_code == 200
     assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
     families = scaffold.families(response.text)
-    assert {"gpu_utilization_ratio", "gpu_up", "kepler_bridge_source_up", "process_resident_memory_bytes"} <= set(families)
+    assert {
+        "gpu_utilization_ratio",
+        "gpu_up",
+        "kepler_bridge_source_up",
+        "process_resident_memory_bytes",
+    } <= set(families)
     for family in families.values():
         for sample in family.samples:
             assert sample.labels.get("node") == "test-node", sample
@@ -38,17 +42,23 @@ def test_metrics_text_format_parses_and_has_node_label_everywhere(agent: Agent) 
 
 
 def test_openmetrics_negotiated_by_accept(agent: Agent) -> None:
-    response = agent.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    response = agent.get(
+        "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
     assert response.headers["Content-Type"].startswith("application/openmetrics-text")
     assert response.text.endswith("# EOF\n")
 
 
 def test_gzip_when_asked(agent: Agent) -> None:
-    raw = requests.get(agent.url + "/metrics", headers={"Accept-Encoding": "gzip"}, stream=True, timeout=5)
+    raw = requests.get(
+        agent.url + "/metrics", headers={"Accept-Encoding": "gzip"}, stream=True, timeout=5
+    )
     assert raw.headers["Content-Encoding"] == "gzip"
     body = gzip.decompress(raw.raw.read())
     assert b"gpu_up{" in body
-    plain = requests.get(agent.url + "/v1/collect", headers={"Accept-Encoding": "identity"}, timeout=5)
+    plain = requests.get(
+        agent.url + "/v1/collect", headers={"Accept-Encoding": "identity"}, timeout=5
+    )
     assert "Content-Encoding" not in plain.headers
 
 
@@ -128,10 +138,14 @@ def test_hundred_concurrent_clients_for_ten_seconds_no_error(agent: Agent) -> No
 
 
 def test_port_in_use_is_one_line_and_exit_1(agent: Agent) -> None:
-    result = subprocess.run([KEPLER_BRIDGE, "serve", "--listen", f"127.0.0.1:{agent.port}"],
-                            capture_output=True, text=True, timeout=20)
+    result = subprocess.run(
+        [KEPLER_BRIDGE, "serve", "--listen", f"127.0.0.1:{agent.port}"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert result.returncode == 1
-    line, = result.stderr.strip().splitlines()
+    (line,) = result.stderr.strip().splitlines()
     assert "address already in use" in line and "--listen" in line
 
 
@@ -147,15 +161,26 @@ def test_bearer_token_protects_metrics(tmp_path) -> None:
     with Agent("--simulate", "1", "--auth-token-file", str(token)) as running:
         assert running.get("/metrics").status_code == 401
         assert running.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert running.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert (
+            running.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        )
         assert running.get("/v1/collect").status_code == 200
 
 
 def test_no_accelerator_gives_empty_device_list() -> None:
-    with Agent("--sources", "nvml", "--nvml-library", "/nonexistent/libnvidia-ml.so.1", ready=False) as running:
+    with Agent(
+        "--sources", "nvml", "--nvml-library", "/nonexistent/libnvidia-ml.so.1", ready=False
+    ) as running:
         body = running.get("/v1/collect").json()
-        assert body == {"test-node": {"deviceNum": 0, "devices": [], "usedMemory": 0, "totalMemory": 0,
-                                      "percent": 0}}
+        assert body == {
+            "test-node": {
+                "deviceNum": 0,
+                "devices": [],
+                "usedMemory": 0,
+                "totalMemory": 0,
+                "percent": 0,
+            }
+        }
         ready = running.get("/readyz")
         assert ready.status_code == 503
         assert "nvml" in ready.json()["reason"] and "does not exist" in ready.json()["reason"]

@@ -1,4 +1,7 @@
-"""The live page at `/` in Debian's headless Chromium against the real agent, and its `/api/v1/history` JSON."""
+"""The live page at `/` and its `/api/v1/history` JSON.
+
+The page runs in Debian's headless Chromium against the real agent.
+"""
 
 from __future__ import annotations
 
@@ -18,15 +21,18 @@ import scaffold
 from agent import Agent
 from browser import Browser
 from kepler_bridge.exposition.history import render as history_json
-from kepler_bridge.store import MAX_SAMPLES, MAX_SECONDS, History
 from kepler_bridge.model import GpuReading, Snapshot
+from kepler_bridge.store import MAX_SAMPLES, MAX_SECONDS, History
 
 CHART_PATHS = "[...document.querySelectorAll('#devices svg path')].map((p) => p.getAttribute('d'))"
 
 
 def charts_drawn(count: int) -> str:
-    """JavaScript: the charts' paths once there are `count`, each with at least two points, else false."""
-    return f"(() => {{ const d = {CHART_PATHS}; return d.length === {count} && d.every((p) => p.includes('L')) && d; }})()"
+    """JavaScript: the charts' paths once `count` are drawn with two points or more, else false."""
+    return (
+        f"(() => {{ const d = {CHART_PATHS}; "
+        f"return d.length === {count} && d.every((p) => p.includes('L')) && d; }})()"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +42,22 @@ def agent():
 
 
 def snapshot(timestamp: float, devices: int = 8, interval: float = 1.0) -> Snapshot:
-    gpus = tuple(GpuReading(index=i, uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000", vendor="nvidia", model="H100",
-                            utilization=(timestamp % 100) / 100, memory_used_bytes=2**34 + i,
-                            temperature_celsius=40.0 + i, power_watts=300.25 + timestamp % 7) for i in range(devices))
-    return Snapshot(node="n", timestamp=timestamp, duration_seconds=0.01, interval_seconds=interval, gpus=gpus)
+    gpus = tuple(
+        GpuReading(
+            index=i,
+            uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000",
+            vendor="nvidia",
+            model="H100",
+            utilization=(timestamp % 100) / 100,
+            memory_used_bytes=2**34 + i,
+            temperature_celsius=40.0 + i,
+            power_watts=300.25 + timestamp % 7,
+        )
+        for i in range(devices)
+    )
+    return Snapshot(
+        node="n", timestamp=timestamp, duration_seconds=0.01, interval_seconds=interval, gpus=gpus
+    )
 
 
 @pytest.mark.e2e
@@ -47,19 +65,32 @@ def test_page_draws_moving_charts_without_errors(agent: Agent, tmp_path: Path) -
     with Browser(tmp_path / "profile") as browser:
         browser.open(agent.url + "/")
         first = browser.wait_for(charts_drawn(8))  # 2 devices x 4 charts
-        moved = agent.wait_for(lambda: (paths := browser.evaluate(CHART_PATHS)) != first and paths,
-                               what="the charts to move")
+        moved = agent.wait_for(
+            lambda: (paths := browser.evaluate(CHART_PATHS)) != first and paths,
+            what="the charts to move",
+        )
         assert len(moved) == 8
         text = browser.evaluate("document.body.innerText")
-        for expected in ("gpu 0 · Simulated Accelerator", "gpu 1 · Simulated Accelerator", "SIM-0000-0001",
-                         "utilization", "memory", "temperature", "power", "(not in a pod)", "simulated\tup"):
+        for expected in (
+            "gpu 0 · Simulated Accelerator",
+            "gpu 1 · Simulated Accelerator",
+            "SIM-0000-0001",
+            "utilization",
+            "memory",
+            "temperature",
+            "power",
+            "(not in a pod)",
+            "simulated\tup",
+        ):
             assert expected in text
         assert browser.evaluate("document.querySelectorAll('#pods tr').length") >= 1
         browser.screenshot(tmp_path / "live.png")
         assert browser.problems == []
         assert all(url.startswith(agent.url + "/") for url in browser.requests), browser.requests
         assert {agent.url + "/", agent.url + "/api/v1/history"} <= set(browser.requests)
-    assert (tmp_path / "live.png").read_bytes().startswith(b"\x89PNG") and (tmp_path / "live.png").stat().st_size > 10_000
+    assert (tmp_path / "live.png").read_bytes().startswith(b"\x89PNG") and (
+        tmp_path / "live.png"
+    ).stat().st_size > 10_000
 
 
 @pytest.mark.e2e
@@ -67,11 +98,15 @@ def test_page_is_small_self_contained_and_locked_down(agent: Agent) -> None:
     page = agent.get("/")
     assert page.status_code == 200 and page.headers["Content-Type"] == "text/html; charset=utf-8"
     assert len(page.content) < 50 * 1024
-    assert all(link.startswith(("/", "data:")) for link in re.findall(r'(?:src|href)="([^"]*)"', page.text))
+    assert all(
+        link.startswith(("/", "data:")) for link in re.findall(r'(?:src|href)="([^"]*)"', page.text)
+    )
     policy = page.headers["Content-Security-Policy"]
-    assert "default-src 'none'" in policy and "unsafe" not in policy and "connect-src 'self'" in policy
+    assert (
+        "default-src 'none'" in policy and "unsafe" not in policy and "connect-src 'self'" in policy
+    )
     assert page.headers["X-Content-Type-Options"] == "nosniff"
-    assert "<td>simulated</td>" in page.text and "<b id=\"node\">test-node</b>" in page.text
+    assert "<td>simulated</td>" in page.text and '<b id="node">test-node</b>' in page.text
 
 
 @pytest.mark.e2e
@@ -79,7 +114,10 @@ def test_history_is_the_snapshot_the_metrics_show(agent: Agent) -> None:
     def same_sample() -> tuple[dict, dict] | None:
         history = agent.get("/api/v1/history").json()
         families = scaffold.families(agent.metrics())
-        if families["kepler_bridge_last_sample_timestamp_seconds"].samples[0].value != history["timestamp"]:
+        if (
+            families["kepler_bridge_last_sample_timestamp_seconds"].samples[0].value
+            != history["timestamp"]
+        ):
             return None  # a sample was published between the two requests
         return history, families
 
@@ -88,21 +126,43 @@ def test_history_is_the_snapshot_the_metrics_show(agent: Agent) -> None:
     assert history["node"] == "test-node" and history["interval_seconds"] == 0.5
     assert history["window_seconds"] == min(MAX_SECONDS, MAX_SAMPLES * 0.5)
     timestamps = history["timestamps"]
-    assert len(timestamps) >= 2 and timestamps == sorted(timestamps) and timestamps[-1] == round(history["timestamp"], 3)
+    assert (
+        len(timestamps) >= 2
+        and timestamps == sorted(timestamps)
+        and timestamps[-1] == round(history["timestamp"], 3)
+    )
     assert [d["uuid"] for d in history["devices"]] == ["SIM-0000-0000", "SIM-0000-0001"]
     for device in history["devices"]:
-        assert set(device["series"]) == {"utilization", "memory_used_bytes", "temperature_celsius", "power_watts"}
+        assert set(device["series"]) == {
+            "utilization",
+            "memory_used_bytes",
+            "temperature_celsius",
+            "power_watts",
+        }
         assert all(len(series) == len(timestamps) for series in device["series"].values())
-        assert device["series"]["power_watts"][-1] == pytest.approx(power[str(device["gpu"])], abs=1e-3)
-    assert history["sources"] == [{"name": "simulated", "up": True, "state": "up", "error": "", "errors_total": 0}]
-    assert [set(pod) for pod in history["pods"]] == [{"namespace", "pod", "cpu_joules", "gpu_joules"}]
-    assert history["pods"][0]["gpu_joules"] >= 0 and history["pods"][0]["pod"] == ""  # the simulated processes
+        assert device["series"]["power_watts"][-1] == pytest.approx(
+            power[str(device["gpu"])], abs=1e-3
+        )
+    assert history["sources"] == [
+        {"name": "simulated", "up": True, "state": "up", "error": "", "errors_total": 0}
+    ]
+    assert [set(pod) for pod in history["pods"]] == [
+        {"namespace", "pod", "cpu_joules", "gpu_joules"}
+    ]
+    assert (
+        history["pods"][0]["gpu_joules"] >= 0 and history["pods"][0]["pod"] == ""
+    )  # the simulated processes
 
 
 @pytest.mark.e2e
 def test_history_gzip_head_and_methods(agent: Agent) -> None:
-    raw = requests.get(agent.url + "/api/v1/history", headers={"Accept-Encoding": "gzip"}, stream=True, timeout=5)
-    assert raw.headers["Content-Encoding"] == "gzip" and raw.headers["X-Content-Type-Options"] == "nosniff"
+    raw = requests.get(
+        agent.url + "/api/v1/history", headers={"Accept-Encoding": "gzip"}, stream=True, timeout=5
+    )
+    assert (
+        raw.headers["Content-Encoding"] == "gzip"
+        and raw.headers["X-Content-Type-Options"] == "nosniff"
+    )
     assert json.loads(gzip.decompress(raw.raw.read()))["node"] == "test-node"
     assert requests.head(agent.url + "/api/v1/history", timeout=5).status_code == 200
     refused = requests.post(agent.url + "/api/v1/history", timeout=5)
@@ -113,12 +173,16 @@ def test_history_keeps_at_most_300_samples_or_5_minutes() -> None:
     many = History()
     for k in range(MAX_SAMPLES + 50):
         many.add(snapshot(1000.0 + k * 0.5, interval=0.5))
-    assert [s.timestamp for s in many.samples()] == [1000.0 + k * 0.5 for k in range(50, MAX_SAMPLES + 50)]
+    assert [s.timestamp for s in many.samples()] == [
+        1000.0 + k * 0.5 for k in range(50, MAX_SAMPLES + 50)
+    ]
     slow = History()
     for k in range(200):
         slow.add(snapshot(1000.0 + k * 2, interval=2))
     kept = [s.timestamp for s in slow.samples()]
-    assert kept[-1] == 1398.0 and kept[0] == 1398.0 - MAX_SECONDS + 2 and len(kept) == MAX_SECONDS / 2
+    assert (
+        kept[-1] == 1398.0 and kept[0] == 1398.0 - MAX_SECONDS + 2 and len(kept) == MAX_SECONDS / 2
+    )
 
 
 def test_history_of_8_devices_stays_small() -> None:
@@ -135,7 +199,9 @@ def test_history_of_8_devices_stays_small() -> None:
     assert held < 160 * 1024
     body = json.loads(history_json(history, snapshots[-1]))
     assert [len(d["series"]["power_watts"]) for d in body["devices"]] == [MAX_SAMPLES] * 8
-    assert body["devices"][3]["series"]["power_watts"][-1] == round(300.25 + snapshots[-1].timestamp % 7, 3)
+    assert body["devices"][3]["series"]["power_watts"][-1] == round(
+        300.25 + snapshots[-1].timestamp % 7, 3
+    )
 
 
 def test_a_device_that_comes_and_goes_has_gaps() -> None:
@@ -149,8 +215,13 @@ def test_a_device_that_comes_and_goes_has_gaps() -> None:
 
 def test_two_sources_reporting_one_uuid_keep_two_series() -> None:
     one, other = snapshot(1.0, devices=2).gpus
-    twice = Snapshot(node="n", timestamp=1.0, duration_seconds=0.01, interval_seconds=1.0,
-                     gpus=(one, dataclasses.replace(other, index=1, uuid=one.uuid)))
+    twice = Snapshot(
+        node="n",
+        timestamp=1.0,
+        duration_seconds=0.01,
+        interval_seconds=1.0,
+        gpus=(one, dataclasses.replace(other, index=1, uuid=one.uuid)),
+    )
     history = History()
     history.add(twice)
     devices = json.loads(history_json(history, twice))["devices"]
@@ -168,24 +239,61 @@ HOSTILE = "<img src=x onerror=\"document.title='pwned'\">'"
 
 @pytest.mark.e2e
 def test_hostile_names_and_errors_are_text_not_markup(tmp_path: Path) -> None:
-    devices = {"devices": [
-        {"uuid": HOSTILE, "vendor": "<b>v</b>", "model": "<script>document.title='pwned'</script>",
-         "usedMemory": 1, "totalMemory": 2, "utilization": 0.5, "temperature": 40, "power": 10},
-        {"uuid": "down-0", "model": "m", "up": False, "error": "</td><img src=y onerror=alert(1)>"},
-    ]}
-    args = ("--sources", "command,nvml", "--command", command_printing(tmp_path, devices), "--interval", "0.5s",
-            "--nvml-library", f"/nonexistent/{HOSTILE}/libnvidia-ml.so.1", "--node-name", "<i>node</i>")
+    devices = {
+        "devices": [
+            {
+                "uuid": HOSTILE,
+                "vendor": "<b>v</b>",
+                "model": "<script>document.title='pwned'</script>",
+                "usedMemory": 1,
+                "totalMemory": 2,
+                "utilization": 0.5,
+                "temperature": 40,
+                "power": 10,
+            },
+            {
+                "uuid": "down-0",
+                "model": "m",
+                "up": False,
+                "error": "</td><img src=y onerror=alert(1)>",
+            },
+        ]
+    }
+    args = (
+        "--sources",
+        "command,nvml",
+        "--command",
+        command_printing(tmp_path, devices),
+        "--interval",
+        "0.5s",
+        "--nvml-library",
+        f"/nonexistent/{HOSTILE}/libnvidia-ml.so.1",
+        "--node-name",
+        "<i>node</i>",
+    )
     with Agent(*args) as running:
         page = running.get("/").text
-        assert html.escape(HOSTILE) in page and HOSTILE not in page and "&lt;i&gt;node&lt;/i&gt;" in page
+        assert (
+            html.escape(HOSTILE) in page
+            and HOSTILE not in page
+            and "&lt;i&gt;node&lt;/i&gt;" in page
+        )
         with Browser(tmp_path / "profile") as browser:
             browser.open(running.url + "/")
             browser.wait_for("document.querySelectorAll('#devices article').length === 2")
             text = browser.evaluate("document.body.innerText")
-            for literal in (HOSTILE, "<b>v</b>", "<script>document.title='pwned'</script>",
-                            "</td><img src=y onerror=alert(1)>", "<i>node</i>"):
+            for literal in (
+                HOSTILE,
+                "<b>v</b>",
+                "<script>document.title='pwned'</script>",
+                "</td><img src=y onerror=alert(1)>",
+                "<i>node</i>",
+            ):
                 assert literal in text
-            assert browser.evaluate("document.querySelectorAll('img, b:not(#node), i, td > *').length") == 0
+            assert (
+                browser.evaluate("document.querySelectorAll('img, b:not(#node), i, td > *').length")
+                == 0
+            )
             assert browser.evaluate("document.scripts.length") == 1
             assert browser.evaluate("document.title") == "kepler-bridge <i>node</i>"
             assert browser.problems == []
@@ -195,7 +303,9 @@ def test_hostile_names_and_errors_are_text_not_markup(tmp_path: Path) -> None:
 def test_token_protects_page_and_history_and_the_page_works_with_it(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    with Agent("--simulate", "1", "--sources", "simulated", "--auth-token-file", str(token)) as running:
+    with Agent(
+        "--simulate", "1", "--sources", "simulated", "--auth-token-file", str(token)
+    ) as running:
         for path in ("/", "/api/v1/history"):
             assert running.get(path).status_code == 401
             assert running.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401

@@ -60,11 +60,14 @@ def test_pid_reuse_with_other_labels_keeps_both_during_grace() -> None:
     table = ProcessTable(max_processes=10, grace=30, clock=Clock())
     table.begin(42, 100, "sh", "", 5.0)
     table.begin(42, 900, "python", "", 0.25)
-    assert sorted((row.comm, row.cpu_seconds) for row in table.rows()) == [("python", 0.25), ("sh", 5.0)]
+    assert sorted((row.comm, row.cpu_seconds) for row in table.rows()) == [
+        ("python", 0.25),
+        ("sh", 5.0),
+    ]
 
 
 def test_process_reported_after_a_newer_one_with_its_pid_leaves_the_newer_current() -> None:
-    """The ebpf source learns of an ended process after the sample: its pid may already be taken again."""
+    """The ebpf source learns of an ended process after the sample: its pid may be taken again."""
     clock = Clock()
     table = ProcessTable(max_processes=10, grace=30, clock=clock)
     new = table.begin(7, 900, "b", "", 0.2)

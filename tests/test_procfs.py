@@ -1,4 +1,4 @@
-"""The procfs source: /proc/<pid>/stat parsing, accuracy, grace period, cap, a host /proc elsewhere."""
+"""The procfs source: /proc/<pid>/stat parsing, accuracy, grace, cap, a host /proc elsewhere."""
 
 from __future__ import annotations
 
@@ -10,19 +10,42 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
-from scaffold import make_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cpu_helpers import Burner
 from kepler_bridge.sources.base import SourceAbsent
 from kepler_bridge.sources.procfs import CLOCK_TICKS, ProcfsSource, parse_stat
+from scaffold import make_config
 
 ID = "d" * 64
 
 
 def stat_line(pid: int, comm: str, utime: int, stime: int, start: int) -> str:
-    fields = ["S", "1", str(pid), str(pid), "0", "-1", "4194560", "100", "0", "0", "0", str(utime), str(stime),
-              "0", "0", "20", "0", "1", "0", str(start), "1000000", "100"]
+    fields = [
+        "S",
+        "1",
+        str(pid),
+        str(pid),
+        "0",
+        "-1",
+        "4194560",
+        "100",
+        "0",
+        "0",
+        "0",
+        str(utime),
+        str(stime),
+        "0",
+        "0",
+        "20",
+        "0",
+        "1",
+        "0",
+        str(start),
+        "1000000",
+        "100",
+    ]
     return f"{pid} ({comm}) {' '.join(fields)}\n"
 
 
@@ -73,8 +96,10 @@ def test_cap_bounds_the_rows() -> None:
 def test_reads_a_host_proc_mounted_elsewhere(tmp_path: Path) -> None:
     """With --procfs /host/proc the pids, comms and cgroups are the host's, not this container's."""
     proc = tmp_path / "host" / "proc"
-    for pid, comm, cgroup in ((1, "systemd", "0::/init.scope\n"),
-                              (4321, "nginx", f"0::/kubepods.slice/cri-containerd-{ID}.scope\n")):
+    for pid, comm, cgroup in (
+        (1, "systemd", "0::/init.scope\n"),
+        (4321, "nginx", f"0::/kubepods.slice/cri-containerd-{ID}.scope\n"),
+    ):
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "stat").write_text(stat_line(pid, comm, 300, 100, 5000))
         (proc / str(pid) / "cgroup").write_text(cgroup)
@@ -113,14 +138,29 @@ def host_proc(root: Path, stats: dict[int, str]) -> Path:
 
 
 def test_an_unreadable_stat_skips_that_process_only(tmp_path: Path) -> None:
-    proc = host_proc(tmp_path / "proc", {1: stat_line(1, "init", 1, 1, 1), 2: stat_line(2, "hidden", 5, 5, 9),
-                                         3: stat_line(3, "also-hidden", 5, 5, 9)})
+    proc = host_proc(
+        tmp_path / "proc",
+        {
+            1: stat_line(1, "init", 1, 1, 1),
+            2: stat_line(2, "hidden", 5, 5, 9),
+            3: stat_line(3, "also-hidden", 5, 5, 9),
+        },
+    )
     (proc / "2" / "stat").chmod(0)  # what hidepid=1 or an LSM answers: EACCES
     (proc / "3" / "cgroup").chmod(0)
-    # Root reads any file: the reading process runs without CAP_DAC_OVERRIDE, like an unprivileged agent.
-    drop = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
-    result = subprocess.run([*drop, sys.executable, "-c", READ_PIDS, str(proc)], capture_output=True, text=True,
-                            timeout=60)
+    # Root reads any file: the reading process runs without CAP_DAC_OVERRIDE,
+    # like an unprivileged agent.
+    drop = (
+        ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
+        if os.geteuid() == 0
+        else []
+    )
+    result = subprocess.run(
+        [*drop, sys.executable, "-c", READ_PIDS, str(proc)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[1]"
 

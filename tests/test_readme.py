@@ -25,7 +25,9 @@ def test_configuration_table_lists_every_setting() -> None:
     table = section("Configuration")
     for setting in SETTINGS:
         assert f"`{setting.flag}`" in table, setting.flag
-        assert setting.envs[0] in table or setting.envs[0].rsplit("_", 1)[-1] in table, setting.envs[0]
+        assert setting.envs[0] in table or setting.envs[0].rsplit("_", 1)[-1] in table, (
+            setting.envs[0]
+        )
         assert f"`{setting.key}`" in table, setting.key
 
 

@@ -1,4 +1,7 @@
-"""Settings re-read while the agent runs: a changed config file, SIGHUP, a refused file, a setting that needs a restart."""
+"""Settings re-read while the agent runs.
+
+By a changed config file or SIGHUP; a refused file; a setting that needs a restart.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +15,18 @@ from typing import Callable
 
 import pytest
 import yaml
-from scaffold import make_config, samples
 
 from agent import Agent
 from kepler_bridge.config import load
-from kepler_bridge.reload import DerivedSettings
 from kepler_bridge.http.app import WebSettings
+from kepler_bridge.reload import DerivedSettings
 from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.store import SnapshotStore
+from scaffold import make_config, samples
 
-COMMAND_DEVICE = {"devices": [{"uuid": "npu-reloaded", "usedMemory": 1, "totalMemory": 4, "percent": 25}]}
+COMMAND_DEVICE = {
+    "devices": [{"uuid": "npu-reloaded", "usedMemory": 1, "totalMemory": 4, "percent": 25}]
+}
 
 
 def _write(path: Path, settings: dict) -> None:
@@ -52,10 +57,14 @@ def test_a_changed_config_file_applies_without_a_restart_and_counters_go_on(tmp_
         agent.wait_for(lambda: _energy(agent) > 0, what="energy counted")
         before = _energy(agent)
         _write(path, _settings(metrics_deny=["gpu_power"]))
-        agent.wait_for(lambda: "gpu_power_watts" not in _names(agent), what="the new deny list applied")
+        agent.wait_for(
+            lambda: "gpu_power_watts" not in _names(agent), what="the new deny list applied"
+        )
         assert "gpu_temperature_celsius" in _names(agent)
         assert _energy(agent) >= before, "a reload must not restart the counters"
-        assert agent.worker_pids() == worker, "a reload must not replace the worker (drivers and eBPF stay)"
+        assert agent.worker_pids() == worker, (
+            "a reload must not replace the worker (drivers and eBPF stay)"
+        )
         assert "settings reloaded: metrics_deny" in agent.output()
 
 
@@ -72,7 +81,9 @@ def test_sighup_rereads_the_settings(tmp_path: Path) -> None:
         os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
         assert path.stat().st_size == stamp.st_size and path.stat().st_ino == stamp.st_ino
         agent.process.send_signal(signal.SIGHUP)
-        agent.wait_for(lambda: "gpu_utilization_ratio" not in _names(agent), what="SIGHUP applying the file")
+        agent.wait_for(
+            lambda: "gpu_utilization_ratio" not in _names(agent), what="SIGHUP applying the file"
+        )
         assert "gpu_temperature_celsius" in _names(agent)
         assert agent.worker_pids() == worker
 
@@ -89,7 +100,9 @@ def test_a_bad_file_is_refused_in_one_line_and_the_running_settings_stay(tmp_pat
         assert "gpu_temperature_celsius" not in _names(agent)
         assert agent.get("/readyz").status_code == 200
         _write(path, _settings(metrics_deny=["gpu_utilization"], interval="1m"))
-        agent.wait_for(lambda: "gpu_temperature_celsius" in _names(agent), what="the fixed file applied")
+        agent.wait_for(
+            lambda: "gpu_temperature_celsius" in _names(agent), what="the fixed file applied"
+        )
 
 
 @pytest.mark.e2e
@@ -102,16 +115,19 @@ def test_a_setting_that_needs_a_restart_is_kept_and_named(tmp_path: Path) -> Non
     with Agent("--config", str(path)) as agent:
         assert agent.get("/v1/collect").json()["test-node"]["deviceNum"] == 2
         _write(path, _settings(simulate=5, command=[str(command)]))
-        agent.wait_for(lambda: agent.get("/v1/collect").json()["test-node"]["deviceNum"] == 3,
-                       what="the command source added by the reload")
+        agent.wait_for(
+            lambda: agent.get("/v1/collect").json()["test-node"]["deviceNum"] == 3,
+            what="the command source added by the reload",
+        )
         assert "except simulate: restart the agent" in agent.output()
 
 
 def test_the_web_settings_are_made_once_per_settings_change() -> None:
     running = make_config(metrics_deny="gpu_temperature")
     made = []
-    settings = DerivedSettings(lambda: running,
-                               lambda config: made.append(config) or WebSettings.of(config))
+    settings = DerivedSettings(
+        lambda: running, lambda config: made.append(config) or WebSettings.of(config)
+    )
     assert settings() is settings() and made == [running]
     assert not settings().render.metric_allowed("gpu_temperature_celsius")
     running = dataclasses.replace(running, metrics_deny=("gpu_power",))  # what a reload does
@@ -125,19 +141,46 @@ def test_a_worker_that_replaces_a_crashed_one_keeps_the_reloaded_settings(tmp_pa
     _write(path, _settings(metrics_deny=["gpu_temperature"]))
     with Agent("--config", str(path)) as agent:
         _write(path, _settings(metrics_deny=["gpu_power"]))
-        agent.wait_for(lambda: "gpu_power_watts" not in _names(agent), what="the new deny list applied")
+        agent.wait_for(
+            lambda: "gpu_power_watts" not in _names(agent), what="the new deny list applied"
+        )
         (crashed,) = agent.worker_pids()
         os.kill(crashed, signal.SIGKILL)
-        agent.wait_for(lambda: agent.worker_pids() not in ([], [crashed]), timeout=30, what="a new worker")
+        agent.wait_for(
+            lambda: agent.worker_pids() not in ([], [crashed]), timeout=30, what="a new worker"
+        )
         agent.wait_for(lambda: agent.get("/readyz").status_code == 200, what="the new worker ready")
         names = _names(agent)
-        assert "gpu_power_watts" not in names and "gpu_temperature_celsius" in names, \
+        assert "gpu_power_watts" not in names and "gpu_temperature_celsius" in names, (
             "the new worker went back to the start-up settings"
+        )
 
 
 def _stat_line(pid: int, comm: str, start: int) -> str:
-    fields = ["S", "1", str(pid), str(pid), "0", "-1", "0", "0", "0", "0", "0", "30", "10", "0", "0",
-              "20", "0", "1", "0", str(start), "1000000", "100"]
+    fields = [
+        "S",
+        "1",
+        str(pid),
+        str(pid),
+        "0",
+        "-1",
+        "0",
+        "0",
+        "0",
+        "0",
+        "0",
+        "30",
+        "10",
+        "0",
+        "0",
+        "20",
+        "0",
+        "1",
+        "0",
+        str(start),
+        "1000000",
+        "100",
+    ]
     return f"{pid} ({comm}) {' '.join(fields)}\n"
 
 
@@ -150,8 +193,14 @@ def test_a_reloaded_process_grace_reaches_the_cpu_source(tmp_path: Path) -> None
         (proc / str(pid) / "cgroup").write_text("0::/init.scope\n")
     (proc / "self").symlink_to("1")
     path = tmp_path / "agent.yaml"
-    settings = {"sources": ["procfs"], "procfs": str(proc), "interval": "0.1s",
-                "kube_source": "off", "pod_resources_socket": "", "process_metrics": "all"}
+    settings = {
+        "sources": ["procfs"],
+        "procfs": str(proc),
+        "interval": "0.1s",
+        "kube_source": "off",
+        "pod_resources_socket": "",
+        "process_metrics": "all",
+    }
     _write(path, {**settings, "process_grace": "1h"})
     flags = {"config": str(path)}
     store = SnapshotStore()

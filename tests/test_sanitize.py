@@ -1,4 +1,7 @@
-"""Hostile readings from plug-ins and commands: /v1/collect stays Go-decodable JSON, /metrics stays parseable."""
+"""Hostile readings from plug-ins and commands.
+
+/v1/collect stays Go-decodable JSON, /metrics stays parseable.
+"""
 
 from __future__ import annotations
 
@@ -11,40 +14,72 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
-from scaffold import make_config, samples
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from agent import Agent
 from kepler_bridge.exposition import baetyl, prometheus
-from kepler_bridge.model import CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, Snapshot, SourceReading
+from kepler_bridge.model import (
+    MAX_DEVICES,
+    MAX_EXACT,
+    CpuTimes,
+    GpuProcess,
+    GpuReading,
+    ProcessCpu,
+    RaplZone,
+    Snapshot,
+    SourceReading,
+)
 from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.sampling.slots import Slot
-from kepler_bridge.store import SnapshotStore
-from kepler_bridge.model import MAX_DEVICES
-from kepler_bridge.model import MAX_EXACT
 from kepler_bridge.sources.base import Source
 from kepler_bridge.sources.command import NUMBERS
+from kepler_bridge.store import SnapshotStore
+from scaffold import make_config, samples
 
 GO_UINT64 = 2**64
-# Counters go through the sampler's monotonic guard; every other number must arrive as the source gave it.
+# Counters go through the sampler's monotonic guard;
+# every other number must arrive as the source gave it.
 COUNTERS = {"energy_joules", "ecc_corrected_total", "ecc_uncorrected_total"}
-NUMERIC = {field.name: field.type for field in dataclasses.fields(GpuReading)
-           if field.type in ("float | None", "int | None")}
+NUMERIC = {
+    field.name: field.type
+    for field in dataclasses.fields(GpuReading)
+    if field.type in ("float | None", "int | None")
+}
 
-numbers = st.one_of(st.none(), st.floats(), st.integers(min_value=-2**70, max_value=2**70),
-                    st.sampled_from([-1, 0.5, 1.5e9, 2**53, 2**64, 1e300]))
+numbers = st.one_of(
+    st.none(),
+    st.floats(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([-1, 0.5, 1.5e9, 2**53, 2**64, 1e300]),
+)
 texts = st.text(st.characters(categories=["L", "N", "Cc", "Cs", "P", "Zs"]), max_size=6)
 
 
 @st.composite
 def gpus(draw: st.DrawFn, index: int) -> GpuReading:
-    processes = draw(st.lists(st.builds(GpuProcess, pid=numbers, comm=texts, memory_used_bytes=numbers,
-                                        utilization=numbers), max_size=3))
-    return GpuReading(index=index, uuid=f"{index}:{draw(texts)}", vendor=draw(texts), model=draw(texts),
-                      up=draw(st.booleans()), error=draw(texts), processes=tuple(processes),
-                      throttled=tuple(draw(st.lists(st.tuples(texts, st.booleans()), max_size=2))),
-                      xid_errors=tuple(draw(st.lists(st.tuples(numbers | st.just("other"), numbers), max_size=3))),
-                      **{name: draw(numbers) for name in NUMERIC})
+    processes = draw(
+        st.lists(
+            st.builds(
+                GpuProcess, pid=numbers, comm=texts, memory_used_bytes=numbers, utilization=numbers
+            ),
+            max_size=3,
+        )
+    )
+    return GpuReading(
+        index=index,
+        uuid=f"{index}:{draw(texts)}",
+        vendor=draw(texts),
+        model=draw(texts),
+        up=draw(st.booleans()),
+        error=draw(texts),
+        processes=tuple(processes),
+        throttled=tuple(draw(st.lists(st.tuples(texts, st.booleans()), max_size=2))),
+        xid_errors=tuple(
+            draw(st.lists(st.tuples(numbers | st.just("other"), numbers), max_size=3))
+        ),
+        **{name: draw(numbers) for name in NUMERIC},
+    )
 
 
 @st.composite
@@ -52,12 +87,35 @@ def readings(draw: st.DrawFn) -> SourceReading:
     count = draw(st.integers(min_value=0, max_value=3))
     return SourceReading(
         gpus=tuple(draw(gpus(index)) for index in range(count)),
-        processes=tuple(draw(st.lists(st.builds(ProcessCpu, pid=numbers, comm=texts, cpu_seconds=numbers,
-                                                container_id=texts), max_size=3))),
-        rapl_zones=tuple(draw(st.lists(st.builds(RaplZone, id=texts, zone=st.sampled_from(["package", "dram"]),
-                                                 energy_uj=numbers, max_energy_range_uj=numbers), max_size=2))),
-        cpu_times=draw(st.none() | st.builds(CpuTimes, busy_seconds=numbers, total_seconds=numbers)),
-        ebpf_programs_attached=draw(numbers))
+        processes=tuple(
+            draw(
+                st.lists(
+                    st.builds(
+                        ProcessCpu, pid=numbers, comm=texts, cpu_seconds=numbers, container_id=texts
+                    ),
+                    max_size=3,
+                )
+            )
+        ),
+        rapl_zones=tuple(
+            draw(
+                st.lists(
+                    st.builds(
+                        RaplZone,
+                        id=texts,
+                        zone=st.sampled_from(["package", "dram"]),
+                        energy_uj=numbers,
+                        max_energy_range_uj=numbers,
+                    ),
+                    max_size=2,
+                )
+            )
+        ),
+        cpu_times=draw(
+            st.none() | st.builds(CpuTimes, busy_seconds=numbers, total_seconds=numbers)
+        ),
+        ebpf_programs_attached=draw(numbers),
+    )
 
 
 class Replay(Source):
@@ -77,12 +135,20 @@ class Replay(Source):
 
 
 def sampler(*slots: Slot, **settings: str) -> Sampler:
-    settings = {"sources": "simulated", "kube_source": "off", "pod_resources_socket": "", **settings}
+    settings = {
+        "sources": "simulated",
+        "kube_source": "off",
+        "pod_resources_socket": "",
+        **settings,
+    }
     return Sampler(make_config(**settings), SnapshotStore(), list(slots) or None)
 
 
 def assert_exportable(collect: bytes, metrics: str) -> None:
-    """What Go's encoding/json (uint64 fields) and Prometheus accept: no NaN or Inf, whole numbers as integers."""
+    """What Go's encoding/json (uint64 fields) and Prometheus accept.
+
+    No NaN or Inf, whole numbers as integers."""
+
     def no_constants(token: str) -> None:
         raise AssertionError(f"/v1/collect holds {token}")
 
@@ -96,15 +162,21 @@ def assert_exportable(collect: bytes, metrics: str) -> None:
 
 
 def expected(raw: Any, whole: bool) -> float | int | None:
-    """The rule: a usable number as it is (bytes and counts rounded down), anything else not reported."""
-    usable = (isinstance(raw, (int, float)) and not isinstance(raw, bool) and not math.isnan(raw)
-              and 0 <= raw < MAX_EXACT)
+    """The rule: a usable number as it is (bytes and counts rounded down), else not reported."""
+    usable = (
+        isinstance(raw, (int, float))
+        and not isinstance(raw, bool)
+        and not math.isnan(raw)
+        and 0 <= raw < MAX_EXACT
+    )
     return (math.floor(raw) if whole else raw) if usable else None
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(first=readings(), second=readings())
-def test_hostile_plugin_readings_reach_the_exporters_clean(first: SourceReading, second: SourceReading) -> None:
+def test_hostile_plugin_readings_reach_the_exporters_clean(
+    first: SourceReading, second: SourceReading
+) -> None:
     agent = sampler(Slot("replay", Replay([first, second]), started=True))
     for raw in (first, second):
         snapshot = agent.sample()
@@ -116,7 +188,9 @@ def test_hostile_plugin_readings_reach_the_exporters_clean(first: SourceReading,
             gpu = arrived[str(given_gpu.index)]
             for name, kind in NUMERIC.items():
                 if name not in COUNTERS:
-                    assert getattr(gpu, name) == expected(getattr(given_gpu, name), kind == "int | None"), name
+                    assert getattr(gpu, name) == expected(
+                        getattr(given_gpu, name), kind == "int | None"
+                    ), name
 
 
 def render(snapshot: Snapshot) -> str:
@@ -124,29 +198,48 @@ def render(snapshot: Snapshot) -> str:
 
 
 def test_a_source_reporting_more_than_max_devices_is_down_with_the_reason() -> None:
-    many = SourceReading(gpus=tuple(GpuReading(index=i, uuid=f"u{i}", vendor="acme", model="x")
-                                    for i in range(MAX_DEVICES + 1)))
+    many = SourceReading(
+        gpus=tuple(
+            GpuReading(index=i, uuid=f"u{i}", vendor="acme", model="x")
+            for i in range(MAX_DEVICES + 1)
+        )
+    )
     enough = SourceReading(gpus=many.gpus[:MAX_DEVICES])
     agent = sampler(Slot("replay", Replay([enough, many, "not a reading"]), started=True))
     assert len(agent.sample().gpus) == MAX_DEVICES
     down = agent.sample()
-    assert not down.sources[0].up and f"257 devices, more than {MAX_DEVICES} per source" in down.sources[0].error
-    assert len(down.gpus) == MAX_DEVICES and not any(gpu.up for gpu in down.gpus)  # the last good ones, down
+    assert (
+        not down.sources[0].up
+        and f"257 devices, more than {MAX_DEVICES} per source" in down.sources[0].error
+    )
+    assert len(down.gpus) == MAX_DEVICES and not any(
+        gpu.up for gpu in down.gpus
+    )  # the last good ones, down
     wrong = agent.sample()
     assert "read() returned str, not a SourceReading" in wrong.sources[0].error
 
 
 # JSON number tokens a collector may print, Python's NaN and Infinity extensions included.
-TOKENS = st.one_of(st.just("null"), st.integers(min_value=-2**70, max_value=2**70).map(str),
-                   st.floats(allow_nan=False, allow_infinity=False).map(repr),
-                   st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-0.0", "1.5e9", "0.5", "2e19"]))
+TOKENS = st.one_of(
+    st.just("null"),
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-0.0", "1.5e9", "0.5", "2e19"]),
+)
 
 
 @st.composite
 def command_outputs(draw: st.DrawFn) -> str:
-    devices = [", ".join([f'"uuid": "C-{index}\\ud800"'] + [f'"{key}": {draw(TOKENS)}' for key in
-                                                             draw(st.lists(st.sampled_from(sorted(NUMBERS))))])
-               for index in range(draw(st.integers(min_value=0, max_value=3)))]
+    devices = [
+        ", ".join(
+            [f'"uuid": "C-{index}\\ud800"']
+            + [
+                f'"{key}": {draw(TOKENS)}'
+                for key in draw(st.lists(st.sampled_from(sorted(NUMBERS))))
+            ]
+        )
+        for index in range(draw(st.integers(min_value=0, max_value=3)))
+    ]
     return '{"devices": [%s]}' % ", ".join("{%s}" % device for device in devices)
 
 
@@ -160,14 +253,17 @@ def test_hostile_command_output_reaches_the_exporters_clean(tmp_path: Path) -> N
     def check(text: str) -> None:
         output.write_text(text)
         snapshot = agent.sample()
-        assert [(status.name, status.up) for status in snapshot.sources] == [("command", True)], snapshot.sources
+        assert [(status.name, status.up) for status in snapshot.sources] == [("command", True)], (
+            snapshot.sources
+        )
         assert_exportable(baetyl.render(snapshot), render(snapshot))
 
     check()
 
 
-# A plug-in package (entry point in group kepler_bridge.sources) whose readings are what the test writes.
-PLUGIN = '''
+# A plug-in package (entry point in group kepler_bridge.sources)
+# whose readings are what the test writes.
+PLUGIN = """
 import json, os
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources.base import Source
@@ -179,14 +275,16 @@ class Written(Source):
     def read(self):
         with open(os.environ["KB_TEST_READINGS"]) as file:
             return SourceReading(gpus=tuple(GpuReading(**gpu) for gpu in json.load(file)))
-'''
+"""
 
 
 def plugin_site(root: Path) -> Path:
     info = root / "kb_written-1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kb-written\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[kepler_bridge.sources]\nwritten = kb_written:Written\n")
+    (info / "entry_points.txt").write_text(
+        "[kepler_bridge.sources]\nwritten = kb_written:Written\n"
+    )
     (root / "kb_written.py").write_text(PLUGIN)
     return root
 
@@ -198,8 +296,11 @@ def replace_file(path: Path, text: str) -> None:
 
 
 def devices_tagged(metrics: str, tag: str) -> list[str]:
-    return [sample.labels["uuid"] for sample in samples(metrics, "gpu_info")
-            if sample.labels["uuid"].startswith(f"{tag}-")]
+    return [
+        sample.labels["uuid"]
+        for sample in samples(metrics, "gpu_info")
+        if sample.labels["uuid"].startswith(f"{tag}-")
+    ]
 
 
 @pytest.mark.e2e
@@ -208,22 +309,43 @@ def test_hostile_readings_through_the_real_http_server(tmp_path: Path) -> None:
     replace_file(readings, "[]")
     replace_file(output, '{"devices": null}')
     env = {"PYTHONPATH": str(plugin_site(tmp_path / "site")), "KB_TEST_READINGS": str(readings)}
-    with Agent("--sources", "written", "--command", shlex.join(["cat", str(output)]), "--interval", "0.1s",
-               env=env) as agent:
+    with Agent(
+        "--sources",
+        "written",
+        "--command",
+        shlex.join(["cat", str(output)]),
+        "--interval",
+        "0.1s",
+        env=env,
+    ) as agent:
         serial = iter(range(1_000_000))
 
-        @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck),
-                  phases=(Phase.explicit, Phase.reuse, Phase.generate))  # shrinking would wait on the agent
-        @given(devices=st.lists(st.fixed_dictionaries({name: numbers for name in NUMERIC}), max_size=2),
-               text=command_outputs())
+        @settings(
+            max_examples=12,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            phases=(Phase.explicit, Phase.reuse, Phase.generate),
+        )  # shrinking would wait on the agent
+        @given(
+            devices=st.lists(
+                st.fixed_dictionaries({name: numbers for name in NUMERIC}), max_size=2
+            ),
+            text=command_outputs(),
+        )
         def check(devices: list[dict[str, Any]], text: str) -> None:
             tag = f"P-{next(serial)}"
-            plugin = [{"index": i, "uuid": f"{tag}-{i}", "vendor": "acme", "model": "m", **device}
-                      for i, device in enumerate(devices + [{}])]
+            plugin = [
+                {"index": i, "uuid": f"{tag}-{i}", "vendor": "acme", "model": "m", **device}
+                for i, device in enumerate(devices + [{}])
+            ]
             replace_file(readings, json.dumps(plugin))
             replace_file(output, text.replace('"C-', f'"{tag}-C-'))
-            agent.wait_for(lambda: len(devices_tagged(agent.metrics(), tag)) == len(plugin) + text.count('"C-'),
-                           what=f"readings {tag}")
+            agent.wait_for(
+                lambda: (
+                    len(devices_tagged(agent.metrics(), tag)) == len(plugin) + text.count('"C-')
+                ),
+                what=f"readings {tag}",
+            )
             collect = agent.get("/v1/collect")
             assert collect.status_code == 200
             assert_exportable(collect.content, agent.metrics())

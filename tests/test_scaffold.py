@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from scaffold import (
     by_name,
     families,
@@ -60,8 +61,11 @@ def test_wait_for_returns_the_first_truthy_result_and_names_what_it_waited_for()
 
 
 def test_parsers_read_one_metrics_text() -> None:
-    assert set(families(TEXT)) == {"gpu_up", "kepler_bridge_source_state",
-                                   "kepler_bridge_source_errors"}
+    assert set(families(TEXT)) == {
+        "gpu_up",
+        "kepler_bridge_source_state",
+        "kepler_bridge_source_errors",
+    }
     assert [sample.value for sample in samples(TEXT, "gpu_up")] == [1.0, 0.0]
     assert len(samples(TEXT)) == 6
     assert values(TEXT, "gpu_up", "gpu") == {"0": 1.0, "1": 0.0}
@@ -71,7 +75,8 @@ def test_parsers_read_one_metrics_text() -> None:
 
 
 def test_make_config_takes_settings_as_flag_text_and_no_environment(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("KEPLER_BRIDGE_MAX_PROCESSES", "7")
     settings = make_config(max_processes=3, sources="procfs")
     assert (settings.max_processes, settings.sources) == (3, ("procfs",))

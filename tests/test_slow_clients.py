@@ -1,4 +1,7 @@
-"""Slow, silent, non-reading and malformed clients against the real agent: probes are still answered."""
+"""Slow, silent, non-reading and malformed clients against the real agent.
+
+Probes are still answered.
+"""
 
 from __future__ import annotations
 
@@ -26,9 +29,20 @@ pytestmark = pytest.mark.e2e
 
 
 def _agent(*args: str, ca: str = "") -> Agent:
-    return Agent("--simulate", "2", "--sources", "simulated", "--interval", "0.5s",
-                 "--http-header-timeout", f"{HEADER_TIMEOUT}s", "--http-write-timeout", f"{WRITE_TIMEOUT}s", *args,
-                 ca=ca)
+    return Agent(
+        "--simulate",
+        "2",
+        "--sources",
+        "simulated",
+        "--interval",
+        "0.5s",
+        "--http-header-timeout",
+        f"{HEADER_TIMEOUT}s",
+        "--http-write-timeout",
+        f"{WRITE_TIMEOUT}s",
+        *args,
+        ca=ca,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +62,16 @@ def _wait_closed(socks: list[socket.socket], timeout: float) -> list[socket.sock
 
 
 def test_probes_answered_while_slowloris_and_non_readers_hold_connections() -> None:
-    with _agent() as agent, Attack(agent.port, silent=100, dripping=100, non_readers=20, max_seconds=60):
+    with (
+        _agent() as agent,
+        Attack(agent.port, silent=100, dripping=100, non_readers=20, max_seconds=60),
+    ):
         answered = 0
         deadline = time.monotonic() + 2 * HEADER_TIMEOUT
         while time.monotonic() < deadline:
             for path in PROBES:
-                # The old threaded worker never answered here: every thread waited on a dripping client.
+                # The old threaded worker never answered here:
+                # every thread waited on a dripping client.
                 assert requests.get(agent.url + path, timeout=5).status_code == 200, path
                 answered += 1
         assert answered >= len(PROBES)
@@ -75,8 +93,12 @@ def test_a_client_that_never_reads_is_closed_after_the_write_timeout() -> None:
 
 def test_pipelined_requests_are_answered_in_order_on_one_connection() -> None:
     with _agent() as agent, socket.create_connection(("127.0.0.1", agent.port), timeout=5) as sock:
-        sock.sendall(b"".join(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
-                              for path in ("/healthz", "/nope", "/healthz")))
+        sock.sendall(
+            b"".join(
+                f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+                for path in ("/healthz", "/nope", "/healthz")
+            )
+        )
         reader = sock.makefile("rb")
         statuses = []
         for _ in range(3):
@@ -108,12 +130,27 @@ def test_an_oversized_request_head_gets_431() -> None:
         assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(garbage=st.one_of(st.binary(max_size=2048),
-                         st.builds(lambda line, tail: line + b"\r\n" + tail + b"\r\n\r\n",
-                                   st.sampled_from([b"GET / HTTP/1.1", b"GET /metrics HTTP/9.9", b"\x00\xff / HTTP/1.1",
-                                                    b"GET " + b"/" * 9000 + b" HTTP/1.1", b"BREW /pot HTCPCP/1.0"]),
-                                   st.binary(max_size=512))))
+@settings(
+    max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
+@given(
+    garbage=st.one_of(
+        st.binary(max_size=2048),
+        st.builds(
+            lambda line, tail: line + b"\r\n" + tail + b"\r\n\r\n",
+            st.sampled_from(
+                [
+                    b"GET / HTTP/1.1",
+                    b"GET /metrics HTTP/9.9",
+                    b"\x00\xff / HTTP/1.1",
+                    b"GET " + b"/" * 9000 + b" HTTP/1.1",
+                    b"BREW /pot HTCPCP/1.0",
+                ]
+            ),
+            st.binary(max_size=512),
+        ),
+    )
+)
 def test_arbitrary_bytes_never_take_the_server_down(hostile_agent: Agent, garbage: bytes) -> None:
     with socket.create_connection(("127.0.0.1", hostile_agent.port), timeout=5) as sock:
         try:
@@ -129,17 +166,23 @@ def test_arbitrary_bytes_never_take_the_server_down(hostile_agent: Agent, garbag
 def test_https_serves_and_a_client_that_never_handshakes_does_not_block_it(tmp_path) -> None:
     cert, key = self_signed(tmp_path)
     with _agent("--tls-cert", str(cert), "--tls-key", str(key), ca=str(cert)) as agent:
-        stalled = [socket.create_connection(("127.0.0.1", agent.port), timeout=5) for _ in range(10)]
+        stalled = [
+            socket.create_connection(("127.0.0.1", agent.port), timeout=5) for _ in range(10)
+        ]
         for path in PROBES:
             assert agent.get(path).status_code == 200, path
-        with pytest.raises(requests.ConnectionError):  # plain HTTP to the TLS port: refused, not hung
+        with pytest.raises(
+            requests.ConnectionError
+        ):  # plain HTTP to the TLS port: refused, not hung
             requests.get(f"http://127.0.0.1:{agent.port}/healthz", timeout=5)
         assert not _wait_closed(stalled, HEADER_TIMEOUT + SLACK)
         for sock in stalled:
             sock.close()
         context = ssl.create_default_context(cafile=str(cert))
-        with socket.create_connection(("127.0.0.1", agent.port), timeout=5) as raw, \
-                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        with (
+            socket.create_connection(("127.0.0.1", agent.port), timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
             tls.sendall(REQUEST * 3)
             received = b""
             while received.count(b"HTTP/1.1 200") < 3:

@@ -12,7 +12,7 @@ from kubefakes import self_signed
 
 
 def handshake(server: ssl.SSLContext, client: ssl.SSLContext) -> str:
-    """Run a TLS handshake between the two contexts over memory buffers; the version they agreed on."""
+    """Run a TLS handshake between the two contexts over memory buffers; the agreed version."""
     to_server, to_client, from_server, from_client = (ssl.MemoryBIO() for _ in range(4))
     server_end = server.wrap_bio(to_server, from_server, server_side=True)
     client_end = client.wrap_bio(to_client, from_client, server_hostname="127.0.0.1")

@@ -22,16 +22,20 @@ PLACES = ("/dev/shm", None)
 
 
 def make_dir() -> str:
-    """A new private directory for the state, named after the master's pid, or '' (with a warning) where none can be
-    made."""
+    """A new private directory for the state, named after the master's pid.
+
+    '' (with a warning) where none can be made."""
     problems = []
     for place in PLACES:
         try:
             return tempfile.mkdtemp(prefix=f"kepler-bridge-{os.getpid()}-", dir=place)
         except OSError as err:
             problems.append(f"{place or tempfile.gettempdir()}: {err.strerror or err}")
-    log.warning("no directory for counter state (%s): counters restart from zero if the worker restarts; "
-                "make /dev/shm or $TMPDIR writable", "; ".join(problems))
+    log.warning(
+        "no directory for counter state (%s): counters restart from zero if the worker restarts; "
+        "make /dev/shm or $TMPDIR writable",
+        "; ".join(problems),
+    )
     return ""
 
 
@@ -42,7 +46,7 @@ def remove_dir(directory: str) -> None:
 
 
 def save(directory: str, state: object) -> None:
-    """Replace the saved state atomically (a reader sees the old file or the new one, never a part)."""
+    """Replace the saved state atomically: a reader sees the old or the new file, never a part."""
     path = os.path.join(directory, FILE)
     partial = f"{path}.{os.getpid()}"
     with open(partial, "wb") as file:
@@ -54,10 +58,15 @@ def load(directory: str) -> object | None:
     """The state the previous worker saved, or None when there is none or it cannot be read."""
     try:
         with open(os.path.join(directory, FILE), "rb") as file:
-            # Only this agent's own processes can write here: the master made the directory with mode 0700.
+            # Only this agent's own processes can write here:
+            # the master made the directory with mode 0700.
             return pickle.load(file)
     except FileNotFoundError:
         return None
-    except Exception as err:  # e.g. the package was upgraded under the running master and its classes changed
-        log.warning("counter state in %s unreadable, counters restart from zero: %s", directory, err)
+    except (
+        Exception
+    ) as err:  # e.g. the package was upgraded under the running master and its classes changed
+        log.warning(
+            "counter state in %s unreadable, counters restart from zero: %s", directory, err
+        )
         return None

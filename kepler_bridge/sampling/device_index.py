@@ -1,4 +1,7 @@
-"""Node-wide `gpu` indexes that stay with a device for the agent's life, whatever order sources list devices in."""
+"""Node-wide `gpu` indexes that stay with a device for the agent's life.
+
+A device keeps its index whatever order the sources list devices in.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +10,28 @@ from typing import Iterable
 
 from kepler_bridge.model import GpuReading
 
-# Identities remembered at most; beyond it (a command inventing uuids) the ones absent from the sample are forgotten.
+# Identities remembered at most; beyond it (a command inventing uuids)
+# the ones absent from the sample are forgotten.
 MAX_KNOWN = 4096
 
 
 class DeviceIndexes:
-    """Gives each device (vendor, uuid) the next unused index the first time it is seen, and keeps it."""
+    """Gives each device (vendor, uuid) the next unused index when first seen, and keeps it."""
 
     def __init__(self) -> None:
         self._known: dict[tuple[str, str], int] = {}
         self._next = 0
 
     def number(self, gpus: Iterable[GpuReading]) -> tuple[GpuReading, ...]:
-        """The readings with their node-wide index, in index order; a device listed twice is kept once (the first)."""
+        """The readings with their node-wide index, in index order.
+
+        A device listed twice is kept once (the first)."""
         numbered: dict[tuple[str, str], GpuReading] = {}
         for gpu in gpus:
             identity = (gpu.vendor, gpu.uuid)
-            if identity in numbered:  # two sources reading one chip: its series would be exported twice
+            if (
+                identity in numbered
+            ):  # two sources reading one chip: its series would be exported twice
                 continue
             if identity not in self._known:
                 self._known[identity], self._next = self._next, self._next + 1

@@ -1,26 +1,52 @@
-"""Readings as they enter the snapshot: whatever a source returns (a plug-in's too), the exporters only see
-finite, non-negative numbers, whole numbers where the contract counts, and text that encodes as UTF-8.
+"""Readings as they enter the snapshot.
 
-A value that fails is dropped, never clamped: it reads as "cannot report". A record without a value it
-cannot do without (a process without a pid) is dropped whole.
+Whatever a source returns (a plug-in's too), the exporters only see finite, non-negative
+numbers, whole numbers where the contract counts, and text that encodes as UTF-8.
+
+A value that fails is dropped, never clamped: it reads as "cannot report". A record without
+a value it cannot do without (a process without a pid) is dropped whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from kepler_bridge.model import MAX_DEVICES, MAX_EXACT, NO_POD, CpuTimes, GpuProcess, GpuReading, ProcessCpu, RaplZone, SourceReading
+from kepler_bridge.model import (
+    MAX_DEVICES,
+    MAX_EXACT,
+    NO_POD,
+    CpuTimes,
+    GpuProcess,
+    GpuReading,
+    ProcessCpu,
+    RaplZone,
+    SourceReading,
+)
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# A rule takes a field's value as the source gave it; None means the value is dropped.
+_Rule = Callable[[Any], Any]
+# (field name, rule, whether the record needs the field) for each field of a record.
+_Plan = tuple[tuple[str, _Rule, bool], ...]
 
 
 def reading(value: Any) -> SourceReading:
-    """The source's reading with every unusable value dropped; raises for a wrong type or over MAX_DEVICES devices."""
+    """The source's reading with every unusable value dropped.
+
+    Raises for a wrong type or for more than MAX_DEVICES devices."""
     if not isinstance(value, SourceReading):
-        raise TypeError(f"read() returned {type(value).__name__}, not a SourceReading; fix the source")
+        raise TypeError(
+            f"read() returned {type(value).__name__}, not a SourceReading; fix the source"
+        )
     if len(value.gpus) > MAX_DEVICES:
-        raise ValueError(f"{len(value.gpus)} devices, more than {MAX_DEVICES} per source: the source is refused; "
-                         "report only real accelerators")
+        raise ValueError(
+            f"{len(value.gpus)} devices, more than {MAX_DEVICES} per source: "
+            "the source is refused; report only real accelerators"
+        )
     return _record(value, SourceReading)
 
 
@@ -49,14 +75,17 @@ def whole(value: Any) -> int | None:
 
 
 def text(value: Any) -> str:
-    """A label value: str as it is when it encodes as UTF-8 (lone surrogates become '?'), '' for None."""
+    """A label value: str as it is when it encodes as UTF-8, '' for None.
+
+    Lone surrogates become '?'."""
     if type(value) is not str:
         value = "" if value is None else str(value)
     return value if value.isascii() else value.encode("utf-8", "replace").decode("utf-8")
 
 
-def _items(rule: Callable[[Any], Any]) -> Callable[[Any], tuple]:
+def _items(rule: _Rule) -> Callable[[Any], tuple]:
     """A rule for a tuple field: each element through rule, the dropped (None) ones left out."""
+
     def clean(values: Any) -> tuple:
         if not isinstance(values, (tuple, list)):
             raise TypeError(f"expected a tuple, got {type(values).__name__}; fix the source")
@@ -64,10 +93,11 @@ def _items(rule: Callable[[Any], Any]) -> Callable[[Any], tuple]:
         if type(values) is tuple and all(new is old for new, old in zip(cleaned, values)):
             return values
         return tuple(new for new in cleaned if new is not None)
+
     return clean
 
 
-def _pair(first: Callable[[Any], Any], second: Callable[[Any], Any]) -> Callable[[Any], tuple | None]:
+def _pair(first: _Rule, second: _Rule) -> Callable[[Any], tuple | None]:
     def clean(pair: Any) -> tuple | None:
         if not isinstance(pair, tuple) or len(pair) != 2:
             return None
@@ -75,11 +105,14 @@ def _pair(first: Callable[[Any], Any], second: Callable[[Any], Any]) -> Callable
         if None in new:
             return None
         return pair if new[0] is pair[0] and new[1] is pair[1] else new
+
     return clean
 
 
-def _record(value: Any, cls: type) -> Any:
-    """A dataclass record with each field through its rule; None when a required field is unusable."""
+def _record(value: Any, cls: type[DataclassInstance]) -> Any:
+    """A dataclass record with each field through its rule.
+
+    None when a required field is unusable."""
     if not isinstance(value, cls):
         raise TypeError(f"expected a {cls.__name__}, got {type(value).__name__}; fix the source")
     changes = {}
@@ -93,38 +126,57 @@ def _record(value: Any, cls: type) -> Any:
     return dataclasses.replace(value, **changes) if changes else value
 
 
-def _nested(cls: type) -> Callable[[Any], Any]:
+def _nested(cls: type[DataclassInstance]) -> _Rule:
     return lambda value: _record(value, cls)
 
 
-def _optional(cls: type) -> Callable[[Any], Any]:
+def _optional(cls: type[DataclassInstance]) -> _Rule:
     return lambda value: None if value is None else _record(value, cls)
 
 
-# Field annotation (as written in model.py) -> (rule, whether the record needs it). A new annotation must get a
-# rule here: the plans below refuse to build without one.
-_RULES: dict[str, tuple[Callable[[Any], Any], bool]] = {
-    "float | None": (real, False), "int | None": (whole, False), "float": (real, True), "int": (whole, True),
-    "str": (text, False), "bool": (bool, False),
+# Field annotation (as written in model.py) -> (rule, whether the record needs it).
+# A new annotation must get a rule here: the plans below refuse to build without one.
+# Under `from __future__ import annotations` dataclasses give the annotation as text.
+_RULES: dict[str | type, tuple[_Rule, bool]] = {
+    "float | None": (real, False),
+    "int | None": (whole, False),
+    "float": (real, True),
+    "int": (whole, True),
+    "str": (text, False),
+    "bool": (bool, False),
     "tuple[str, ...]": (_items(text), False),
     "tuple[tuple[str, bool], ...]": (_items(_pair(text, bool)), False),
-    "tuple[tuple[int | str, int], ...]": (_items(_pair(lambda code: text(code) if isinstance(code, str)
-                                                        else whole(code), whole)), False),
+    "tuple[tuple[int | str, int], ...]": (
+        _items(_pair(lambda code: text(code) if isinstance(code, str) else whole(code), whole)),
+        False,
+    ),
     "tuple[GpuProcess, ...]": (_items(_nested(GpuProcess)), False),
     "tuple[GpuReading, ...]": (_items(_nested(GpuReading)), False),
     "tuple[ProcessCpu, ...]": (_items(_nested(ProcessCpu)), False),
     "tuple[RaplZone, ...]": (_items(_nested(RaplZone)), False),
     "CpuTimes | None": (_optional(CpuTimes), False),
-    # Kubernetes owners, which the sampler joins after this check: what a source put there is dropped.
-    "PodRef": (lambda _: NO_POD, False), "tuple[Holder, ...]": (lambda _: (), False),
+    # Kubernetes owners, which the sampler joins after this check:
+    # what a source put there is dropped.
+    "PodRef": (lambda _: NO_POD, False),
+    "tuple[Holder, ...]": (lambda _: (), False),
 }
 
 
-def _plan(cls: type) -> tuple[tuple[str, Callable[[Any], Any], bool], ...]:
-    missing = [f"{field.name}: {field.type}" for field in dataclasses.fields(cls) if field.type not in _RULES]
+def _plan(cls: type[DataclassInstance]) -> _Plan:
+    missing = [
+        f"{field.name}: {field.type}"
+        for field in dataclasses.fields(cls)
+        if field.type not in _RULES
+    ]
     if missing:
-        raise TypeError(f"kepler_bridge.sampling.sanitize has no rule for {cls.__name__} field(s) {missing}; add one")
+        raise TypeError(
+            "kepler_bridge.sampling.sanitize has no rule for "
+            f"{cls.__name__} field(s) {missing}; add one"
+        )
     return tuple((field.name, *_RULES[field.type]) for field in dataclasses.fields(cls))
 
 
-_PLANS = {cls: _plan(cls) for cls in (SourceReading, GpuReading, GpuProcess, ProcessCpu, RaplZone, CpuTimes)}
+_PLANS: dict[type[DataclassInstance], _Plan] = {
+    cls: _plan(cls)
+    for cls in (SourceReading, GpuReading, GpuProcess, ProcessCpu, RaplZone, CpuTimes)
+}

@@ -89,8 +89,12 @@ class Slot:
             log.debug("source %s failed", self.name, exc_info=True)
             self.error = str(err) or type(err).__name__
             self.errors_total += 1
-            return dataclasses.replace(self.last, gpus=tuple(
-                dataclasses.replace(gpu, up=False, error=self.error) for gpu in self.last.gpus))
+            return dataclasses.replace(
+                self.last,
+                gpus=tuple(
+                    dataclasses.replace(gpu, up=False, error=self.error) for gpu in self.last.gpus
+                ),
+            )
         self.error = ""
         self.last = reading
         return reading
@@ -109,8 +113,9 @@ class Slot:
                 log.warning("stopping source %s: %s", self.name, err)
 
     def status(self) -> SourceStatus:
-        return SourceStatus(self.name, self.started and not self.error, self.error,
-                            self.errors_total, self.unused)
+        return SourceStatus(
+            self.name, self.started and not self.error, self.error, self.errors_total, self.unused
+        )
 
 
 def open_slot(name: str, config: Config) -> Slot:
@@ -134,10 +139,21 @@ def build_slots(config: Config) -> list[Slot]:
                 break
             # An alternative that lost to the next one is never retried: both would count the
             # same CPU time.
-            log.warning("source %s is unavailable, %s takes its place: %s", name,
-                        group[position + 1], slot.error)
-            slots.append(Slot(name, None, error=slot.error, errors_total=slot.errors_total,
-                              unused=slot.unused or "standby"))
+            log.warning(
+                "source %s is unavailable, %s takes its place: %s",
+                name,
+                group[position + 1],
+                slot.error,
+            )
+            slots.append(
+                Slot(
+                    name,
+                    None,
+                    error=slot.error,
+                    errors_total=slot.errors_total,
+                    unused=slot.unused or "standby",
+                )
+            )
     return slots
 
 
@@ -152,7 +168,8 @@ def read_all(slots: list[Slot], interval: float, now: float) -> SourceReading:
         processes=tuple(proc for reading in readings for proc in reading.processes),
         ebpf_programs_attached=sum(attached) if attached else None,
         rapl_zones=tuple(zone for reading in readings for zone in reading.rapl_zones),
-        cpu_times=cpu_times[-1] if cpu_times else None)
+        cpu_times=cpu_times[-1] if cpu_times else None,
+    )
 
 
 def check_source(name: str, config: Config) -> tuple[bool, str]:

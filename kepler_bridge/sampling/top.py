@@ -1,4 +1,7 @@
-"""Per-process families bounded by `process_metrics`: the N series with the highest values, the rest in "other"."""
+"""Per-process families bounded by `process_metrics`.
+
+The N series with the highest values are shown, the rest go to "other".
+"""
 
 from __future__ import annotations
 
@@ -10,21 +13,31 @@ K = TypeVar("K", bound=Hashable)
 
 
 class TopCounter(Generic[K]):
-    """One counter family limited to the top N keys by total: a key's series counts from the sample it entered the
-    top N and the increases of the keys not shown go to "other", so none decreases and together they gain it all."""
+    """One counter family limited to the top N keys by total.
+
+    A key's series counts from the sample it entered the top N and the increases of the
+    keys not shown go to "other", so none decreases and together they gain it all."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.other: float | None = None  # None until a key is left out
         self._offsets: dict[K, float] = {}
 
-    def update(self, totals: Mapping[K, float], increases: Mapping[K, float]) -> list[tuple[K, float]]:
-        """(key, series value) of the shown keys, highest total first; `other` then holds the rest."""
+    def update(
+        self, totals: Mapping[K, float], increases: Mapping[K, float]
+    ) -> list[tuple[K, float]]:
+        """(key, series value) of the shown keys, highest total first.
+
+        `other` then holds the rest."""
         if self.limit == 0:
             return []
         shown = top(totals, self.limit)
-        offsets = {key: self._offsets[key] if key in self._offsets else totals[key] - increases.get(key, 0.0)
-                   for key in shown}
+        offsets = {
+            key: self._offsets[key]
+            if key in self._offsets
+            else totals[key] - increases.get(key, 0.0)
+            for key in shown
+        }
         if self.other is None and len(totals) > len(shown):
             self.other = 0.0
         if self.other is not None:
