@@ -23,25 +23,40 @@ def generator(relative: str) -> ModuleType:
     """A generator script (alerts/render.py, grafana/dashboards.py, manifests/render.py) as a module."""
     return render_assets.load(ROOT / relative)
 
+
 DASHBOARDS = sorted((ROOT / "grafana").glob("*.json"))
 # What Grafana puts in place of its variables when the tests run a panel's query.
-SUBSTITUTIONS = {"$__rate_interval": "10s", "$__interval": "5s", "$__range": "1m",
-                 "$node": ".*", "$gpu": ".*", "$namespace": ".*", "$pod": ".*"}
+SUBSTITUTIONS = {
+    "$__rate_interval": "10s",
+    "$__interval": "5s",
+    "$__range": "1m",
+    "$node": ".*",
+    "$gpu": ".*",
+    "$namespace": ".*",
+    "$pod": ".*",
+}
 # The metric catalogue (docs/design.md, "Metrics"; tests/test_design.py keeps it equal to METRICS), plus
 # prometheus_client's process series the dashboards use and Prometheus' own per-target series.
 CONTRACT_METRICS = set(METRICS) | {
-    "process_cpu_seconds_total", "process_resident_memory_bytes",
-    "up", "scrape_samples_scraped", "scrape_duration_seconds",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "up",
+    "scrape_samples_scraped",
+    "scrape_duration_seconds",
 }
 # A name not followed by "(" (a function) nor by a label matcher such as =, =~, != or !~.
-_METRIC = re.compile(r"\b((?:gpu|kepler_bridge|process|scrape)_[a-z_]+|up)\b(?!\s*\()(?![=!]~|!=|=(?!=))")
+_METRIC = re.compile(
+    r"\b((?:gpu|kepler_bridge|process|scrape)_[a-z_]+|up)\b(?!\s*\()(?![=!]~|!=|=(?!=))"
+)
 _LABEL_VALUES = re.compile(r"label_values\((.+), *(\w+)\)")
 _NAME_REGEX = re.compile(r'__name__=~"([^"]+)"')
 
 
 def alert_rules() -> list[dict[str, Any]]:
     """The rules of the gpu-alerts group as Prometheus loads them."""
-    (group,) = yaml.safe_load((ROOT / "alerts" / "gpu-alerts.rules.yml").read_text(encoding="utf-8"))["groups"]
+    (group,) = yaml.safe_load(
+        (ROOT / "alerts" / "gpu-alerts.rules.yml").read_text(encoding="utf-8")
+    )["groups"]
     return group["rules"]
 
 
@@ -66,7 +81,9 @@ def variable_queries() -> Iterator[tuple[str, str, str]]:
         for item in model["templating"]["list"]:
             if item["type"] == "query":
                 match = _LABEL_VALUES.fullmatch(item["definition"])
-                assert match, f"{model['title']}: ${item['name']} is not label_values(selector, label)"
+                assert match, (
+                    f"{model['title']}: ${item['name']} is not label_values(selector, label)"
+                )
                 selector, label = match.groups()
                 yield model["title"], item["name"], substitute(f"count by ({label}) ({selector})")
 

@@ -23,7 +23,13 @@ class PowercapTree:
         self._paths: dict[str, Path] = {}
         self._max: dict[str, int] = {}
 
-    def zone(self, directory: str, name: str, energy_uj: int = 0, max_energy_range_uj: int = REAL_MAX_RANGE_UJ) -> None:
+    def zone(
+        self,
+        directory: str,
+        name: str,
+        energy_uj: int = 0,
+        max_energy_range_uj: int = REAL_MAX_RANGE_UJ,
+    ) -> None:
         """Add a zone such as ``zone("intel-rapl:0", "package-0")`` or a subzone ``("intel-rapl:0:1", "dram")``."""
         interface, _, number = directory.partition(":")
         parent = f"{interface}:{number.split(':')[0]}"
@@ -52,7 +58,9 @@ class PowercapTree:
     def advance(self, directory: str, joules: float) -> None:
         """Add energy to a zone's counter, wrapping at its max_energy_range_uj like the hardware."""
         with self._lock:
-            self.set(directory, (self.get(directory) + round(joules * 1e6)) % (self._max[directory] + 1))
+            self.set(
+                directory, (self.get(directory) + round(joules * 1e6)) % (self._max[directory] + 1)
+            )
 
     @contextlib.contextmanager
     def drawing(self, directory: str, watts: float, step: float = 0.02) -> Iterator[list[float]]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from scaffold import make_config
 
 from agent import Agent
 from fixtures.sysfs import GIB, FakeSysfs
 from kepler_bridge.sources import intel
 from kepler_bridge.sources.base import SourceAbsent
+from scaffold import make_config
 
 
 @pytest.fixture
@@ -39,14 +39,23 @@ def test_i915_xe_and_integrated_cards_in_contract_units(sysfs: FakeSysfs) -> Non
         # power1_max is PL1 in µW; 0 means the limit is disabled.
         assert agent.samples("gpu_power_limit_watts") == {"0": 190.0}
         assert agent.samples("gpu_utilization_ratio") == {}
-        assert 'uuid="INTEL-0000:06:00.0",vendor="intel"' in text and 'model="Intel GPU 0x56a0"' in text
+        assert (
+            'uuid="INTEL-0000:06:00.0",vendor="intel"' in text
+            and 'model="Intel GPU 0x56a0"' in text
+        )
         body = agent.get("/v1/collect").json()["test-node"]
         assert body["deviceNum"] == 3
-        assert body["devices"][0] == {"usedMemory": 4 * GIB, "totalMemory": 16 * GIB, "percent": 0.25}
+        assert body["devices"][0] == {
+            "usedMemory": 4 * GIB,
+            "totalMemory": 16 * GIB,
+            "percent": 0.25,
+        }
         assert body["devices"][1] == {"usedMemory": 0, "totalMemory": 12 * GIB, "percent": 0}
 
 
-def test_power_is_the_energy_counters_rate(sysfs: FakeSysfs, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_power_is_the_energy_counters_rate(
+    sysfs: FakeSysfs, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, hwmon = sysfs.intel_dg2_i915(0, "0000:05:00.0")
     clock = iter([100.0, 102.0, 103.0, 104.0])
     monkeypatch.setattr(intel.time, "monotonic", lambda: next(clock))
@@ -55,7 +64,9 @@ def test_power_is_the_energy_counters_rate(sysfs: FakeSysfs, monkeypatch: pytest
     assert source.read().gpus[0].power_watts is None  # one reading is no rate yet
     sysfs.write(hwmon, {"energy1_input": 5_000_000_000 + 300_000_000})  # +300 J in 2 s
     assert source.read().gpus[0].power_watts == 150.0
-    sysfs.write(hwmon, {"energy1_input": 1_000_000})  # the counter went back (driver reload): no rate
+    sysfs.write(
+        hwmon, {"energy1_input": 1_000_000}
+    )  # the counter went back (driver reload): no rate
     assert source.read().gpus[0].power_watts is None
     sysfs.write(hwmon, {"energy1_input": 1_000_000 + 99_999_000_000})  # 99999 W: out of range
     assert source.read().gpus[0].power_watts is None

@@ -79,7 +79,9 @@ class Source(abc.ABC):
         parts = []
         if reading.gpus:
             kinds = Counter(" ".join(filter(None, (gpu.vendor, gpu.model))) for gpu in reading.gpus)
-            listed = ", ".join(kind if count == 1 else f"{count} x {kind}" for kind, count in kinds.items())
+            listed = ", ".join(
+                kind if count == 1 else f"{count} x {kind}" for kind, count in kinds.items()
+            )
             parts.append(f"{len(reading.gpus)} accelerator(s): {listed}")
         if reading.processes:
             parts.append(f"{len(reading.processes)} process(es)")
