@@ -20,7 +20,8 @@ import render_assets  # noqa: E402
 
 
 def generator(relative: str) -> ModuleType:
-    """A generator script (alerts/render.py, grafana/dashboards.py, manifests/render.py) as a module."""
+    """A generator script (alerts/render.py, grafana/dashboards.py, manifests/render.py)
+    as a module."""
     return render_assets.load(ROOT / relative)
 
 
@@ -35,8 +36,8 @@ SUBSTITUTIONS = {
     "$namespace": ".*",
     "$pod": ".*",
 }
-# The metric catalogue (docs/design.md, "Metrics"; tests/test_design.py keeps it equal to METRICS), plus
-# prometheus_client's process series the dashboards use and Prometheus' own per-target series.
+# The metric catalogue (docs/design.md, "Metrics"; tests/test_design.py keeps it equal to METRICS),
+# plus prometheus_client's process series the dashboards use and Prometheus' own per-target series.
 CONTRACT_METRICS = set(METRICS) | {
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",
@@ -66,7 +67,8 @@ def load_dashboard(path: Path) -> dict[str, Any]:
 
 
 def panel_queries() -> Iterator[tuple[str, str, str]]:
-    """(dashboard title, panel title, PromQL with Grafana's variables filled in) for every panel target."""
+    """(dashboard title, panel title, PromQL with Grafana's variables filled in)
+    for every panel target."""
     for path in DASHBOARDS:
         model = load_dashboard(path)
         for panel in model["panels"]:
@@ -75,7 +77,8 @@ def panel_queries() -> Iterator[tuple[str, str, str]]:
 
 
 def variable_queries() -> Iterator[tuple[str, str, str]]:
-    """(dashboard title, variable name, PromQL counting the values) for every label_values() variable."""
+    """(dashboard title, variable name, PromQL counting the values) for every label_values()
+    variable."""
     for path in DASHBOARDS:
         model = load_dashboard(path)
         for item in model["templating"]["list"]:

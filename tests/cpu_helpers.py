@@ -1,4 +1,5 @@
-"""Helpers of the CPU accounting tests: children that use a known amount of CPU, and the eBPF precondition."""
+"""Helpers of the CPU accounting tests: children that use a known amount of CPU,
+and the eBPF precondition."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from kepler_bridge.sources.ebpf.source import btf_problem
 from kepler_bridge.sources.procfs import read_stat
 from scaffold import require
 
-# Burns the CPU seconds named on each stdin line (summed over argv[1] threads), then answers "done" and the
-# process's own CPU time (CLOCK_PROCESS_CPUTIME_ID: every thread's runtime in ns, ended threads included).
+# Burns the CPU seconds named on each stdin line (summed over argv[1] threads), then answers "done"
+# and the process's own CPU time (CLOCK_PROCESS_CPUTIME_ID: every thread's runtime in ns, ended
+# threads included).
 _BURN_ON_COMMAND = """
 import sys, threading, time
 def burn(end):
@@ -71,7 +73,8 @@ class Burner:
         self.process.stdin.flush()
 
     def wait(self) -> None:
-        """Wait until the burn started last has finished; own_cpu_seconds is then the child's CPU time."""
+        """Wait until the burn started last has finished;
+        own_cpu_seconds is then the child's CPU time."""
         answer, own = self.process.stdout.readline().split()
         assert answer == "done"
         self.own_cpu_seconds = float(own)
@@ -93,7 +96,8 @@ class Burner:
 
 
 def short_lived(seconds: float, preexec_fn=None) -> tuple[int, float]:
-    """Run a child that burns `seconds` of CPU and exits; return its pid and its utime + stime (rusage)."""
+    """Run a child that burns `seconds` of CPU and exits; return its pid and its utime + stime
+    (rusage)."""
     process = subprocess.Popen(
         [sys.executable, "-S", "-c", _BURN_AND_EXIT, str(seconds)], preexec_fn=preexec_fn
     )
@@ -102,14 +106,15 @@ def short_lived(seconds: float, preexec_fn=None) -> tuple[int, float]:
     return process.pid, usage.ru_utime + usage.ru_stime
 
 
-# UDP datagrams to a socket on 127.0.0.1 that never reads: each one is a NET_RX softirq, then a drop.
-# Stops by itself after argv[1] seconds or argv[2] datagrams.
+# UDP datagrams to a socket on 127.0.0.1 that never reads: each one is a NET_RX softirq,
+# then a drop. Stops by itself after argv[1] seconds or argv[2] datagrams.
 _LOOPBACK_FLOOD = """
 import socket, sys, time
 sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 sink.bind(("127.0.0.1", 0))
 source = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-deadline, left, address, payload = time.monotonic() + float(sys.argv[1]), int(sys.argv[2]), sink.getsockname(), b"x" * 64
+deadline, left = time.monotonic() + float(sys.argv[1]), int(sys.argv[2])
+address, payload = sink.getsockname(), b"x" * 64
 while left > 0 and time.monotonic() < deadline:
     for _ in range(1000):
         source.sendto(payload, address)
@@ -127,7 +132,8 @@ def net_rx_softirqs() -> int:
 
 @contextlib.contextmanager
 def loopback_flood(seconds: float, datagrams: int = 50_000_000) -> Iterator[None]:
-    """One loopback UDP flood per CPU while the block runs, each stopping by itself after `seconds` at most."""
+    """One loopback UDP flood per CPU while the block runs,
+    each stopping by itself after `seconds` at most."""
     floods = [
         subprocess.Popen(
             [sys.executable, "-S", "-c", _LOOPBACK_FLOOD, str(seconds), str(datagrams)]
@@ -144,7 +150,8 @@ def loopback_flood(seconds: float, datagrams: int = 50_000_000) -> Iterator[None
 
 @contextlib.contextmanager
 def container_cgroup(tag: str, container_id: str) -> Iterator[Path]:
-    """A cgroup v2 directory named like a CRI-O container, under a parent unique to this run; removed on exit."""
+    """A cgroup v2 directory named like a CRI-O container, under a parent unique to this run;
+    removed on exit."""
     unified = next(
         (
             root
@@ -189,6 +196,6 @@ def require_bpf() -> None:
     missing = bpf_missing()
     if missing:
         pytest.fail(
-            f"{missing}: run `make deps` as root (scripts/prepare-bpf-host.sh installs bcc, bpftool "
-            "and kernel headers and links them for this kernel)"
+            f"{missing}: run `make deps` as root (scripts/prepare-bpf-host.sh installs bcc, "
+            "bpftool and kernel headers and links them for this kernel)"
         )

@@ -1,5 +1,5 @@
-"""A fake kubelet / API server / MetaServer (pod lists over HTTP or HTTPS with a token check) and a fake kubelet
-pod-resources socket (gRPC) for tests."""
+"""A fake kubelet / API server / MetaServer (pod lists over HTTP or HTTPS with a token check)
+and a fake kubelet pod-resources socket (gRPC) for tests."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def pod(
     node: str = "edge-1",
     init: tuple[tuple[str, str], ...] = (),
 ) -> dict:
-    """A v1 Pod as the kubelet lists it; containers are (name, runtime://id), an empty id means not started."""
+    """A v1 Pod as the kubelet lists it; containers are (name, runtime://id),
+    an empty id means not started."""
 
     def statuses(items: tuple[tuple[str, str], ...]) -> list[dict]:
         return [
@@ -45,7 +46,8 @@ def pod_list(*pods: dict) -> dict:
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 (also usable as its own CA) and its key, made with the openssl CLI."""
+    """A certificate for 127.0.0.1 (also usable as its own CA) and its key,
+    made with the openssl CLI."""
     cert, key = directory / "kubelet.crt", directory / "kubelet.key"
     subprocess.run(
         [
@@ -74,7 +76,8 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 
 
 class FakeKube:
-    """Answers GET /pods (kubelet) and /api/v1/pods (API server, MetaServer) with `pods`; records requests."""
+    """Answers GET /pods (kubelet) and /api/v1/pods (API server, MetaServer) with `pods`;
+    records requests."""
 
     def __init__(self, pods: dict, token: str = "", tls: tuple[Path, Path] | None = None) -> None:
         self.pods = pods
@@ -145,8 +148,8 @@ def _field(number: int, payload: bytes) -> bytes:
 def list_response(
     pods: list[tuple[str, str, list[tuple[str, list[tuple[str, list[str]]]]]]],
 ) -> bytes:
-    """ListPodResourcesResponse with k8s.io/kubelet's field numbers, plus fields the agent does not read
-    (cpu_ids, memory, topology), which it must skip."""
+    """ListPodResourcesResponse with k8s.io/kubelet's field numbers,
+    plus fields the agent does not read (cpu_ids, memory, topology), which it must skip."""
     body = b""
     for namespace, name, containers in pods:
         pod = _field(1, name.encode()) + _field(2, namespace.encode())

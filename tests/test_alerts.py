@@ -1,4 +1,5 @@
-"""The gpu-alerts rules: rendered files up to date, same rules everywhere, promtool checks and unit tests."""
+"""The gpu-alerts rules: rendered files up to date, same rules everywhere,
+promtool checks and unit tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The seed's own allow-list file through the real agent: it shapes /metrics only, never /v1/collect or health."""
+"""The seed's own allow-list file through the real agent: it shapes /metrics only,
+never /v1/collect or health."""
 
 from __future__ import annotations
 

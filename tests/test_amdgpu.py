@@ -1,4 +1,5 @@
-"""The amdgpu source on fake sysfs trees (kernel docs gpu/amdgpu: file names and units), in the real agent."""
+"""The amdgpu source on fake sysfs trees (kernel docs gpu/amdgpu: file names and units),
+in the real agent."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from scaffold import make_config
 
 @pytest.fixture
 def sysfs(tmp_path: Path) -> FakeSysfs:
-    """A firmware framebuffer (card0), an RX 7900 (card1), an MI210 (card2) and an Intel iGPU (card3)."""
+    """A firmware framebuffer (card0), an RX 7900 (card1), an MI210 (card2) and an Intel iGPU
+    (card3)."""
     tree = FakeSysfs(tmp_path / "sys")
     tree.simpledrm(0)
     tree.amd_rx7900(1, "0000:03:00.0")
@@ -40,7 +42,8 @@ def test_values_arrive_in_contract_units(sysfs: FakeSysfs) -> None:
         assert agent.samples("gpu_memory_total_bytes") == {"0": 24 * GIB, "1": 64 * GIB}
         assert agent.samples("gpu_memory_used_bytes") == {"0": 3 * GIB, "1": 48 * GIB}
         assert agent.samples("gpu_memory_free_bytes") == {"0": 21 * GIB, "1": 16 * GIB}
-        # edge where the card has it; the MI210 has none, so its junction sensor is the core temperature.
+        # edge where the card has it; the MI210 has none,
+        # so its junction sensor is the core temperature.
         assert agent.samples("gpu_temperature_celsius") == {"0": 45.0, "1": 71.0}
         assert agent.samples("gpu_memory_temperature_celsius") == {"0": 58.0, "1": 66.0}
         # power1_input (µW) where power1_average is absent, power1_average where present.
@@ -54,8 +57,8 @@ def test_values_arrive_in_contract_units(sysfs: FakeSysfs) -> None:
             'uuid="AMD-b2c8a7e2f3d41c8f",vendor="amd"} 7.0' in text
         )  # corrected ECC from ras/umc_err_count
         assert (
-            'gpu_info{driver_version="",gpu="0",model="AMD GPU 0x744c",node="test-node",pci_bus_id="0000:03:00.0"'
-            ',uuid="AMD-0000:03:00.0",vendor="amd"} 1.0' in text
+            'gpu_info{driver_version="",gpu="0",model="AMD GPU 0x744c",node="test-node",'
+            'pci_bus_id="0000:03:00.0",uuid="AMD-0000:03:00.0",vendor="amd"} 1.0' in text
         )
         assert 'model="AMD Instinct MI210"' in text
         body = agent.get("/v1/collect").json()["test-node"]

@@ -18,7 +18,8 @@ MIB = 1024 * 1024
 
 
 def fake_npu_smi(directory: Path, table: str, status: int = 0) -> Path:
-    """An npu-smi that prints a recorded table for `info` (and a message on stderr when status != 0)."""
+    """An npu-smi that prints a recorded table for `info`
+    (and a message on stderr when status != 0)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "table.txt").write_text(table)
     script = directory / "npu-smi"

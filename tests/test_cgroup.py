@@ -30,30 +30,51 @@ V1_HOST = """12:cpuset:/
 
 FIXTURES = {
     # docker
-    "docker cgroupfs v1": f"12:cpu,cpuacct:/docker/{ID}\n11:memory:/docker/{ID}\n1:name=systemd:/docker/{ID}\n",
-    "docker systemd v1": f"4:cpu,cpuacct:/system.slice/docker-{ID}.scope\n"
-    f"1:name=systemd:/system.slice/docker-{ID}.scope\n",
+    "docker cgroupfs v1": (
+        f"12:cpu,cpuacct:/docker/{ID}\n11:memory:/docker/{ID}\n1:name=systemd:/docker/{ID}\n"
+    ),
+    "docker systemd v1": (
+        f"4:cpu,cpuacct:/system.slice/docker-{ID}.scope\n"
+        f"1:name=systemd:/system.slice/docker-{ID}.scope\n"
+    ),
     "docker systemd v2": f"0::/system.slice/docker-{ID}.scope\n",
     # containerd / cri-containerd in Kubernetes
-    "kubepods systemd containerd v2": f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SYSTEMD}.slice/"
-    f"cri-containerd-{ID}.scope\n",
-    "kubepods systemd containerd guaranteed v2": f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/cri-containerd-{ID}.scope\n",
-    "kubepods cgroupfs containerd v1": f"11:memory:/kubepods/besteffort/pod{POD}/{ID}\n4:cpu,cpuacct:/kubepods/besteffort/pod{POD}/{ID}\n",
+    "kubepods systemd containerd v2": (
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SYSTEMD}.slice/"
+        f"cri-containerd-{ID}.scope\n"
+    ),
+    "kubepods systemd containerd guaranteed v2": (
+        f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/cri-containerd-{ID}.scope\n"
+    ),
+    "kubepods cgroupfs containerd v1": (
+        f"11:memory:/kubepods/besteffort/pod{POD}/{ID}\n"
+        f"4:cpu,cpuacct:/kubepods/besteffort/pod{POD}/{ID}\n"
+    ),
     "kubepods cgroupfs containerd v2": f"0::/kubepods/burstable/pod{POD}/{ID}\n",
     "kubepods cgroupfs guaranteed v2": f"0::/kubepods/pod{POD}/{ID}\n",
-    "containerd seen from a pod's cgroup namespace v2": f"0::/../../kubepods-besteffort-pod{POD_SYSTEMD}.slice/cri-containerd-{ID}.scope\n",
+    "containerd seen from a pod's cgroup namespace v2": (
+        f"0::/../../kubepods-besteffort-pod{POD_SYSTEMD}.slice/cri-containerd-{ID}.scope\n"
+    ),
     "nerdctl systemd v2": f"0::/system.slice/nerdctl-{ID}.scope\n",
     "nerdctl cgroupfs v2": f"0::/default/{ID}\n",
     # CRI-O
-    "crio systemd v2": f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SYSTEMD}.slice/"
-    f"crio-{ID}.scope\n",
-    "crio systemd v1": f"9:cpu,cpuacct:/kubepods.slice/kubepods-besteffort.slice/"
-    f"kubepods-besteffort-pod{POD_SYSTEMD}.slice/crio-{ID}.scope\n",
+    "crio systemd v2": (
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SYSTEMD}.slice/"
+        f"crio-{ID}.scope\n"
+    ),
+    "crio systemd v1": (
+        f"9:cpu,cpuacct:/kubepods.slice/kubepods-besteffort.slice/"
+        f"kubepods-besteffort-pod{POD_SYSTEMD}.slice/crio-{ID}.scope\n"
+    ),
     "crio cgroupfs v1": f"4:cpu,cpuacct:/kubepods/burstable/pod{POD}/crio-{ID}\n",
-    "crio container sub-cgroup v2": f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/crio-{ID}.scope/container\n",
+    "crio container sub-cgroup v2": (
+        f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/crio-{ID}.scope/container\n"
+    ),
     # podman
     "podman rootful systemd v2": f"0::/machine.slice/libpod-{ID}.scope/container\n",
-    "podman rootless v2": f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope\n",
+    "podman rootless v2": (
+        f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope\n"
+    ),
     "podman cgroupfs v1": f"4:cpu,cpuacct:/libpod_parent/libpod-{ID}\n",
     # nested: a pod inside a kind node, which is itself a docker container
     "kind node v1": f"4:cpu,cpuacct:/docker/{'a' * 64}/kubepods/besteffort/pod{POD}/{ID}\n",
@@ -66,7 +87,9 @@ NOT_CONTAINERS = {
     "inside a private cgroup namespace v2": "0::/\n",
     "kubelet v2": "0::/kubepods.slice\n",
     "pod slice without container v2": f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice\n",
-    "crio conmon v2": f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/crio-conmon-{ID}.scope\n",
+    "crio conmon v2": (
+        f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/crio-conmon-{ID}.scope\n"
+    ),
     "podman conmon v2": f"0::/machine.slice/libpod-conmon-{ID}.scope\n",
     "short hex is not an id": "0::/docker/3f0a8e6b1c2d\n",
     "empty": "",

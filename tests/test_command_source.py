@@ -1,4 +1,5 @@
-"""The command source: its JSON schema (a superset of the BIE collector body), the runner's limits, the agent."""
+"""The command source: its JSON schema (a superset of the BIE collector body),
+the runner's limits, the agent."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ GOOD = {
     ]
 }
 
-# One script for every behaviour; the mode file says which, so one agent run can go through them all.
+# One script for every behaviour; the mode file says which,
+# so one agent run can go through them all.
 MODAL = """
 import json, os, sys, time
 mode = open(sys.argv[1]).read().strip()
@@ -78,7 +80,8 @@ elif mode == "malformed":
 elif mode == "huge":
     sys.stdout.write("x" * (3 << 20))
 elif mode == "many":
-    print(json.dumps({"devices": [{}] * 300000}, separators=(",", ":")))  # 900 kB: under the output cap
+    # 900 kB: under the output cap
+    print(json.dumps({"devices": [{}] * 300000}, separators=(",", ":")))
 elif mode == "failing":
     sys.stderr.write("warming up\\nxpu-smi: device 1 is busy\\n")
     sys.exit(3)
@@ -240,9 +243,9 @@ def test_runner_limits(tmp_path: Path) -> None:
     )  # the whole process group died, not only the shell
 
 
-# Starts a daemon the classic way (fork, setsid, fork, stdio to /dev/null), which leaves the program's process
-# group; it writes "<pid> <its cgroup v2 path>" to argv[1]. The program then hangs (argv[2] == "hang") or
-# prints its readings and exits.
+# Starts a daemon the classic way (fork, setsid, fork, stdio to /dev/null), which leaves the
+# program's process group; it writes "<pid> <its cgroup v2 path>" to argv[1]. The program then hangs
+# (argv[2] == "hang") or prints its readings and exits.
 DAEMONIZING = """
 import os, sys, time
 if os.fork() == 0:
@@ -299,7 +302,8 @@ def test_a_child_that_leaves_the_process_group_dies_with_the_run(mode: str, tmp_
     assert own_run_cgroups() == []
 
 
-# Runs the daemonizing program (argv[2]) as above, where no cgroup can be created; argv[1] is its pid file.
+# Runs the daemonizing program (argv[2]) as above, where no cgroup can be created;
+# argv[1] is its pid file.
 WITHOUT_CGROUPS = """
 import sys
 from kepler_bridge.sources.runner import CommandFailed, run
@@ -371,7 +375,8 @@ def test_no_control_character_of_stderr_reaches_the_message(noise: bytes, tmp_pa
 
 
 def _assert_gone(pid: int) -> None:
-    """The process is gone, or a zombie waiting for a parent that does not reap (PID 1 of some sandboxes)."""
+    """The process is gone, or a zombie waiting for a parent that does not reap
+    (PID 1 of some sandboxes)."""
     wait_for(lambda: _gone(pid), 5, f"pid {pid} to end", step=0.05)
 
 
@@ -455,7 +460,8 @@ def test_every_failure_is_a_clear_source_error_and_the_agent_keeps_serving(tmp_p
             assert agent.get("/v1/collect").json()["test-node"]["deviceNum"] == 2
             for _ in range(10):  # answered from the last snapshot, also while a run is in progress
                 assert agent.get("/metrics").status_code == 200
-        # A slow command (it sleeps 60 s) holds the sampler for the timeout only, and dies with its children.
+        # A slow command (it sleeps 60 s) holds the sampler for the timeout only,
+        # and dies with its children.
         assert agent.samples("kepler_bridge_sample_duration_seconds")[""] < 30
         for pid in map(int, pids.read_text().split()):
             _assert_gone(pid)
@@ -522,7 +528,8 @@ def test_the_bie_collector_example_bridges_an_existing_collector() -> None:
     try:
         command = shlex.join([sys.executable, str(EXAMPLES / "bie-collector.py"), url])
         with Agent("--sources", "command", "--command", command, "--interval", "0.25s") as agent:
-            # The agent answers exactly what the BIE guide's demo collector answers, under its own node name.
+            # The agent answers exactly what the BIE guide's demo collector answers,
+            # under its own node name.
             assert agent.get("/v1/collect").json() == {"test-node": BIE_DEMO["docker-desktop"]}
     finally:
         server.shutdown()

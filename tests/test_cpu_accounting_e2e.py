@@ -105,7 +105,8 @@ def test_auto_falls_back_to_procfs_when_headers_are_hidden(bpf_host: None) -> No
         up = agent.wait_for(
             lambda: (up := source_up(agent)) and "procfs" in up and up, what="source_up"
         )
-        # eBPF stands by for procfs, which runs: it is not down, so it has a state but no source_up series.
+        # eBPF stands by for procfs, which runs: it is not down,
+        # so it has a state but no source_up series.
         assert "ebpf" not in up and up["procfs"] == 1
         assert agent.source_states()["ebpf"] == "standby"
         assert samples(agent, "kepler_bridge_process_cpu_seconds_total")

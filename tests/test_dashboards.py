@@ -1,4 +1,5 @@
-"""Grafana dashboards: generated files up to date, importable shape, variables, contract metric names."""
+"""Grafana dashboards: generated files up to date, importable shape, variables,
+contract metric names."""
 
 from __future__ import annotations
 

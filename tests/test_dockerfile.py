@@ -1,4 +1,5 @@
-"""The DaemonSet image's Dockerfile: hadolint clean, copies only what exists and .dockerignore lets through."""
+"""The DaemonSet image's Dockerfile: hadolint clean,
+copies only what exists and .dockerignore lets through."""
 
 from __future__ import annotations
 
@@ -54,8 +55,9 @@ def _stages() -> dict[str, list[tuple[str, str]]]:
 
 
 def _image(stage: str) -> list[tuple[str, str]]:
-    """What the image of a target is made of: its base image's FROM, then the instructions of every stage
-    it builds on (a stage that starts FROM another stage inherits that one's), then its own."""
+    """What the image of a target is made of: its base image's FROM, then the instructions of
+    every stage it builds on (a stage that starts FROM another stage inherits that one's), then
+    its own."""
     stages = _stages()
     base = stages[stage][0][1].split()[0]
     inherited = _image(base) if base in stages else [("FROM", base)]
@@ -63,7 +65,8 @@ def _image(stage: str) -> list[tuple[str, str]]:
 
 
 def _ignored(path: str, patterns: list[str]) -> bool:
-    """Whether .dockerignore keeps `path` (relative, POSIX) out of the build context; the last match wins."""
+    """Whether .dockerignore keeps `path` (relative, POSIX) out of the build context;
+    the last match wins."""
     parts = path.split("/")
     ignored = False
     for pattern in patterns:

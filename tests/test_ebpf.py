@@ -1,5 +1,6 @@
-"""The ebpf source with the real programs loaded: accuracy against /proc (also under interrupt load),
-short-lived processes, descriptors handed over by the loader, memory, and precise errors when eBPF cannot load.
+"""The ebpf source with the real programs loaded: accuracy against /proc (also under interrupt
+load), short-lived processes, descriptors handed over by the loader, memory, and precise errors when
+eBPF cannot load.
 
 These need root, bcc, bpftool, kernel headers and the kernel's BTF (`make deps` provides them).
 CI runs them as root and never skips them.
@@ -65,7 +66,8 @@ def row_of(source: EbpfSource, pid: int):
 
 
 def wait_row(source: EbpfSource, pid: int, check=lambda row: True, timeout: float = 5.0):
-    """Read until pid's row passes check: an ended group's final runtime lands one RCU grace period after its reap."""
+    """Read until pid's row passes check: an ended group's final runtime lands one RCU grace
+    period after its reap."""
     row = None
 
     def passing():
@@ -83,7 +85,8 @@ def test_burn_agrees_with_proc_within_1_percent(ebpf: EbpfSource) -> None:
         burner.burn(3.0)
         row = row_of(ebpf, burner.pid)
         proc = burner.cpu_seconds()
-    # /proc rounds utime and stime down to clock ticks (up to 20 ms together); 3 s keeps that under 1 %.
+    # /proc rounds utime and stime down to clock ticks (up to 20 ms together);
+    # 3 s keeps that under 1 %.
     assert row.cpu_seconds == pytest.approx(proc, rel=0.01)
     assert row.cpu_seconds == pytest.approx(burner.own_cpu_seconds, abs=0.005)
     assert row.comm == "python"
@@ -105,7 +108,8 @@ def test_burn_agrees_with_proc_within_1_percent_under_interrupt_load(ebpf: EbpfS
 
 
 def test_running_process_counted_while_it_runs(ebpf: EbpfSource) -> None:
-    """A task on a CPU at read time is counted up to its last scheduler tick, not up to its last switch."""
+    """A task on a CPU at read time is counted up to its last scheduler tick,
+    not up to its last switch."""
     with Burner() as burner:
         row_of(ebpf, burner.pid)
         burner.start(3.0)
@@ -117,7 +121,8 @@ def test_running_process_counted_while_it_runs(ebpf: EbpfSource) -> None:
 
 
 def test_threads_add_up_to_their_process(ebpf: EbpfSource) -> None:
-    """Burning threads (not the main one) count for their group while they run, and after they ended."""
+    """Burning threads (not the main one) count for their group while they run,
+    and after they ended."""
     with Burner(threads=2) as burner:
         before = row_of(ebpf, burner.pid).cpu_seconds
         proc_before = burner.cpu_seconds()
@@ -125,7 +130,8 @@ def test_threads_add_up_to_their_process(ebpf: EbpfSource) -> None:
         time.sleep(1.0)
         during = row_of(ebpf, burner.pid).cpu_seconds
         proc_during = burner.cpu_seconds()
-        burner.wait()  # the threads are joined: their runtime is now the group's (signal->sum_sched_runtime)
+        # The threads are joined: their runtime is now the group's (signal->sum_sched_runtime).
+        burner.wait()
         after = row_of(ebpf, burner.pid).cpu_seconds
         proc_after = burner.cpu_seconds()
     assert during - before == pytest.approx(proc_during - proc_before, rel=0.05)
@@ -143,7 +149,8 @@ def test_process_living_30ms_between_two_samples_is_counted(ebpf: EbpfSource) ->
 
 
 def test_ended_groups_drained_without_batch_operations(ebpf: EbpfSource) -> None:
-    """Kernels before 5.6 lack BPF_MAP_LOOKUP_AND_DELETE_BATCH: the per-key fallback counts the same."""
+    """Kernels before 5.6 lack BPF_MAP_LOOKUP_AND_DELETE_BATCH:
+    the per-key fallback counts the same."""
     for bpf_map in ebpf.loaded.maps.values():
         bpf_map._batch_supported = False
     ebpf.read()
@@ -161,12 +168,15 @@ def test_short_lived_process_reported_with_its_comm_after_exec(ebpf: EbpfSource)
 
 
 def test_exec_from_a_thread_keeps_the_process(bpf_host: None) -> None:
-    """exec in a non-leader thread frees the old leader while the group lives on under the same pid."""
+    """exec in a non-leader thread frees the old leader
+    while the group lives on under the same pid."""
     source = EbpfSource(make_config(process_grace="0s"))
     source.start()
     script = (
-        "import os, threading, time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
-        "threading.Thread(target=os.execv, args=('/bin/sleep', ['sleep', '3'])).start()\ntime.sleep(3)\n"
+        "import os, threading, time\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\n"
+        "threading.Thread(target=os.execv, args=('/bin/sleep', ['sleep', '3'])).start()\n"
+        "time.sleep(3)\n"
     )
     child = subprocess.Popen([sys.executable, "-S", "-c", script])
     try:
@@ -276,7 +286,8 @@ def test_agent_process_never_holds_bcc_and_stays_small(bpf_host: None) -> None:
             rows = source.read().processes
             time.sleep(0.2)
         status = dict(line.split(":", 1) for line in open("/proc/self/status"))
-        print(json.dumps({"rss_kib": int(status["VmRSS"].split()[0]), "hwm_kib": int(status["VmHWM"].split()[0]),
+        kib = {key: int(status[key].split()[0]) for key in ("VmRSS", "VmHWM")}
+        print(json.dumps({"rss_kib": kib["VmRSS"], "hwm_kib": kib["VmHWM"],
                           "bcc": "bcc" in sys.modules, "rows": len(rows)}))
     """)
     result = json.loads(subprocess.check_output([sys.executable, "-c", script], cwd=ROOT))
@@ -364,8 +375,10 @@ def test_headers_from_a_host_mount(bpf_host: None, tmp_path: Path) -> None:
 
 def test_unprivileged_agent_is_told_to_run_as_root(bpf_host: None) -> None:
     script = (
-        "from kepler_bridge import config\nfrom kepler_bridge.sources.ebpf.source import EbpfSource\n"
-        "try:\n    EbpfSource(config.load({}, {})).start()\nexcept Exception as err:\n    print(err)\n"
+        "from kepler_bridge import config\n"
+        "from kepler_bridge.sources.ebpf.source import EbpfSource\n"
+        "try:\n    EbpfSource(config.load({}, {})).start()\n"
+        "except Exception as err:\n    print(err)\n"
     )
     # Root without CAP_SYS_ADMIN, CAP_BPF and CAP_PERFMON, as in an unprivileged container.
     dropped = ["setpriv", "--bounding-set", "-sys_admin,-bpf,-perfmon", "--"]
@@ -453,7 +466,8 @@ def _btf_type(name_off: int, kind: int, vlen: int, size_or_type: int, *extra: in
 
 
 def _btf_blob() -> bytes:
-    """A task_struct whose tgid sits in an anonymous struct behind a modifier, as randomized layouts have it."""
+    """A task_struct whose tgid sits in an anonymous struct behind a modifier,
+    as randomized layouts have it."""
     strings = b"\0int\0pid\0tgid\0task_struct\0state\0"
     name = {
         word: strings.index(b"\0" + word + b"\0") + 1

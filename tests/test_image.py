@@ -1,10 +1,11 @@
-"""The real image: built from the Dockerfile with podman (default and `slim` targets) and run with the settings of
-the privileged, the hardened and the Ascend DaemonSet, read from their manifests; checked from outside over loopback
-and with `kepler-bridge doctor` inside.
+"""The real image: built from the Dockerfile with podman (default and `slim` targets) and run with
+the settings of the privileged, the hardened and the Ascend DaemonSet, read from their manifests;
+checked from outside over loopback and with `kepler-bridge doctor` inside.
 
 No container registry is reachable, so the base image is built from this machine's Debian mirror
-(scripts/debian-base-image.sh) and imported as docker.io/library/debian:bookworm-slim. podman runs with its own
-configuration and storage under CACHE (kept between runs: a second run reuses the base image and the layers).
+(scripts/debian-base-image.sh) and imported as docker.io/library/debian:bookworm-slim. podman runs
+with its own configuration and storage under CACHE (kept between runs: a second run reuses the base
+image and the layers).
 """
 
 from __future__ import annotations
@@ -31,22 +32,26 @@ MANIFESTS = ROOT / "manifests"
 PRIVILEGED = MANIFESTS / "kubernetes" / "30-daemonset.yaml"
 HARDENED = MANIFESTS / "kubernetes" / "hardened" / "30-daemonset.yaml"
 ASCEND = MANIFESTS / "kubernetes" / "ascend" / "30-daemonset.yaml"
-# The Ascend host files the ascend DaemonSet mounts (this machine has none: a fake host stands in for them).
+# The Ascend host files the ascend DaemonSet mounts (this machine has none:
+# a fake host stands in for them).
 ASCEND_PATHS = ("/usr/local/Ascend/driver", "/usr/local/sbin/npu-smi", "/etc/ascend_install.info")
-# The folder the install step copies to the kubelet's /var/lib/kubelet/seccomp (manifests/README.md).
+# The folder the install step copies to the kubelet's /var/lib/kubelet/seccomp
+# (manifests/README.md).
 KUBELET_SECCOMP = MANIFESTS / "seccomp"
 CACHE = Path(os.environ.get("KEPLER_BRIDGE_IMAGE_CACHE", "/var/cache/kepler-bridge-image-test"))
-# The tree whose Dockerfile is built: this one, or e.g. a clean `git worktree` when this one holds unfinished work.
+# The tree whose Dockerfile is built: this one, or e.g. a clean `git worktree` when this one holds
+# unfinished work.
 CONTEXT = Path(os.environ.get("KEPLER_BRIDGE_IMAGE_CONTEXT", ROOT))
 BASE = "docker.io/library/debian:bookworm-slim"
 IMAGES = {"full": "localhost/kepler-bridge:test", "slim": "localhost/kepler-bridge:test-slim"}
 NODE = "image-test-node"
-LABEL = "kepler-bridge-test-run"  # podman label holding the pid of the pytest run that started the container
+# The podman label holding the pid of the pytest run that started the container.
+LABEL = "kepler-bridge-test-run"
 START_SECONDS = (
     120  # the manifests' startup probe: 60 tries 2 s apart, for bcc's compile at start-up
 )
-# (name, manifest, image, seccomp override): the hardened pod under the runtime's default profile shows the
-# shipped profile is what lets eBPF load; the slim image has no bcc.
+# (name, manifest, image, seccomp override): the hardened pod under the runtime's default profile
+# shows the shipped profile is what lets eBPF load; the slim image has no bcc.
 RUNS = [
     ("privileged", PRIVILEGED, "full", None),
     ("hardened", HARDENED, "full", None),
@@ -64,8 +69,9 @@ def root() -> None:
 
 
 class Podman:
-    """podman with its own configuration, storage and runc state under `cache`; the host's podman setup is neither
-    used nor changed (only containers/image's blob-digest cache, /var/lib/containers/cache, cannot be moved)."""
+    """podman with its own configuration, storage and runc state under `cache`; the host's podman
+    setup is neither used nor changed (only containers/image's blob-digest cache,
+    /var/lib/containers/cache, cannot be moved)."""
 
     def __init__(self, cache: Path) -> None:
         (cache / "tmp").mkdir(parents=True, exist_ok=True)
@@ -74,18 +80,23 @@ class Podman:
             cache / "storage.conf",
             cache / "runc-wrapper",
         )
-        # runc keeps its state under the cache too (else in /run/runc), for podman, its builds and conmon's cleanup.
+        # runc keeps its state under the cache too (else in /run/runc), for podman,
+        # its builds and conmon's cleanup.
         runc.write_text(
-            f'#!/bin/sh\nexec {shutil.which("runc") or "runc"} --root "{cache / "runc-state"}" "$@"\n'
+            "#!/bin/sh\n"
+            f'exec {shutil.which("runc") or "runc"} --root "{cache / "runc-state"}" "$@"\n'
         )
         runc.chmod(0o755)
         conf.write_text(
             "[containers]\n"
-            "# Inherit this process's limits: podman's own (1048576 files) need CAP_SYS_RESOURCE (root may lack it).\n"
+            "# Inherit this process's limits: podman's own (1048576 files) need "
+            "CAP_SYS_RESOURCE (root may lack it).\n"
             "default_ulimits = []\n"
             "[engine]\n"
-            "# runc, not crun: bookworm's crun 1.8 refuses hybrid (v1 + v2) cgroup layouts. No systemd, no journald.\n"
-            f'runtime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\ntmp_dir = "{cache / "tmp"}"\n'
+            "# runc, not crun: bookworm's crun 1.8 refuses hybrid (v1 + v2) cgroup layouts. "
+            "No systemd, no journald.\n"
+            'runtime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n'
+            f'tmp_dir = "{cache / "tmp"}"\n'
             f'[engine.runtimes]\nrunc = ["{runc}"]\n'
         )
         storage.write_text(
@@ -98,7 +109,8 @@ class Podman:
             "CONTAINERS_STORAGE_CONF": str(storage),
             "TMPDIR": str(cache / "tmp"),
         }
-        # Docker format keeps HEALTHCHECK; RUN steps use the host's network (podman has no other set up here).
+        # Docker format keeps HEALTHCHECK; RUN steps use the host's network
+        # (podman has no other set up here).
         self.build_options = ["--format", "docker", "--network", "host", "--pull=never"]
 
     def __call__(
@@ -146,7 +158,8 @@ def podman() -> Podman:
 
 
 def _remove_leftovers(tool: Podman) -> None:
-    """Remove the containers of test runs that are gone (interrupted); those of a run still going stay."""
+    """Remove the containers of test runs that are gone (interrupted);
+    those of a run still going stay."""
     columns = f'{{{{.Names}}}} {{{{index .Labels "{LABEL}"}}}}'
     listed = tool("ps", "--all", "--filter", f"label={LABEL}", "--format", columns)
     for line in listed.stdout.splitlines():
@@ -173,8 +186,9 @@ def images(podman: Podman) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def host_usr(tmp_path_factory: pytest.TempPathFactory, fakenvml_lib: Path) -> Path:
-    """Stands in for the host's /usr (the privileged pod's nvidia-driver volume): this machine has no NVIDIA
-    driver, so the fake library (no configuration: "driver not loaded") lies where Debian's driver puts it."""
+    """Stands in for the host's /usr (the privileged pod's nvidia-driver volume): this machine
+    has no NVIDIA driver, so the fake library (no configuration: "driver not loaded") lies where
+    Debian's driver puts it."""
     usr = tmp_path_factory.mktemp("host") / "usr"
     (usr / "lib" / f"{platform.machine()}-linux-gnu").mkdir(parents=True)
     shutil.copy(fakenvml_lib, usr / "lib" / f"{platform.machine()}-linux-gnu" / "libnvidia-ml.so.1")
@@ -200,15 +214,18 @@ def run_options(
     host_paths: dict[str, Path],
     seccomp: dict[str, str] | None = None,
 ) -> tuple[list[str], list[str]]:
-    """`podman run` options for the agent container of a workload manifest, and the container's arguments.
+    """`podman run` options for the agent container of a workload manifest,
+    and the container's arguments.
 
-    The one setting not from the manifest: the container shares this machine's network (loopback only) and
-    listens on `port` of 127.0.0.1. `host_paths` replaces hostPath sources this machine lacks.
+    The one setting not from the manifest: the container shares this machine's network (loopback
+    only) and listens on `port` of 127.0.0.1. `host_paths` replaces hostPath sources this machine
+    lacks.
     """
     (workload,) = [doc for doc in yaml.safe_load_all(manifest.read_text(encoding="utf-8")) if doc]
     pod = workload["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    # Kubernetes runs the probes (checked here as /healthz and /readyz), not the image's HEALTHCHECK.
+    # Kubernetes runs the probes (checked here as /healthz and /readyz),
+    # not the image's HEALTHCHECK.
     options = [
         "--no-healthcheck",
         "--network",
@@ -245,8 +262,8 @@ def run_options(
             options += ["--env", f"{env['name']}={NODE}"]
         else:
             pytest.fail(
-                f"{manifest}: env {env['name']} comes from {env['valueFrom']}, which this test cannot "
-                "give: add it to run_options",
+                f"{manifest}: env {env['name']} comes from {env['valueFrom']}, "
+                "which this test cannot give: add it to run_options",
                 pytrace=False,
             )
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
@@ -324,13 +341,15 @@ class Container:
                     break
             time.sleep(1)
         pytest.fail(
-            f"{self.name}: {path} not 200 within {seconds:.0f}s ({last}); running={self.running()}; "
+            f"{self.name}: {path} not 200 within {seconds:.0f}s ({last}); "
+            f"running={self.running()}; "
             f"logs:\n{self.logs()[-4000:]}",
             pytrace=False,
         )
 
     def doctor(self) -> dict[str, str]:
-        """`kepler-bridge doctor` inside, with the settings of the container's `serve`: source -> its line."""
+        """`kepler-bridge doctor` inside, with the settings of the container's `serve`:
+        source -> its line."""
         result = self.podman(
             "exec", self.name, "kepler-bridge", "doctor", *self.args[1:], timeout=120
         )
@@ -462,8 +481,8 @@ def test_privileged_daemonset_has_ebpf_and_finds_the_driver_library(
     up = _source_up(metrics)
     assert up["ebpf"] == 1, container.doctor()["ebpf"]
     assert metrics[("kepler_bridge_ebpf_programs_attached", (("node", NODE),))] > 0
-    # The manifest mounts the host's /usr and names it: the library was found and loaded, but this machine has
-    # no NVIDIA GPU (nor driver), so nvml is absent, not down.
+    # The manifest mounts the host's /usr and names it: the library was found and loaded,
+    # but this machine has no NVIDIA GPU (nor driver), so nvml is absent, not down.
     assert "nvml" not in up and _source_states(metrics)["nvml"] == "absent"
     doctor = container.doctor()
     assert doctor["ebpf"].startswith("ok"), doctor["ebpf"]

@@ -27,7 +27,8 @@ def test_i915_xe_and_integrated_cards_in_contract_units(sysfs: FakeSysfs) -> Non
     with Agent("--sources", "intel", "--sysfs", str(sysfs.root), "--interval", "0.25s") as agent:
         text = agent.metrics()
         assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0, "2": 1.0}
-        # i915 local memory: lmem_total_bytes and lmem_avail_bytes on the card; xe: per-tile VRAM size only.
+        # i915 local memory: lmem_total_bytes and lmem_avail_bytes on the card;
+        # xe: per-tile VRAM size only.
         assert agent.samples("gpu_memory_total_bytes") == {"0": 16 * GIB, "1": 12 * GIB}
         assert agent.samples("gpu_memory_used_bytes") == {"0": 4 * GIB}
         assert agent.samples("gpu_sm_clock_hertz") == {"0": 2.4e9, "1": 2.85e9, "2": 1.3e9}

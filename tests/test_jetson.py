@@ -1,4 +1,5 @@
-"""The jetson source on fake Tegra sysfs trees: devfreq, INA3221 (hwmon and iio), thermal zones, meminfo."""
+"""The jetson source on fake Tegra sysfs trees: devfreq, INA3221 (hwmon and iio), thermal zones,
+meminfo."""
 
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ def test_orin_in_the_agent(tmp_path: Path) -> None:
         assert agent.samples("gpu_power_watts") == {"0": 6.0}  # VDD_GPU_SOC: 5000 mV x 1200 mA
         assert agent.samples("gpu_temperature_celsius") == {"0": 45.5}
         assert (
-            'model="NVIDIA Jetson AGX Orin Developer Kit",node="test-node",uuid="JETSON-1421022123456",'
-            'vendor="nvidia"'
+            'model="NVIDIA Jetson AGX Orin Developer Kit",node="test-node",'
+            'uuid="JETSON-1421022123456",vendor="nvidia"'
         ) in text
         body = agent.get("/v1/collect").json()["test-node"]
         assert body["deviceNum"] == 1 and body["totalMemory"] == 31_000_000 * 1024

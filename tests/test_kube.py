@@ -1,4 +1,5 @@
-"""Kubernetes metadata: pod lists from a fake kubelet (HTTPS, token), API server and MetaServer; caching; labels."""
+"""Kubernetes metadata: pod lists from a fake kubelet (HTTPS, token), API server and MetaServer;
+caching; labels."""
 
 from __future__ import annotations
 

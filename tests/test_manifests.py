@@ -1,4 +1,5 @@
-"""Deployment manifests: generated files up to date, valid for Kubernetes 1.28+, and the deployment contract."""
+"""Deployment manifests: generated files up to date, valid for Kubernetes 1.28+,
+and the deployment contract."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ ASCEND_NODE_LABEL = "feature.node.kubernetes.io/pci-1200_19e5.present"
 PORT = 30060
 SECCOMP_PROFILE = MANIFESTS / "seccomp" / "kepler-bridge.json"
 SECCOMP_BASE = MANIFESTS / "seccomp" / "containers-common-0.50.1.json"
-# Keys of the OCI runtime spec's LinuxSeccomp, the only format containerd reads for Localhost profiles.
+# Keys of the OCI runtime spec's LinuxSeccomp, the only format containerd reads for Localhost
+# profiles.
 OCI_SECCOMP_KEYS = {
     "defaultAction",
     "defaultErrnoRet",
@@ -111,7 +113,8 @@ def test_crd_manifest_schema(item: tuple[Path, dict[str, Any]]) -> None:
         "PrometheusRule": "promtool in test_alerts.py",
     }[item[1]["kind"]]
     pytest.skip(
-        f"{item[1]['kind']} ({item[1]['apiVersion']}) is a prometheus-operator CRD: kubernetes-validate "
+        f"{item[1]['kind']} ({item[1]['apiVersion']}) is a prometheus-operator CRD: "
+        "kubernetes-validate "
         f"ships no schema for it and none is vendored here; checked by {checked_by} instead"
     )
 
@@ -170,7 +173,8 @@ def test_variant_security_settings(item: tuple[Path, dict[str, Any]]) -> None:
             "drop": ["ALL"],
             "add": ["BPF", "PERFMON", "SYS_RESOURCE"],
         }
-        # The kubelet reads Localhost profiles relative to /var/lib/kubelet/seccomp; manifests/seccomp/ is that folder.
+        # The kubelet reads Localhost profiles relative to /var/lib/kubelet/seccomp;
+        # manifests/seccomp/ is that folder.
         assert security["seccompProfile"] == {
             "type": "Localhost",
             "localhostProfile": SECCOMP_PROFILE.name,
@@ -184,7 +188,8 @@ def test_variant_security_settings(item: tuple[Path, dict[str, Any]]) -> None:
         assert doc["spec"]["template"]["metadata"]["labels"]["variant"] == "privileged"
         assert security["privileged"] is True
         env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
-        # A directory: the host's /usr, whose driver layouts (amd64, arm64, Jetson, RHEL) the agent searches.
+        # A directory: the host's /usr, whose driver layouts (amd64, arm64, Jetson, RHEL)
+        # the agent searches.
         library = env["KEPLER_BRIDGE_NVML_LIBRARY"]
         mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
         assert mounts[library]["name"] == "nvidia-driver" and mounts[library]["readOnly"] is True
@@ -320,7 +325,8 @@ def test_ascend_variant_gives_npu_smi_the_host_driver_on_ascend_nodes_only() -> 
         for m in container["volumeMounts"]
         if "hostPath" in volumes[m["name"]] and m.get("readOnly")
     }
-    # The ascend source runs --npu-smi: the host's own npu-smi, with the driver, DCMI and install record it reads.
+    # The ascend source runs --npu-smi: the host's own npu-smi, with the driver,
+    # DCMI and install record it reads.
     assert host[env["KEPLER_BRIDGE_NPU_SMI"]] == {"path": "/usr/local/sbin/npu-smi", "type": "File"}
     assert host["/usr/local/Ascend/driver"] == {
         "path": "/usr/local/Ascend/driver",
@@ -337,7 +343,8 @@ def test_ascend_variant_gives_npu_smi_the_host_driver_on_ascend_nodes_only() -> 
         assert any(directory == path or directory.startswith(path + "/") for path in host), (
             directory
         )
-    # One agent per node: the Ascend DaemonSet where NFD labels Huawei NPUs, the other one everywhere else.
+    # One agent per node: the Ascend DaemonSet where NFD labels Huawei NPUs,
+    # the other one everywhere else.
     assert pod["nodeSelector"][ASCEND_NODE_LABEL] == "true"
     (other,) = _docs(MANIFESTS / "kubernetes" / "30-daemonset.yaml")
     affinity = other["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
@@ -385,7 +392,8 @@ def test_seccomp_profile_is_flat_oci_and_adds_only_the_ebpf_calls() -> None:
     for name in ("bpf", "perf_event_open"):
         rules = [rule for rule in profile["syscalls"] if name in rule["names"]]
         assert rules == [{"names": ["bpf", "perf_event_open"], "action": "SCMP_ACT_ALLOW"}], name
-    # What the base allows only with CAP_SYS_ADMIN, which the hardened pods lack, stays refused: nothing else is added.
+    # What the base allows only with CAP_SYS_ADMIN, which the hardened pods lack, stays refused:
+    # nothing else is added.
     (admin,) = [
         rule
         for rule in base["syscalls"]

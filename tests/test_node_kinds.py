@@ -1,9 +1,11 @@
-"""The agent on each kind of node, set up as a shipped manifest sets it up: alerts fire only where something is wrong.
+"""The agent on each kind of node, set up as a shipped manifest sets it up:
+alerts fire only where something is wrong.
 
-A kind of node is a host tree (fake sysfs and /usr, NVIDIA and Ascend driver files; the real /proc) in which
-`kepler-bridge collect --prometheus` runs with the args and environment of a shipped workload, each of its mount
-paths replaced by the hostPath it mounts. The promtool case of alerts/gpu-alerts.test.yml named for the kind holds
-as input exactly the series that run exports of the families the alert rules read; test_alerts.py runs promtool.
+A kind of node is a host tree (fake sysfs and /usr, NVIDIA and Ascend driver files; the real /proc)
+in which `kepler-bridge collect --prometheus` runs with the args and environment of a shipped
+workload, each of its mount paths replaced by the hostPath it mounts. The promtool case of
+alerts/gpu-alerts.test.yml named for the kind holds as input exactly the series that run exports of
+the families the alert rules read; test_alerts.py runs promtool.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ TARGET = {
     "job": "kepler-bridge",
 }  # what Prometheus adds to each scraped series
 STEPS = 10  # samples per input series, one a minute
-# The newest sample is taken when it is scraped: its input value is the scrape time, not this run's clock.
+# The newest sample is taken when it is scraped: its input value is the scrape time,
+# not this run's clock.
 SCRAPE_TIME = "kepler_bridge_last_sample_timestamp_seconds"
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 LABEL_ORDER = {
@@ -117,7 +120,8 @@ KINDS = {
 
 
 def workload_command(workload: dict[str, Any], host: Path) -> tuple[list[str], dict[str, str]]:
-    """The container's args and env on a node whose / is `host`: each mount path becomes the hostPath it mounts."""
+    """The container's args and env on a node whose / is `host`:
+    each mount path becomes the hostPath it mounts."""
     pod = workload["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
@@ -152,7 +156,8 @@ def workload_command(workload: dict[str, Any], host: Path) -> tuple[list[str], d
 
 
 def build_host(kind: Kind, host: Path, fakenvml_lib: Path) -> dict[str, str]:
-    """The kind's host tree under `host`; returns what the node adds to the container's environment."""
+    """The kind's host tree under `host`; returns what the node adds to the container's
+    environment."""
     (host / "proc").parent.mkdir(parents=True, exist_ok=True)
     (host / "proc").symlink_to("/proc")
     sysfs = FakeSysfs(host / "sys")
@@ -220,7 +225,8 @@ def rule_series(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
 def input_series(
     series: dict[tuple[str, tuple[tuple[str, str], ...]], float],
 ) -> list[dict[str, str]]:
-    """The series as promtool input_series scraped once a minute from a target with the TARGET labels, plus `up`."""
+    """The series as promtool input_series scraped once a minute from a target with the TARGET
+    labels, plus `up`."""
     found = []
     for (name, labels), value in series.items():
         ordered = sorted(labels, key=lambda item: LABEL_ORDER.get(item[0], len(LABEL_ORDER)))
@@ -236,7 +242,8 @@ def input_series(
 
 
 def by_identity(series: list[dict[str, str]]) -> dict[tuple[str, frozenset[tuple[str, str]]], str]:
-    """promtool input_series as (name, label set) -> values, whatever order the labels are written in."""
+    """promtool input_series as (name, label set) -> values,
+    whatever order the labels are written in."""
     found = {}
     for entry in series:
         name, _, labels = entry["series"].partition("{")
@@ -270,7 +277,8 @@ def test_promtool_case_is_what_the_agent_exports_on_that_node(
         for series in exported
     )
     assert by_identity(case["input_series"]) == by_identity(exported), (
-        f"the input of promtool case {kind.case!r} is not what the agent exports there, which is:\n{listing}"
+        f"the input of promtool case {kind.case!r} is not what the agent exports there, which is:\n"
+        f"{listing}"
     )
     expected = {rule["alert"]: rule["alert"] in kind.fires for rule in alert_rules()}
     assert {

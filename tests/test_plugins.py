@@ -1,4 +1,5 @@
-"""Plug-in sources: packages with an entry point in group kepler_bridge.sources are found like built-ins."""
+"""Plug-in sources: packages with an entry point in group kepler_bridge.sources are found like
+built-ins."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ class Explicit(Source):
     def start(self):
         pass
     def read(self):
-        return SourceReading(gpus=(GpuReading(index=0, uuid="X-0", vendor="acme", model="Explicit"),))
+        gpu = GpuReading(index=0, uuid="X-0", vendor="acme", model="Explicit")
+        return SourceReading(gpus=(gpu,))
 
 class Imposter(Explicit):
     name = "nvml"
@@ -43,7 +45,8 @@ FAKE_ENTRY_POINTS = {
 
 @pytest.fixture(scope="module")
 def example_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The example plug-in package, installed by pip into a directory of its own (put on PYTHONPATH)."""
+    """The example plug-in package, installed by pip into a directory of its own
+    (put on PYTHONPATH)."""
     work = tmp_path_factory.mktemp("example-plugin")
     # Built from a copy: a build writes build/ and *.egg-info next to the sources.
     shutil.copytree(
@@ -152,7 +155,8 @@ def test_auto_takes_the_plugins_that_ask_for_it_after_the_builtins(
         example_site,
         fake_site,
     )
-    # rknpu says auto = True, explicit does not; the broken ones cannot say, and are shown (down), not hidden.
+    # rknpu says auto = True, explicit does not; the broken ones cannot say, and are shown (down),
+    # not hidden.
     assert "True [('rknpu',), ('notsource',), ('broken',)]" in groups
     assert groups.count("ignored: a built-in source has that name") == 1
 
@@ -176,7 +180,8 @@ def test_unknown_source_names_the_plugins(example_site: Path) -> None:
 def test_a_plugin_cannot_replace_a_builtin(fake_site: Path) -> None:
     out = python(
         "from kepler_bridge.sources import available, source_class\n"
-        "print(available()['nvml'], source_class('nvml').__name__, source_class('explicit').__name__)",
+        "print(available()['nvml'], source_class('nvml').__name__, "
+        "source_class('explicit').__name__)",
         fake_site,
     )
     assert "kepler_bridge.sources.nvml:NvmlSource NvmlSource Explicit" in out
@@ -195,7 +200,8 @@ def test_a_broken_plugin_is_a_down_source_with_its_reason(fake_site: Path) -> No
         assert agent.samples("gpu_up") == {"0": 1.0}
         page = agent.get("/").text
     assert (
-        "source broken (kb_broken_plugin:Source) cannot be loaded: ModuleNotFoundError: No module named "
-        "&#x27;kb_dependency_that_is_not_installed&#x27;; reinstall the package that provides it"
+        "source broken (kb_broken_plugin:Source) cannot be loaded: ModuleNotFoundError: "
+        "No module named &#x27;kb_dependency_that_is_not_installed&#x27;; "
+        "reinstall the package that provides it"
     ) in page
     assert "cannot be loaded: it is not a subclass of kepler_bridge.sources.base.Source" in page

@@ -118,8 +118,9 @@ def test_each_vendors_plugin_id_finds_the_device_its_source_reads(tmp_path: Path
         name: PodRef("ml", name, "main")
         for name in ("amd", "intel", "npu-a", "npu-b", "kunlun", "mlu")
     }
-    # The ids each vendor's device plugin puts in pod-resources: AMD the PCI address, Intel the card name with a
-    # shared replica number, Ascend <type>-<id> (and a vNPU slice of chip 1), a command device its uuid or bus id.
+    # The ids each vendor's device plugin puts in pod-resources: AMD the PCI address, Intel the card
+    # name with a shared replica number, Ascend <type>-<id> (and a vNPU slice of chip 1), a command
+    # device its uuid or bus id.
     response = list_response(
         [
             ("ml", "amd", [("main", [("amd.com/gpu", ["0000:c3:00.0"])])]),
@@ -196,7 +197,8 @@ def test_agent_names_the_pod_a_gpu_is_assigned_to_in_gpu_pod_info(
     assert owners == {
         "0": ("ml", "train-0", "main", 1.0)
     }  # GPU 1 is shared by two pods: no single owner
-    # Device series keep the same labels whoever owns the GPU, so the owner changing never starts a new series.
+    # Device series keep the same labels whoever owns the GPU,
+    # so the owner changing never starts a new series.
     for name in ("gpu_up", "gpu_energy_joules_total", "kepler_bridge_node_gpu_idle_joules_total"):
         assert [set(labels) for labels, _ in found[name]] == [
             {"node", "gpu", "uuid", "vendor", "model"}

@@ -1,13 +1,12 @@
 """Debian's Prometheus and Alertmanager against running agents on loopback.
 
-Three agents feed one `kepler-bridge` job. The healthy one has 2 simulated
-GPUs and 2 fake-NVML GPUs with faults injected (busy, hot, memory full,
-thermally throttled, XID 79, a growing ECC count, one GPU lost), a CPU
-estimate for node energy, and a container workload: a process in a test
-cgroup that also uses fake GPU 0, named as pod demo/inference-0 by a stub
-MetaServer; a stub kubelet pod-resources socket assigns fake GPU 0 to that pod. The second agent's only source cannot start
-(KeplerBridgeSourceDown); the third one's driver hangs after start-up
-(KeplerBridgeStale). A dead port is a fourth target (KeplerBridgeDown).
+Three agents feed one `kepler-bridge` job. The healthy one has 2 simulated GPUs and 2 fake-NVML GPUs
+with faults injected (busy, hot, memory full, thermally throttled, XID 79, a growing ECC count, one
+GPU lost), a CPU estimate for node energy, and a container workload: a process in a test cgroup that
+also uses fake GPU 0, named as pod demo/inference-0 by a stub MetaServer; a stub kubelet
+pod-resources socket assigns fake GPU 0 to that pod. The second agent's only source cannot start
+(KeplerBridgeSourceDown); the third one's driver hangs after start-up (KeplerBridgeStale). A dead
+port is a fourth target (KeplerBridgeDown).
 """
 
 from __future__ import annotations
@@ -58,7 +57,8 @@ class Stack:
 
 @contextmanager
 def container_workload() -> Iterator[Burner]:
-    """A CPU-burning child in a CRI-O style cgroup, so the agent sees it as container CONTAINER_ID."""
+    """A CPU-burning child in a CRI-O style cgroup,
+    so the agent sees it as container CONTAINER_ID."""
     root = next(
         (
             path
@@ -201,8 +201,9 @@ def stack(fakenvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             alertmanager=alertmanager.address,
         )
         stop.callback(prometheus.stop)
-        # Faults of a running agent: an XID event (NVML delivers events only to a registered listener), a GPU
-        # falling off the bus (its uuid was read before), a growing ECC count, a driver that hangs.
+        # Faults of a running agent: an XID event (NVML delivers events only to a registered
+        # listener), a GPU falling off the bus (its uuid was read before), a growing ECC count, a
+        # driver that hangs.
         healthy_nvml.add_xid(0, 79)
         healthy_nvml.gpu(LOST_GPU, lost=True)
         wait_until(

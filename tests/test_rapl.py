@@ -1,4 +1,5 @@
-"""The rapl source on fixture powercap trees: zones, subzones, duplicates, wrap-around, absence, permissions."""
+"""The rapl source on fixture powercap trees: zones, subzones, duplicates, wrap-around, absence,
+permissions."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ from kepler_bridge.model import (
 GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
 POD_LABELS = ("namespace", "pod", "container")
 PROCESS_LABELS = GPU_LABELS + ("pid", "comm") + POD_LABELS
-# Labels of the energy levels: WorkloadEnergy's own attribute names, then those of its owner (PodRef).
+# Labels of the energy levels: WorkloadEnergy's own attribute names, then those of its owner
+# (PodRef).
 ENERGY_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "process": (("pid", "comm", "container_id"), POD_LABELS),
     "container": (("container_id",), POD_LABELS),
@@ -93,28 +94,47 @@ METRICS: dict[str, str] = {
     "gpu_process_utilization_ratio": "SM utilization of a process on the accelerator (0..1).",
     "kepler_bridge_process_cpu_seconds_total": "CPU time used by a process.",
     "kepler_bridge_container_cpu_seconds_total": "CPU time used by the processes of a container.",
-    "kepler_bridge_node_cpu_joules_total": "CPU energy of the node by RAPL zone (or estimated from cpu_tdp_watts).",
-    "kepler_bridge_node_gpu_idle_joules_total": "Accelerator energy not attributed to processes: its idle part.",
+    "kepler_bridge_node_cpu_joules_total": (
+        "CPU energy of the node by RAPL zone (or estimated from cpu_tdp_watts)."
+    ),
+    "kepler_bridge_node_gpu_idle_joules_total": (
+        "Accelerator energy not attributed to processes: its idle part."
+    ),
     "kepler_bridge_node_gpu_unattributed_joules_total": (
         "Active accelerator energy of a device without process data "
         "that no single container holds, by reason."
     ),
     "kepler_bridge_process_cpu_joules_total": "CPU energy attributed to a process by its CPU time.",
-    "kepler_bridge_process_gpu_joules_total": "Accelerator energy attributed to a process by its SM utilization.",
-    "kepler_bridge_container_cpu_joules_total": "CPU energy attributed to the processes of a container.",
-    "kepler_bridge_container_gpu_joules_total": "Accelerator energy attributed to the processes of a container.",
+    "kepler_bridge_process_gpu_joules_total": (
+        "Accelerator energy attributed to a process by its SM utilization."
+    ),
+    "kepler_bridge_container_cpu_joules_total": (
+        "CPU energy attributed to the processes of a container."
+    ),
+    "kepler_bridge_container_gpu_joules_total": (
+        "Accelerator energy attributed to the processes of a container."
+    ),
     "kepler_bridge_pod_cpu_joules_total": "CPU energy attributed to the processes of a pod.",
-    "kepler_bridge_pod_gpu_joules_total": "Accelerator energy attributed to the processes of a pod.",
+    "kepler_bridge_pod_gpu_joules_total": (
+        "Accelerator energy attributed to the processes of a pod."
+    ),
     "kepler_bridge_build_info": "Agent build metadata; value 1.",
-    "kepler_bridge_source_up": "1 when the source was read in the last sample, 0 when it failed; sources in use only.",
-    "kepler_bridge_source_state": "1 for the source's state (up, down, standby, absent), 0 for the others.",
-    "kepler_bridge_source_errors_total": "Failed reads or starts of the source; sources in use only.",
+    "kepler_bridge_source_up": (
+        "1 when the source was read in the last sample, 0 when it failed; sources in use only."
+    ),
+    "kepler_bridge_source_state": (
+        "1 for the source's state (up, down, standby, absent), 0 for the others."
+    ),
+    "kepler_bridge_source_errors_total": (
+        "Failed reads or starts of the source; sources in use only."
+    ),
     "kepler_bridge_sample_duration_seconds": "Time the last sample took to read every source.",
     "kepler_bridge_last_sample_timestamp_seconds": "Unix time of the last published sample.",
     "kepler_bridge_ebpf_programs_attached": "eBPF programs attached by the agent.",
 }
 
-# Exported whatever the allow/deny lists say: alerts and dashboards need them to tell "down" from "filtered".
+# Exported whatever the allow/deny lists say: alerts and dashboards need them to tell "down"
+# from "filtered".
 HEALTH = frozenset(
     {
         "gpu_up",
@@ -216,7 +236,8 @@ class SnapshotCollector(Collector):
         build.add_metric([snap.node], {"version": __version__})
         up = _gauge("kepler_bridge_source_up", ("node", "source"))
         errors = _counter("kepler_bridge_source_errors_total", ("node", "source"))
-        # A source that is absent or stands by for its fallback is not down: it has a state, but no up series.
+        # A source that is absent or stands by for its fallback is not down: it has a state,
+        # but no up series.
         state = _gauge("kepler_bridge_source_state", ("node", "source", "state"))
         for status in snap.sources:
             if not status.unused:
@@ -304,7 +325,8 @@ def _pod_labels(owner: PodRef, names: tuple[str, ...] = POD_LABELS) -> list[str]
 def _process_gauges(
     processes: list[tuple[list[str], GpuProcess]], limit: int | None
 ) -> Iterator[Metric]:
-    """Each per-process GPU gauge: its top N by value, the rest summed per GPU as pid="other"; none when off."""
+    """Each per-process GPU gauge: its top N by value, the rest summed per GPU as pid="other";
+    none when off."""
     if limit == 0:
         return
     for name, attribute in (
@@ -361,7 +383,8 @@ class _NodeLabelled(Collector):
 
 
 class _Filtered(Collector):
-    """Keeps only non-empty families that are health series or whose exposed name passes the allow/deny prefixes."""
+    """Keeps only non-empty families that are health series or whose exposed name passes the
+    allow/deny prefixes."""
 
     def __init__(self, inner: Collector, allowed: Callable[[str], bool]) -> None:
         self.inner = inner

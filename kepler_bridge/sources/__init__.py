@@ -52,7 +52,8 @@ AUTO: tuple[tuple[str, ...], ...] = (
 
 @functools.cache
 def plugins() -> dict[str, str]:
-    """Sources other installed packages provide: name -> "module:Class"; a built-in name is never replaced.
+    """Sources other installed packages provide: name -> "module:Class";
+    a built-in name is never replaced.
 
     Read once per process: a package installed later is found after a restart.
     """
@@ -60,7 +61,8 @@ def plugins() -> dict[str, str]:
     for point in entry_points(group=ENTRY_POINT_GROUP):
         if point.name in REGISTRY:
             log.warning(
-                "plug-in source %r (%s) ignored: a built-in source has that name; rename its entry point",
+                "plug-in source %r (%s) ignored: a built-in source has that name; "
+                "rename its entry point",
                 point.name,
                 point.value,
             )
@@ -75,7 +77,8 @@ def available() -> dict[str, str]:
 
 
 def source_class(name: str) -> type[Source]:
-    """Import and return the class registered under name; one that cannot be imported becomes a down source."""
+    """Import and return the class registered under name;
+    one that cannot be imported becomes a down source."""
     target = available()[name]
     module_name, _, attribute = target.partition(":")
     try:
@@ -93,8 +96,8 @@ def source_class(name: str) -> type[Source]:
 
 def _unloadable(name: str, target: str, reason: str) -> type[Source]:
     message = (
-        f"source {name} ({target}) cannot be loaded: {reason}; reinstall the package that provides it, "
-        f"or remove {name} from --sources"
+        f"source {name} ({target}) cannot be loaded: {reason}; "
+        f"reinstall the package that provides it, or remove {name} from --sources"
     )
 
     class Unloadable(Source):

@@ -24,7 +24,8 @@ from kepler_bridge.sources.base import Source
 
 @dataclass(slots=True)
 class TrackedProcess:
-    """One process; ``start`` is its start time after boot (clock ticks for procfs, nanoseconds for ebpf)."""
+    """One process; ``start`` is its start time after boot (clock ticks for procfs,
+    nanoseconds for ebpf)."""
 
     pid: int
     start: int
@@ -69,12 +70,14 @@ class ProcessTable:
     def begin(
         self, pid: int, start: int, comm: str, container_id: str, cpu_seconds: float
     ) -> TrackedProcess:
-        """Track a process first seen now; a newer start than the pid's current process means the old one ended."""
+        """Track a process first seen now; a newer start than the pid's current process means
+        the old one ended."""
         old = self.current(pid)
         entry = TrackedProcess(pid, start, comm, container_id, cpu_seconds)
         key = (pid, start)
         self._entries[key] = entry
-        # An older process reported late (it ended before a newer one took its pid) leaves the newer current.
+        # An older process reported late (it ended before a newer one took its pid)
+        # leaves the newer current.
         if old is None or old.start < start:
             if old is not None and old.ended_at is None:
                 old.ended_at = self.clock()

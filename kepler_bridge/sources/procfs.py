@@ -38,7 +38,8 @@ def parse_stat(pid: int, text: str) -> ProcStat:
 
 
 def read_stat(procfs: str, pid: int) -> ProcStat | None:
-    """The stat of a live process (or thread id); None when it is gone, hidden (hidepid, an LSM) or truncated."""
+    """The stat of a live process (or thread id); None when it is gone, hidden (hidepid, an LSM)
+    or truncated."""
     try:
         with open(f"{procfs}/{pid}/stat", encoding="utf-8", errors="replace", newline="") as file:
             return parse_stat(pid, file.read())
