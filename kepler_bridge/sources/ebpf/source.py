@@ -1,4 +1,5 @@
-"""CPU time per process and container from the kernel's own runtime counters, read with eBPF (bpf/cpu_account.c).
+"""CPU time per process and container from the kernel's own runtime counters, read with eBPF
+(bpf/cpu_account.c).
 
 start() has a short-lived child (loader.py) compile and load the programs
 with bcc and pass back the descriptors, so bcc and LLVM never stay resident
@@ -22,6 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from kepler_bridge.config import Config
 from kepler_bridge.model import SourceReading
@@ -54,7 +56,8 @@ _ZERO = struct.pack("<I", 0)
 
 
 def program_path() -> str:
-    """bpf/cpu_account.c from a source checkout, or as installed under <prefix>/share/kepler-bridge/bpf."""
+    """bpf/cpu_account.c from a source checkout, or as installed under
+    <prefix>/share/kepler-bridge/bpf."""
     candidates = (
         Path(__file__).resolve().parents[3] / "bpf" / PROGRAM,
         Path(sys.prefix) / "share" / "kepler-bridge" / "bpf" / PROGRAM,
@@ -70,7 +73,8 @@ def program_path() -> str:
 
 @dataclass
 class LoadedProgram:
-    """Descriptors handed over by the loader: programs, attachments (iterator link, tracepoint) and maps."""
+    """Descriptors handed over by the loader: programs, attachments (iterator link, tracepoint)
+    and maps."""
 
     programs: dict[str, int]
     attached: dict[str, int]
@@ -83,6 +87,16 @@ class LoadedProgram:
         for fd in self.fds:
             os.close(fd)
         self.fds.clear()
+
+
+class _LoaderReply(TypedDict, total=False):
+    """The loader's JSON reply: indexes into the fds it sent, or the error that stopped it."""
+
+    programs: dict[str, int]
+    attached: dict[str, int]
+    maps: dict[str, int]
+    offsets: dict[str, int]
+    error: str
 
 
 def load_program(
@@ -126,7 +140,7 @@ def load_program(
             child.wait()
         output.seek(0)
         diagnostics = _diagnostics(output.read().decode(errors="replace"))
-    reply = (
+    reply: _LoaderReply = (
         json.loads(message) if message else {"error": f"the eBPF loader exited {child.returncode}"}
     )
     if "error" in reply:
@@ -161,8 +175,8 @@ def privilege_problem(procfs: str) -> str:
     if caps & _SYS_ADMIN or (caps & _BPF and caps & _PERFMON):
         return ""
     return (
-        "loading BPF programs needs root, or CAP_BPF with CAP_PERFMON (kernel 5.8+): run the agent as root "
-        "(in Kubernetes: securityContext.privileged: true)"
+        "loading BPF programs needs root, or CAP_BPF with CAP_PERFMON (kernel 5.8+): "
+        "run the agent as root (in Kubernetes: securityContext.privileged: true)"
     )
 
 
@@ -171,13 +185,14 @@ def btf_problem(path: str = BTF_PATH) -> str:
     if os.path.isfile(path):
         return ""
     return (
-        f"no {path}: the ebpf source needs a kernel built with CONFIG_DEBUG_INFO_BTF=y, 5.8 or newer "
-        "(Debian 11+, Ubuntu 20.10+, RHEL 8.2+); in a pod mount the host's /sys"
+        f"no {path}: the ebpf source needs a kernel built with CONFIG_DEBUG_INFO_BTF=y, "
+        "5.8 or newer (Debian 11+, Ubuntu 20.10+, RHEL 8.2+); in a pod mount the host's /sys"
     )
 
 
 def pid_namespace_problem(procfs: str) -> str:
-    """Why pids from BPF would not match --procfs ('' when procfs shows the initial pid namespace)."""
+    """Why pids from BPF would not match --procfs; '' when procfs shows the initial pid
+    namespace."""
     try:
         namespace = os.readlink(f"{procfs}/1/ns/pid")
     except OSError:
@@ -185,13 +200,14 @@ def pid_namespace_problem(procfs: str) -> str:
     if namespace == INIT_PID_NS:
         return ""
     return (
-        f"{procfs} shows pid namespace {namespace}, but eBPF reports the host's pids: run the pod with "
-        "hostPID: true, or mount the host's /proc and pass --procfs /host/proc"
+        f"{procfs} shows pid namespace {namespace}, but eBPF reports the host's pids: "
+        "run the pod with hostPID: true, or mount the host's /proc and pass --procfs /host/proc"
     )
 
 
 class EbpfSource(ProcessSource):
-    """Per-process CPU seconds as the kernel accounts them, including processes that live between two samples."""
+    """Per-process CPU seconds as the kernel accounts them,
+    including processes that live between two samples."""
 
     name = "ebpf"
 
@@ -234,7 +250,8 @@ class EbpfSource(ProcessSource):
         # Ended groups first: a pid they free may already belong to a process the iterator sees.
         for key, value in self.loaded.maps["exits"].drain():
             tgid, _, start = _EXIT_KEY.unpack(key)
-            self._ended(tgid, start, *_EXIT.unpack(value), now)
+            runtime_ns, cgroup_id, comm = _EXIT.unpack(value)
+            self._ended(tgid, start, runtime_ns, cgroup_id, comm, now)
         data = read_iterator(self.loaded.attached["task_iterator"])
         totals, leaders, torn = group_records(data)
         for tgid, (start, cgroup_id, comm) in leaders.items():
@@ -300,29 +317,34 @@ class EbpfSource(ProcessSource):
         if self.loaded is None:
             return "not loaded"
         runtime = self.loaded.offsets.get("TASK_RUNTIME")
-        chosen = {"auto", self.name} & set(self.config.sources)
+        if {"auto", self.name} & set(self.config.sources):
+            use = "used for CPU time (procfs is the fallback)"
+        else:
+            use = "works, but --sources leaves it out"
+        headers = self.headers.origin if self.headers else "?"
         return (
-            f"{'used for CPU time (procfs is the fallback)' if chosen else 'works, but --sources leaves it out'}"
-            f": the kernel's per-task runtime, read by a task iterator "
-            f"once per sample and at sched_process_free for ended processes, nothing per context switch; "
+            f"{use}: the kernel's per-task runtime, read by a task iterator "
+            "once per sample and at sched_process_free for ended processes, "
+            "nothing per context switch; "
             f"{len(reading.processes)} process(es) from {self.tasks} task(s), read in "
-            f"{self.read_seconds * 1000:.1f} ms; offsets from {BTF_PATH} (se.sum_exec_runtime at byte "
-            f"{runtime} of task_struct); kernel headers from {self.headers.origin if self.headers else '?'}"
+            f"{self.read_seconds * 1000:.1f} ms; offsets from {BTF_PATH} "
+            f"(se.sum_exec_runtime at byte {runtime} of task_struct); kernel headers from {headers}"
         )
 
 
 def group_records(
     data: bytes,
 ) -> tuple[dict[int, int], dict[int, tuple[int, int, bytes]], set[int]]:
-    """Sum the iterator's per-thread records by thread group: runtime ns by tgid, the leaders' (start ns,
-    cgroup id, comm), and the groups whose sum cannot be trusted this pass."""
+    """Sum the iterator's per-thread records by thread group: runtime ns by tgid, the leaders'
+    (start ns, cgroup id, comm), and the groups whose sum cannot be trusted this pass."""
     totals: dict[int, int] = {}
     seqs: dict[int, int] = {}
     leaders: dict[int, tuple[int, int, bytes]] = {}
     torn: set[int] = set()
     for tgid, _, runtime, seq, leader, start, cgroup_id, comm in _TASK.iter_unpack(data):
         totals[tgid] = totals.get(tgid, 0) + runtime
-        # A thread released during the pass moved its runtime into the group's sum: it may be counted twice.
+        # A thread released during the pass moved its runtime into the group's sum:
+        # it may be counted twice.
         if seqs.setdefault(tgid, seq) != seq or seq & 1:
             torn.add(tgid)
         if leader:
