@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from kepler_bridge.exposition.prometheus import METRICS
+from kepler_bridge.exposition.catalogue import METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -28,7 +28,7 @@ from cpu_helpers import require_bpf
 from fakenvml import FakeNvml
 from fixtures.ascend import ascend_host
 from fixtures.sysfs import FakeSysfs
-from kepler_bridge.exposition.prometheus import GPU_LABELS
+from kepler_bridge.exposition.catalogue import GPU_LABELS
 from scaffold import samples, source_states
 
 NODE = "edge-1"
