@@ -115,6 +115,26 @@ def load_program(
         "cflags": list(headers.cflags),
         "btf": btf,
     }
+    reply, fds, diagnostics = _ask_loader(request, headers, timeout)
+    if "error" in reply:
+        raise SourceUnavailable(
+            reply["error"]
+            + (f"; bcc said: {diagnostics}" if diagnostics else "")
+            + f" (kernel headers from {headers.origin})"
+        )
+    return LoadedProgram(
+        {name: fds[i] for name, i in reply["programs"].items()},
+        {name: fds[i] for name, i in reply["attached"].items()},
+        {name: BpfMap(fds[i]) for name, i in reply["maps"].items()},
+        reply["offsets"],
+        list(fds),
+    )
+
+
+def _ask_loader(
+    request: dict[str, object], headers: kernel_headers.HeaderTree, timeout: float
+) -> tuple[_LoaderReply, list[int], str]:
+    """Send the request to a loader child: its reply, the fds it passed and its output's gist."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with ours, tempfile.TemporaryFile() as output:
         with theirs:
@@ -143,19 +163,7 @@ def load_program(
     reply: _LoaderReply = (
         json.loads(message) if message else {"error": f"the eBPF loader exited {child.returncode}"}
     )
-    if "error" in reply:
-        raise SourceUnavailable(
-            reply["error"]
-            + (f"; bcc said: {diagnostics}" if diagnostics else "")
-            + f" (kernel headers from {headers.origin})"
-        )
-    return LoadedProgram(
-        {name: fds[i] for name, i in reply["programs"].items()},
-        {name: fds[i] for name, i in reply["attached"].items()},
-        {name: BpfMap(fds[i]) for name, i in reply["maps"].items()},
-        reply["offsets"],
-        list(fds),
-    )
+    return reply, fds, diagnostics
 
 
 def _diagnostics(text: str, limit: int = 8) -> str:
