@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from kepler_bridge.exposition.prometheus import METRICS
+from kepler_bridge.exposition.catalogue import METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -20,28 +20,44 @@ import render_assets  # noqa: E402
 
 
 def generator(relative: str) -> ModuleType:
-    """A generator script (alerts/render.py, grafana/dashboards.py, manifests/render.py) as a module."""
+    """A generator script (alerts/render.py, grafana/dashboards.py, manifests/render.py)
+    as a module."""
     return render_assets.load(ROOT / relative)
+
 
 DASHBOARDS = sorted((ROOT / "grafana").glob("*.json"))
 # What Grafana puts in place of its variables when the tests run a panel's query.
-SUBSTITUTIONS = {"$__rate_interval": "10s", "$__interval": "5s", "$__range": "1m",
-                 "$node": ".*", "$gpu": ".*", "$namespace": ".*", "$pod": ".*"}
-# The metric catalogue (docs/design.md, "Metrics"; tests/test_design.py keeps it equal to METRICS), plus
-# prometheus_client's process series the dashboards use and Prometheus' own per-target series.
+SUBSTITUTIONS = {
+    "$__rate_interval": "10s",
+    "$__interval": "5s",
+    "$__range": "1m",
+    "$node": ".*",
+    "$gpu": ".*",
+    "$namespace": ".*",
+    "$pod": ".*",
+}
+# The metric catalogue (docs/design.md, "Metrics"; tests/test_design.py keeps it equal to METRICS),
+# plus prometheus_client's process series the dashboards use and Prometheus' own per-target series.
 CONTRACT_METRICS = set(METRICS) | {
-    "process_cpu_seconds_total", "process_resident_memory_bytes",
-    "up", "scrape_samples_scraped", "scrape_duration_seconds",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "up",
+    "scrape_samples_scraped",
+    "scrape_duration_seconds",
 }
 # A name not followed by "(" (a function) nor by a label matcher such as =, =~, != or !~.
-_METRIC = re.compile(r"\b((?:gpu|kepler_bridge|process|scrape)_[a-z_]+|up)\b(?!\s*\()(?![=!]~|!=|=(?!=))")
+_METRIC = re.compile(
+    r"\b((?:gpu|kepler_bridge|process|scrape)_[a-z_]+|up)\b(?!\s*\()(?![=!]~|!=|=(?!=))"
+)
 _LABEL_VALUES = re.compile(r"label_values\((.+), *(\w+)\)")
 _NAME_REGEX = re.compile(r'__name__=~"([^"]+)"')
 
 
 def alert_rules() -> list[dict[str, Any]]:
     """The rules of the gpu-alerts group as Prometheus loads them."""
-    (group,) = yaml.safe_load((ROOT / "alerts" / "gpu-alerts.rules.yml").read_text(encoding="utf-8"))["groups"]
+    (group,) = yaml.safe_load(
+        (ROOT / "alerts" / "gpu-alerts.rules.yml").read_text(encoding="utf-8")
+    )["groups"]
     return group["rules"]
 
 
@@ -51,7 +67,8 @@ def load_dashboard(path: Path) -> dict[str, Any]:
 
 
 def panel_queries() -> Iterator[tuple[str, str, str]]:
-    """(dashboard title, panel title, PromQL with Grafana's variables filled in) for every panel target."""
+    """(dashboard title, panel title, PromQL with Grafana's variables filled in)
+    for every panel target."""
     for path in DASHBOARDS:
         model = load_dashboard(path)
         for panel in model["panels"]:
@@ -60,13 +77,16 @@ def panel_queries() -> Iterator[tuple[str, str, str]]:
 
 
 def variable_queries() -> Iterator[tuple[str, str, str]]:
-    """(dashboard title, variable name, PromQL counting the values) for every label_values() variable."""
+    """(dashboard title, variable name, PromQL counting the values) for every label_values()
+    variable."""
     for path in DASHBOARDS:
         model = load_dashboard(path)
         for item in model["templating"]["list"]:
             if item["type"] == "query":
                 match = _LABEL_VALUES.fullmatch(item["definition"])
-                assert match, f"{model['title']}: ${item['name']} is not label_values(selector, label)"
+                assert match, (
+                    f"{model['title']}: ${item['name']} is not label_values(selector, label)"
+                )
                 selector, label = match.groups()
                 yield model["title"], item["name"], substitute(f"count by ({label}) ({selector})")
 

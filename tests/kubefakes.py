@@ -1,5 +1,5 @@
-"""A fake kubelet / API server / MetaServer (pod lists over HTTP or HTTPS with a token check) and a fake kubelet
-pod-resources socket (gRPC) for tests."""
+"""A fake kubelet / API server / MetaServer (pod lists over HTTP or HTTPS with a token check)
+and a fake kubelet pod-resources socket (gRPC) for tests."""
 
 from __future__ import annotations
 
@@ -14,16 +14,31 @@ from pathlib import Path
 import grpc
 
 
-def pod(namespace: str, name: str, *containers: tuple[str, str], node: str = "edge-1",
-        init: tuple[tuple[str, str], ...] = ()) -> dict:
-    """A v1 Pod as the kubelet lists it; containers are (name, runtime://id), an empty id means not started."""
-    def statuses(items: tuple[tuple[str, str], ...]) -> list[dict]:
-        return [{"name": cname, **({"containerID": cid} if cid else {}), "ready": bool(cid)} for cname, cid in items]
+def pod(
+    namespace: str,
+    name: str,
+    *containers: tuple[str, str],
+    node: str = "edge-1",
+    init: tuple[tuple[str, str], ...] = (),
+) -> dict:
+    """A v1 Pod as the kubelet lists it; containers are (name, runtime://id),
+    an empty id means not started."""
 
-    return {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
-            "spec": {"nodeName": node, "containers": [{"name": cname} for cname, _ in containers]},
-            "status": {"phase": "Running", "containerStatuses": statuses(containers),
-                       "initContainerStatuses": statuses(init)}}
+    def statuses(items: tuple[tuple[str, str], ...]) -> list[dict]:
+        return [
+            {"name": cname, **({"containerID": cid} if cid else {}), "ready": bool(cid)}
+            for cname, cid in items
+        ]
+
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "spec": {"nodeName": node, "containers": [{"name": cname} for cname, _ in containers]},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": statuses(containers),
+            "initContainerStatuses": statuses(init),
+        },
+    }
 
 
 def pod_list(*pods: dict) -> dict:
@@ -31,16 +46,38 @@ def pod_list(*pods: dict) -> dict:
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 (also usable as its own CA) and its key, made with the openssl CLI."""
+    """A certificate for 127.0.0.1 (also usable as its own CA) and its key,
+    made with the openssl CLI."""
     cert, key = directory / "kubelet.crt", directory / "kubelet.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-                    "/CN=fake-kubelet", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
-                    "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=fake-kubelet",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     return cert, key
 
 
 class FakeKube:
-    """Answers GET /pods (kubelet) and /api/v1/pods (API server, MetaServer) with `pods`; records requests."""
+    """Answers GET /pods (kubelet) and /api/v1/pods (API server, MetaServer) with `pods`;
+    records requests."""
 
     def __init__(self, pods: dict, token: str = "", tls: tuple[Path, Path] | None = None) -> None:
         self.pods = pods
@@ -78,8 +115,9 @@ class FakeKube:
             self.scheme = "https"
         self.port = self.server.server_address[1]
         self.url = f"{self.scheme}://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
 
     def close(self) -> None:
@@ -107,9 +145,11 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def list_response(pods: list[tuple[str, str, list[tuple[str, list[tuple[str, list[str]]]]]]]) -> bytes:
-    """ListPodResourcesResponse with k8s.io/kubelet's field numbers, plus fields the agent does not read
-    (cpu_ids, memory, topology), which it must skip."""
+def list_response(
+    pods: list[tuple[str, str, list[tuple[str, list[tuple[str, list[str]]]]]]],
+) -> bytes:
+    """ListPodResourcesResponse with k8s.io/kubelet's field numbers,
+    plus fields the agent does not read (cpu_ids, memory, topology), which it must skip."""
     body = b""
     for namespace, name, containers in pods:
         pod = _field(1, name.encode()) + _field(2, namespace.encode())
@@ -117,9 +157,13 @@ def list_response(pods: list[tuple[str, str, list[tuple[str, list[tuple[str, lis
             container = _field(1, container_name.encode())
             for resource, ids in devices:
                 device = _field(1, resource.encode()) + b"".join(_field(2, i.encode()) for i in ids)
-                container += _field(2, device + _field(3, _field(1, _varint(1 << 3) + _varint(0))))  # topology
+                container += _field(
+                    2, device + _field(3, _field(1, _varint(1 << 3) + _varint(0)))
+                )  # topology
             container += _field(3, _varint(4) + _varint(5))  # cpu_ids, packed
-            container += _field(4, _field(1, b"memory") + _varint(2 << 3) + _varint(1 << 30))  # memory
+            container += _field(
+                4, _field(1, b"memory") + _varint(2 << 3) + _varint(1 << 30)
+            )  # memory
             pod += _field(3, container)
         body += _field(1, pod)
     return body
@@ -128,7 +172,9 @@ def list_response(pods: list[tuple[str, str, list[tuple[str, list[tuple[str, lis
 class FakePodResources:
     """v1.PodResourcesLister/List on a unix socket, answering `response` (bytes)."""
 
-    def __init__(self, socket: Path, response: bytes, service: str = "v1.PodResourcesLister") -> None:
+    def __init__(
+        self, socket: Path, response: bytes, service: str = "v1.PodResourcesLister"
+    ) -> None:
         self.socket = socket
         self.response = response
         self.calls = 0
@@ -139,7 +185,9 @@ class FakePodResources:
                 self.calls += 1
             return self.response
 
-        handler = grpc.method_handlers_generic_handler(service, {"List": grpc.unary_unary_rpc_method_handler(answer)})
+        handler = grpc.method_handlers_generic_handler(
+            service, {"List": grpc.unary_unary_rpc_method_handler(answer)}
+        )
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[handler])
         self.server.add_insecure_port(f"unix://{socket}")
         self.server.start()

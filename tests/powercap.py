@@ -13,7 +13,8 @@ REAL_MAX_RANGE_UJ = 262143328850
 
 
 class PowercapTree:
-    """<sysfs>/devices/virtual/powercap/<interface>/<zone>[/<subzone>], linked from <sysfs>/class/powercap."""
+    """<sysfs>/devices/virtual/powercap/<interface>/<zone>[/<subzone>],
+    linked from <sysfs>/class/powercap."""
 
     def __init__(self, sysfs: Path) -> None:
         self.sysfs = sysfs
@@ -23,8 +24,15 @@ class PowercapTree:
         self._paths: dict[str, Path] = {}
         self._max: dict[str, int] = {}
 
-    def zone(self, directory: str, name: str, energy_uj: int = 0, max_energy_range_uj: int = REAL_MAX_RANGE_UJ) -> None:
-        """Add a zone such as ``zone("intel-rapl:0", "package-0")`` or a subzone ``("intel-rapl:0:1", "dram")``."""
+    def zone(
+        self,
+        directory: str,
+        name: str,
+        energy_uj: int = 0,
+        max_energy_range_uj: int = REAL_MAX_RANGE_UJ,
+    ) -> None:
+        """Add a zone such as ``zone("intel-rapl:0", "package-0")`` or a subzone
+        ``("intel-rapl:0:1", "dram")``."""
         interface, _, number = directory.partition(":")
         parent = f"{interface}:{number.split(':')[0]}"
         base = self.sysfs / "devices" / "virtual" / "powercap" / interface
@@ -52,11 +60,14 @@ class PowercapTree:
     def advance(self, directory: str, joules: float) -> None:
         """Add energy to a zone's counter, wrapping at its max_energy_range_uj like the hardware."""
         with self._lock:
-            self.set(directory, (self.get(directory) + round(joules * 1e6)) % (self._max[directory] + 1))
+            self.set(
+                directory, (self.get(directory) + round(joules * 1e6)) % (self._max[directory] + 1)
+            )
 
     @contextlib.contextmanager
     def drawing(self, directory: str, watts: float, step: float = 0.02) -> Iterator[list[float]]:
-        """Advance a zone at `watts` in a thread while the block runs; yields [joules added so far]."""
+        """Advance a zone at `watts` in a thread while the block runs;
+        yields [joules added so far]."""
         added = [0.0]
         stop = threading.Event()
 

@@ -1,4 +1,5 @@
-"""The gpu-alerts rules: rendered files up to date, same rules everywhere, promtool checks and unit tests."""
+"""The gpu-alerts rules: rendered files up to date, same rules everywhere,
+promtool checks and unit tests."""
 
 from __future__ import annotations
 
@@ -14,8 +15,15 @@ from promserver import ROOT, binary
 
 ALERTS = ROOT / "alerts"
 EXPECTED = {
-    "HighGPUUtilization", "GPUTemperatureHigh", "GPUMemoryNearlyFull", "GPUXidCriticalError", "GPULost",
-    "GPUEccUncorrectable", "GPUThermalThrottling", "KeplerBridgeDown", "KeplerBridgeSourceDown",
+    "HighGPUUtilization",
+    "GPUTemperatureHigh",
+    "GPUMemoryNearlyFull",
+    "GPUXidCriticalError",
+    "GPULost",
+    "GPUEccUncorrectable",
+    "GPUThermalThrottling",
+    "KeplerBridgeDown",
+    "KeplerBridgeSourceDown",
     "KeplerBridgeStale",
 }
 ANNOTATIONS = {"summary", "description", "summary_zh", "description_zh"}
@@ -27,12 +35,16 @@ def _load(path: Path) -> Any:
 
 
 def _promtool(*args: str, cwd: Path = ALERTS) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([binary("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [binary("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_rendered_files_match_the_source() -> None:
     for path, text in generator("alerts/render.py").rendered().items():
-        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python scripts/render_assets.py"
+        assert path.read_text(encoding="utf-8") == text, (
+            f"{path} is out of date: run python scripts/render_assets.py"
+        )
 
 
 def test_plain_file_and_prometheusrules_hold_the_same_rules() -> None:
@@ -52,12 +64,16 @@ def test_every_alert_has_severity_and_bilingual_annotations() -> None:
     for rule in group["rules"]:
         assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
         assert set(rule["annotations"]) == ANNOTATIONS, rule["alert"]
-        assert CJK.search(rule["annotations"]["summary_zh"]) and CJK.search(rule["annotations"]["description_zh"])
+        assert CJK.search(rule["annotations"]["summary_zh"]) and CJK.search(
+            rule["annotations"]["description_zh"]
+        )
         assert not CJK.search(rule["annotations"]["summary"] + rule["annotations"]["description"])
 
 
 def test_seed_alert_is_kept_in_base_units() -> None:
-    rules = {rule["alert"]: rule for rule in _load(ALERTS / "gpu-alerts.rules.yml")["groups"][0]["rules"]}
+    rules = {
+        rule["alert"]: rule for rule in _load(ALERTS / "gpu-alerts.rules.yml")["groups"][0]["rules"]
+    }
     assert rules["HighGPUUtilization"]["expr"] == "gpu_utilization_ratio > 0.9"
     assert rules["HighGPUUtilization"]["for"] == "5m"
     assert rules["HighGPUUtilization"]["labels"]["severity"] == "warning"
@@ -68,7 +84,9 @@ def test_promtool_check_rules_accepts_plain_file_and_prometheusrule(tmp_path: Pa
     result = _promtool("check", "rules", "gpu-alerts.rules.yml")
     assert result.returncode == 0, result.stdout + result.stderr
     spec = _load(ROOT / "manifests" / "kubernetes" / "70-prometheusrule.yaml")["spec"]
-    (tmp_path / "from-manifest.yml").write_text(yaml.safe_dump(spec, allow_unicode=True), encoding="utf-8")
+    (tmp_path / "from-manifest.yml").write_text(
+        yaml.safe_dump(spec, allow_unicode=True), encoding="utf-8"
+    )
     result = _promtool("check", "rules", "from-manifest.yml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -1,21 +1,23 @@
-"""The amdgpu source on fake sysfs trees (kernel docs gpu/amdgpu: file names and units), in the real agent."""
+"""The amdgpu source on fake sysfs trees (kernel docs gpu/amdgpu: file names and units),
+in the real agent."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from scaffold import make_config
 
 from agent import Agent
 from fixtures.sysfs import GIB, FakeSysfs
 from kepler_bridge.sources.amdgpu import AmdgpuSource
 from kepler_bridge.sources.base import SourceAbsent
+from scaffold import make_config
 
 
 @pytest.fixture
 def sysfs(tmp_path: Path) -> FakeSysfs:
-    """A firmware framebuffer (card0), an RX 7900 (card1), an MI210 (card2) and an Intel iGPU (card3)."""
+    """A firmware framebuffer (card0), an RX 7900 (card1), an MI210 (card2) and an Intel iGPU
+    (card3)."""
     tree = FakeSysfs(tmp_path / "sys")
     tree.simpledrm(0)
     tree.amd_rx7900(1, "0000:03:00.0")
@@ -25,7 +27,9 @@ def sysfs(tmp_path: Path) -> FakeSysfs:
 
 
 def amd_agent(sysfs: FakeSysfs, ready: bool = True) -> Agent:
-    return Agent("--sources", "amdgpu", "--sysfs", str(sysfs.root), "--interval", "0.25s", ready=ready)
+    return Agent(
+        "--sources", "amdgpu", "--sysfs", str(sysfs.root), "--interval", "0.25s", ready=ready
+    )
 
 
 @pytest.mark.e2e
@@ -38,7 +42,8 @@ def test_values_arrive_in_contract_units(sysfs: FakeSysfs) -> None:
         assert agent.samples("gpu_memory_total_bytes") == {"0": 24 * GIB, "1": 64 * GIB}
         assert agent.samples("gpu_memory_used_bytes") == {"0": 3 * GIB, "1": 48 * GIB}
         assert agent.samples("gpu_memory_free_bytes") == {"0": 21 * GIB, "1": 16 * GIB}
-        # edge where the card has it; the MI210 has none, so its junction sensor is the core temperature.
+        # edge where the card has it; the MI210 has none,
+        # so its junction sensor is the core temperature.
         assert agent.samples("gpu_temperature_celsius") == {"0": 45.0, "1": 71.0}
         assert agent.samples("gpu_memory_temperature_celsius") == {"0": 58.0, "1": 66.0}
         # power1_input (µW) where power1_average is absent, power1_average where present.
@@ -48,14 +53,20 @@ def test_values_arrive_in_contract_units(sysfs: FakeSysfs) -> None:
         assert agent.samples("gpu_memory_clock_hertz") == {"0": 1.249e9, "1": 1.6e9}
         assert agent.samples("gpu_fan_speed_ratio") == {"0": 0.4}
         assert agent.samples("gpu_energy_joules_total") == {"1": pytest.approx(123456.789)}
-        assert 'uuid="AMD-b2c8a7e2f3d41c8f",vendor="amd"} 7.0' in text  # corrected ECC from ras/umc_err_count
-        assert 'gpu_info{driver_version="",gpu="0",model="AMD GPU 0x744c",node="test-node",pci_bus_id="0000:03:00.0"' \
-               ',uuid="AMD-0000:03:00.0",vendor="amd"} 1.0' in text
+        assert (
+            'uuid="AMD-b2c8a7e2f3d41c8f",vendor="amd"} 7.0' in text
+        )  # corrected ECC from ras/umc_err_count
+        assert (
+            'gpu_info{driver_version="",gpu="0",model="AMD GPU 0x744c",node="test-node",'
+            'pci_bus_id="0000:03:00.0",uuid="AMD-0000:03:00.0",vendor="amd"} 1.0' in text
+        )
         assert 'model="AMD Instinct MI210"' in text
         body = agent.get("/v1/collect").json()["test-node"]
         assert body["deviceNum"] == 2
-        assert body["devices"] == [{"usedMemory": 3 * GIB, "totalMemory": 24 * GIB, "percent": 0.125},
-                                   {"usedMemory": 48 * GIB, "totalMemory": 64 * GIB, "percent": 0.75}]
+        assert body["devices"] == [
+            {"usedMemory": 3 * GIB, "totalMemory": 24 * GIB, "percent": 0.125},
+            {"usedMemory": 48 * GIB, "totalMemory": 64 * GIB, "percent": 0.75},
+        ]
         assert body["usedMemory"] == 51 * GIB and body["totalMemory"] == 88 * GIB
 
 
@@ -64,12 +75,27 @@ def test_out_of_range_readings_are_dropped(sysfs: FakeSysfs) -> None:
     device = sysfs.root / "devices" / "pci0000:00" / "0000:03:00.0"
     hwmon = next((device / "hwmon").iterdir())
     sysfs.write(device, {"gpu_busy_percent": 250, "mem_busy_percent": -1})
-    sysfs.write(hwmon, {"temp1_input": 4294967295, "temp3_input": -273000, "power1_input": 9_999_000_000,
-                        "freq1_input": 0, "pwm1": 300, "freq2_input": "garbage"})
+    sysfs.write(
+        hwmon,
+        {
+            "temp1_input": 4294967295,
+            "temp3_input": -273000,
+            "power1_input": 9_999_000_000,
+            "freq1_input": 0,
+            "pwm1": 300,
+            "freq2_input": "garbage",
+        },
+    )
     with amd_agent(sysfs) as agent:
-        for name in ("gpu_utilization_ratio", "gpu_memory_utilization_ratio", "gpu_temperature_celsius",
-                     "gpu_memory_temperature_celsius", "gpu_power_watts", "gpu_sm_clock_hertz",
-                     "gpu_memory_clock_hertz"):
+        for name in (
+            "gpu_utilization_ratio",
+            "gpu_memory_utilization_ratio",
+            "gpu_temperature_celsius",
+            "gpu_memory_temperature_celsius",
+            "gpu_power_watts",
+            "gpu_sm_clock_hertz",
+            "gpu_memory_clock_hertz",
+        ):
             assert set(agent.samples(name)) == {"1"}, name
         assert agent.samples("gpu_fan_speed_ratio") == {}
         assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
@@ -91,16 +117,22 @@ def test_a_card_that_goes_away_is_down_alone_and_comes_back(sysfs: FakeSysfs) ->
 
 
 @pytest.mark.e2e
-def test_every_card_gone_marks_the_source_down_and_the_agent_keeps_serving(sysfs: FakeSysfs) -> None:
+def test_every_card_gone_marks_the_source_down_and_the_agent_keeps_serving(
+    sysfs: FakeSysfs,
+) -> None:
     with amd_agent(sysfs) as agent:
         for card in ("card1", "card2"):
             (sysfs.root / "class" / "drm" / card).unlink()
-        agent.wait_for(lambda: agent.samples("kepler_bridge_source_up") == {"": 0.0}, what="amdgpu down")
+        agent.wait_for(
+            lambda: agent.samples("kepler_bridge_source_up") == {"": 0.0}, what="amdgpu down"
+        )
         assert "every AMD GPU failed" in agent.get("/readyz").json()["reason"]
         assert agent.get("/v1/collect").json()["test-node"]["deviceNum"] == 2
 
 
 def test_absent_without_an_amdgpu_card(tmp_path: Path) -> None:
     FakeSysfs(tmp_path / "sys").intel_igpu(0, "0000:00:02.0")
-    with pytest.raises(SourceAbsent, match="no DRM card bound to the amdgpu driver .*--sysfs /host/sys"):
+    with pytest.raises(
+        SourceAbsent, match="no DRM card bound to the amdgpu driver .*--sysfs /host/sys"
+    ):
         AmdgpuSource(make_config(sysfs=tmp_path / "sys")).start()

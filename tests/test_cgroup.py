@@ -8,9 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from scaffold import require
 
-from kepler_bridge.sources.cgroup import CgroupIdIndex, container_id, container_id_from_path, read_container_id
+from kepler_bridge.sources.cgroup import (
+    CgroupIdIndex,
+    container_id,
+    container_id_from_path,
+    read_container_id,
+)
+from scaffold import require
 
 ID = "3f0a8e6b1c2d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7"
 POD = "0b6c3a1e-8f7d-4e2a-9c5b-1d2e3f4a5b6c"
@@ -25,34 +30,51 @@ V1_HOST = """12:cpuset:/
 
 FIXTURES = {
     # docker
-    "docker cgroupfs v1": f"12:cpu,cpuacct:/docker/{ID}\n11:memory:/docker/{ID}\n1:name=systemd:/docker/{ID}\n",
-    "docker systemd v1": f"4:cpu,cpuacct:/system.slice/docker-{ID}.scope\n"
-                         f"1:name=systemd:/system.slice/docker-{ID}.scope\n",
+    "docker cgroupfs v1": (
+        f"12:cpu,cpuacct:/docker/{ID}\n11:memory:/docker/{ID}\n1:name=systemd:/docker/{ID}\n"
+    ),
+    "docker systemd v1": (
+        f"4:cpu,cpuacct:/system.slice/docker-{ID}.scope\n"
+        f"1:name=systemd:/system.slice/docker-{ID}.scope\n"
+    ),
     "docker systemd v2": f"0::/system.slice/docker-{ID}.scope\n",
     # containerd / cri-containerd in Kubernetes
-    "kubepods systemd containerd v2":
+    "kubepods systemd containerd v2": (
         f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SYSTEMD}.slice/"
-        f"cri-containerd-{ID}.scope\n",
-    "kubepods systemd containerd guaranteed v2":
-        f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/cri-containerd-{ID}.scope\n",
-    "kubepods cgroupfs containerd v1":
-        f"11:memory:/kubepods/besteffort/pod{POD}/{ID}\n4:cpu,cpuacct:/kubepods/besteffort/pod{POD}/{ID}\n",
+        f"cri-containerd-{ID}.scope\n"
+    ),
+    "kubepods systemd containerd guaranteed v2": (
+        f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/cri-containerd-{ID}.scope\n"
+    ),
+    "kubepods cgroupfs containerd v1": (
+        f"11:memory:/kubepods/besteffort/pod{POD}/{ID}\n"
+        f"4:cpu,cpuacct:/kubepods/besteffort/pod{POD}/{ID}\n"
+    ),
     "kubepods cgroupfs containerd v2": f"0::/kubepods/burstable/pod{POD}/{ID}\n",
     "kubepods cgroupfs guaranteed v2": f"0::/kubepods/pod{POD}/{ID}\n",
-    "containerd seen from a pod's cgroup namespace v2":
-        f"0::/../../kubepods-besteffort-pod{POD_SYSTEMD}.slice/cri-containerd-{ID}.scope\n",
+    "containerd seen from a pod's cgroup namespace v2": (
+        f"0::/../../kubepods-besteffort-pod{POD_SYSTEMD}.slice/cri-containerd-{ID}.scope\n"
+    ),
     "nerdctl systemd v2": f"0::/system.slice/nerdctl-{ID}.scope\n",
     "nerdctl cgroupfs v2": f"0::/default/{ID}\n",
     # CRI-O
-    "crio systemd v2": f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SYSTEMD}.slice/"
-                       f"crio-{ID}.scope\n",
-    "crio systemd v1": f"9:cpu,cpuacct:/kubepods.slice/kubepods-besteffort.slice/"
-                       f"kubepods-besteffort-pod{POD_SYSTEMD}.slice/crio-{ID}.scope\n",
+    "crio systemd v2": (
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SYSTEMD}.slice/"
+        f"crio-{ID}.scope\n"
+    ),
+    "crio systemd v1": (
+        f"9:cpu,cpuacct:/kubepods.slice/kubepods-besteffort.slice/"
+        f"kubepods-besteffort-pod{POD_SYSTEMD}.slice/crio-{ID}.scope\n"
+    ),
     "crio cgroupfs v1": f"4:cpu,cpuacct:/kubepods/burstable/pod{POD}/crio-{ID}\n",
-    "crio container sub-cgroup v2": f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/crio-{ID}.scope/container\n",
+    "crio container sub-cgroup v2": (
+        f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/crio-{ID}.scope/container\n"
+    ),
     # podman
     "podman rootful systemd v2": f"0::/machine.slice/libpod-{ID}.scope/container\n",
-    "podman rootless v2": f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope\n",
+    "podman rootless v2": (
+        f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope\n"
+    ),
     "podman cgroupfs v1": f"4:cpu,cpuacct:/libpod_parent/libpod-{ID}\n",
     # nested: a pod inside a kind node, which is itself a docker container
     "kind node v1": f"4:cpu,cpuacct:/docker/{'a' * 64}/kubepods/besteffort/pod{POD}/{ID}\n",
@@ -65,7 +87,9 @@ NOT_CONTAINERS = {
     "inside a private cgroup namespace v2": "0::/\n",
     "kubelet v2": "0::/kubepods.slice\n",
     "pod slice without container v2": f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice\n",
-    "crio conmon v2": f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/crio-conmon-{ID}.scope\n",
+    "crio conmon v2": (
+        f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/crio-conmon-{ID}.scope\n"
+    ),
     "podman conmon v2": f"0::/machine.slice/libpod-conmon-{ID}.scope\n",
     "short hex is not an id": "0::/docker/3f0a8e6b1c2d\n",
     "empty": "",
@@ -96,7 +120,12 @@ def test_read_container_id_from_a_procfs_tree(tmp_path: Path) -> None:
 
 def test_cgroup_id_index_maps_directory_inodes(tmp_path: Path) -> None:
     unified = tmp_path / "fs" / "cgroup"
-    scope = unified / "kubepods.slice" / f"kubepods-pod{POD_SYSTEMD}.slice" / f"cri-containerd-{ID}.scope"
+    scope = (
+        unified
+        / "kubepods.slice"
+        / f"kubepods-pod{POD_SYSTEMD}.slice"
+        / f"cri-containerd-{ID}.scope"
+    )
     (scope / "init").mkdir(parents=True)
     (unified / "cgroup.controllers").write_text("cpu memory\n")
     index = CgroupIdIndex(str(tmp_path), min_rescan=10)
@@ -117,7 +146,9 @@ def test_host_cgroups_are_indexed_so_they_do_not_bring_the_walk_back(tmp_path: P
     (unified / "cgroup.controllers").write_text("cpu memory\n")
     index = CgroupIdIndex(str(tmp_path), min_rescan=10)
     assert index.container_id(os.stat(host).st_ino, now=0) == ""
-    assert index.container_id(os.stat(unified).st_ino, now=20) == ""  # known (the root): no new walk at 20
+    assert (
+        index.container_id(os.stat(unified).st_ino, now=20) == ""
+    )  # known (the root): no new walk at 20
     later = unified / f"docker-{'d' * 64}.scope"
     later.mkdir()
     # Had the host lookups walked again at 20, the next walk would wait until 30.
@@ -134,8 +165,11 @@ def _hierarchies() -> list[Path]:
     v1 = Path("/sys/fs/cgroup/cpu")
     if (v1 / "cgroup.procs").exists() and not (v1 / "cgroup.controllers").exists():
         found.append(v1)
-    found += [root for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
-              if (root / "cgroup.controllers").exists()][:1]
+    found += [
+        root
+        for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+        if (root / "cgroup.controllers").exists()
+    ][:1]
     return found
 
 

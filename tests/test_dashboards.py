@@ -1,23 +1,36 @@
-"""Grafana dashboards: generated files up to date, importable shape, variables, contract metric names."""
+"""Grafana dashboards: generated files up to date, importable shape, variables,
+contract metric names."""
 
 from __future__ import annotations
 
-
 import pytest
 
-from assets import (CONTRACT_METRICS, DASHBOARDS, ROOT, alert_rules, generator, load_dashboard, metric_names,
-                    panel_queries)
+from assets import (
+    CONTRACT_METRICS,
+    DASHBOARDS,
+    ROOT,
+    alert_rules,
+    generator,
+    load_dashboard,
+    metric_names,
+    panel_queries,
+)
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-UIDS = {"accelerators.json": "kepler-bridge-accelerators", "workload-energy.json": "kepler-bridge-workload-energy",
-        "agent.json": "kepler-bridge-agent"}
+UIDS = {
+    "accelerators.json": "kepler-bridge-accelerators",
+    "workload-energy.json": "kepler-bridge-workload-energy",
+    "agent.json": "kepler-bridge-agent",
+}
 
 
 def test_dashboard_files_match_the_generator() -> None:
     outputs = generator("grafana/dashboards.py").rendered()
     assert sorted(path.name for path in outputs) == sorted(path.name for path in DASHBOARDS)
     for path, text in outputs.items():
-        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python scripts/render_assets.py"
+        assert path.read_text(encoding="utf-8") == text, (
+            f"{path} is out of date: run python scripts/render_assets.py"
+        )
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda path: path.name)
@@ -26,7 +39,10 @@ def test_dashboard_is_importable_with_stable_uid_and_datasource_variable(path) -
     assert model["uid"] == UIDS[path.name]
     assert "id" not in model, "an exported id would clash on import"
     variables = {item["name"]: item for item in model["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert (
+        variables["datasource"]["type"] == "datasource"
+        and variables["datasource"]["query"] == "prometheus"
+    )
     assert "node" in variables
     for item in variables.values():
         if item["type"] == "query":
@@ -46,8 +62,11 @@ def test_panels_have_unique_ids_and_do_not_overlap(path) -> None:
     for panel in panels:
         grid = panel["gridPos"]
         assert grid["x"] + grid["w"] <= 24, panel["title"]
-        area = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
-                for y in range(grid["y"], grid["y"] + grid["h"])}
+        area = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
         assert not cells & area, f"{panel['title']} overlaps another panel"
         cells |= area
 
@@ -64,12 +83,16 @@ def test_accelerators_has_the_seed_panels_and_gpu_variable() -> None:
 
 
 def test_every_query_uses_only_contract_metric_names() -> None:
-    expressions = [expr for _, _, expr in panel_queries()] + [rule["expr"] for rule in alert_rules()]
+    expressions = [expr for _, _, expr in panel_queries()] + [
+        rule["expr"] for rule in alert_rules()
+    ]
     for expr in expressions:
         names = metric_names(expr)
         assert names, f"no metric name found in {expr!r}"
-        assert names <= CONTRACT_METRICS, (f"{expr!r} uses {names - CONTRACT_METRICS}, "
-                                           "not in the metric catalogue (docs/design.md)")
+        assert names <= CONTRACT_METRICS, (
+            f"{expr!r} uses {names - CONTRACT_METRICS}, "
+            "not in the metric catalogue (docs/design.md)"
+        )
 
 
 def test_every_variable_is_substituted_for_the_live_queries() -> None:

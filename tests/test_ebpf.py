@@ -1,5 +1,6 @@
-"""The ebpf source with the real programs loaded: accuracy against /proc (also under interrupt load),
-short-lived processes, descriptors handed over by the loader, memory, and precise errors when eBPF cannot load.
+"""The ebpf source with the real programs loaded: accuracy against /proc (also under interrupt
+load), short-lived processes, descriptors handed over by the loader, memory, and precise errors when
+eBPF cannot load.
 
 These need root, bcc, bpftool, kernel headers and the kernel's BTF (`make deps` provides them).
 CI runs them as root and never skips them.
@@ -17,18 +18,30 @@ import time
 from pathlib import Path
 
 import pytest
-from scaffold import make_config, wait_for
 
-from cpu_helpers import Burner, container_cgroup, loopback_flood, net_rx_softirqs, require_bpf, short_lived
+from cpu_helpers import (
+    Burner,
+    container_cgroup,
+    loopback_flood,
+    net_rx_softirqs,
+    require_bpf,
+    short_lived,
+)
 from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.sampling.slots import check_source
-from kepler_bridge.store import SnapshotStore
 from kepler_bridge.sources.base import SourceUnavailable
 from kepler_bridge.sources.ebpf import kernel_headers
 from kepler_bridge.sources.ebpf.bpf_syscall import prog_stats
 from kepler_bridge.sources.ebpf.btf import BTF_PATH, Btf, BtfError
-from kepler_bridge.sources.ebpf.source import (EbpfSource, btf_problem, group_records, load_program,
-                                               pid_namespace_problem)
+from kepler_bridge.sources.ebpf.source import (
+    EbpfSource,
+    btf_problem,
+    group_records,
+    load_program,
+    pid_namespace_problem,
+)
+from kepler_bridge.store import SnapshotStore
+from scaffold import make_config, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 ID = "e" * 64
@@ -53,7 +66,8 @@ def row_of(source: EbpfSource, pid: int):
 
 
 def wait_row(source: EbpfSource, pid: int, check=lambda row: True, timeout: float = 5.0):
-    """Read until pid's row passes check: an ended group's final runtime lands one RCU grace period after its reap."""
+    """Read until pid's row passes check: an ended group's final runtime lands one RCU grace
+    period after its reap."""
     row = None
 
     def passing():
@@ -61,8 +75,9 @@ def wait_row(source: EbpfSource, pid: int, check=lambda row: True, timeout: floa
         row = row_of(source, pid)
         return row if row is not None and check(row) else None
 
-    return wait_for(passing, timeout, f"the row of pid {pid}", step=0.02,
-                    log=lambda: f"last row {row}")
+    return wait_for(
+        passing, timeout, f"the row of pid {pid}", step=0.02, log=lambda: f"last row {row}"
+    )
 
 
 def test_burn_agrees_with_proc_within_1_percent(ebpf: EbpfSource) -> None:
@@ -70,7 +85,8 @@ def test_burn_agrees_with_proc_within_1_percent(ebpf: EbpfSource) -> None:
         burner.burn(3.0)
         row = row_of(ebpf, burner.pid)
         proc = burner.cpu_seconds()
-    # /proc rounds utime and stime down to clock ticks (up to 20 ms together); 3 s keeps that under 1 %.
+    # /proc rounds utime and stime down to clock ticks (up to 20 ms together);
+    # 3 s keeps that under 1 %.
     assert row.cpu_seconds == pytest.approx(proc, rel=0.01)
     assert row.cpu_seconds == pytest.approx(burner.own_cpu_seconds, abs=0.005)
     assert row.comm == "python"
@@ -84,13 +100,16 @@ def test_burn_agrees_with_proc_within_1_percent_under_interrupt_load(ebpf: EbpfS
         burner.burn(3.0)
         row = row_of(ebpf, burner.pid)
         proc = burner.cpu_seconds()
-    assert net_rx_softirqs() - softirqs > 100_000, "the flood raised no softirqs: the test measured nothing"
+    assert net_rx_softirqs() - softirqs > 100_000, (
+        "the flood raised no softirqs: the test measured nothing"
+    )
     assert row.cpu_seconds == pytest.approx(proc, rel=0.01)
     assert row.cpu_seconds == pytest.approx(burner.own_cpu_seconds, abs=0.005)
 
 
 def test_running_process_counted_while_it_runs(ebpf: EbpfSource) -> None:
-    """A task on a CPU at read time is counted up to its last scheduler tick, not up to its last switch."""
+    """A task on a CPU at read time is counted up to its last scheduler tick,
+    not up to its last switch."""
     with Burner() as burner:
         row_of(ebpf, burner.pid)
         burner.start(3.0)
@@ -102,7 +121,8 @@ def test_running_process_counted_while_it_runs(ebpf: EbpfSource) -> None:
 
 
 def test_threads_add_up_to_their_process(ebpf: EbpfSource) -> None:
-    """Burning threads (not the main one) count for their group while they run, and after they ended."""
+    """Burning threads (not the main one) count for their group while they run,
+    and after they ended."""
     with Burner(threads=2) as burner:
         before = row_of(ebpf, burner.pid).cpu_seconds
         proc_before = burner.cpu_seconds()
@@ -110,7 +130,8 @@ def test_threads_add_up_to_their_process(ebpf: EbpfSource) -> None:
         time.sleep(1.0)
         during = row_of(ebpf, burner.pid).cpu_seconds
         proc_during = burner.cpu_seconds()
-        burner.wait()  # the threads are joined: their runtime is now the group's (signal->sum_sched_runtime)
+        # The threads are joined: their runtime is now the group's (signal->sum_sched_runtime).
+        burner.wait()
         after = row_of(ebpf, burner.pid).cpu_seconds
         proc_after = burner.cpu_seconds()
     assert during - before == pytest.approx(proc_during - proc_before, rel=0.05)
@@ -119,14 +140,17 @@ def test_threads_add_up_to_their_process(ebpf: EbpfSource) -> None:
 
 def test_process_living_30ms_between_two_samples_is_counted(ebpf: EbpfSource) -> None:
     ebpf.read()
-    pid, used = short_lived(0.03)  # starts and ends with no read in between: only the exit hook sees it
+    pid, used = short_lived(
+        0.03
+    )  # starts and ends with no read in between: only the exit hook sees it
     row = wait_row(ebpf, pid)
     assert row.cpu_seconds == pytest.approx(used, rel=0.01, abs=0.0005)
     assert row.comm == "python"
 
 
 def test_ended_groups_drained_without_batch_operations(ebpf: EbpfSource) -> None:
-    """Kernels before 5.6 lack BPF_MAP_LOOKUP_AND_DELETE_BATCH: the per-key fallback counts the same."""
+    """Kernels before 5.6 lack BPF_MAP_LOOKUP_AND_DELETE_BATCH:
+    the per-key fallback counts the same."""
     for bpf_map in ebpf.loaded.maps.values():
         bpf_map._batch_supported = False
     ebpf.read()
@@ -144,11 +168,16 @@ def test_short_lived_process_reported_with_its_comm_after_exec(ebpf: EbpfSource)
 
 
 def test_exec_from_a_thread_keeps_the_process(bpf_host: None) -> None:
-    """exec in a non-leader thread frees the old leader while the group lives on under the same pid."""
+    """exec in a non-leader thread frees the old leader
+    while the group lives on under the same pid."""
     source = EbpfSource(make_config(process_grace="0s"))
     source.start()
-    script = ("import os, threading, time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
-              "threading.Thread(target=os.execv, args=('/bin/sleep', ['sleep', '3'])).start()\ntime.sleep(3)\n")
+    script = (
+        "import os, threading, time\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\n"
+        "threading.Thread(target=os.execv, args=('/bin/sleep', ['sleep', '3'])).start()\n"
+        "time.sleep(3)\n"
+    )
     child = subprocess.Popen([sys.executable, "-S", "-c", script])
     try:
         row = wait_row(source, child.pid, lambda row: row.comm == "sleep")
@@ -197,7 +226,9 @@ def test_process_count_is_capped(bpf_host: None) -> None:
             burned = burner.cpu_seconds()
         assert len(rows) == 3 and len(source.table) == 3
         kept = {row.pid: row.cpu_seconds for row in rows}
-        assert burner.pid in kept or burned <= min(kept.values()) + 0.01, "the biggest consumers are kept"
+        assert burner.pid in kept or burned <= min(kept.values()) + 0.01, (
+            "the biggest consumers are kept"
+        )
     finally:
         source.stop()
 
@@ -217,21 +248,30 @@ def test_programs_stay_attached_after_the_loader_exits_and_detach_on_stop(bpf_ho
     shown = {prog["id"]: prog["type"] for prog in bpftool("prog", "show") if prog["id"] in ids}
     assert sorted(shown.values()) == ["raw_tracepoint", "tracing"]
     links = [link for link in bpftool("link", "show") if link["prog_id"] in ids]
-    assert {link.get("tp_name") or link.get("target_name") for link in links} == {"sched_process_free", "task"}
+    assert {link.get("tp_name") or link.get("target_name") for link in links} == {
+        "sched_process_free",
+        "task",
+    }
     source.read()
     pid, _ = short_lived(0.01)
     wait_row(source, pid)  # the exit program kept firing after the loader exited
     assert source.read().ebpf_programs_attached == 2
     source.stop()
-    wait_for(lambda: not ids & {prog["id"] for prog in bpftool("prog", "show")}, 5,
-             "the programs to unload after stop()")
+    wait_for(
+        lambda: not ids & {prog["id"] for prog in bpftool("prog", "show")},
+        5,
+        "the programs to unload after stop()",
+    )
 
 
 def test_nothing_runs_per_context_switch(ebpf: EbpfSource) -> None:
     """No program of ours is attached to sched_switch (or any other scheduler hot path)."""
     ids = {prog_stats(fd).id for fd in ebpf.loaded.programs.values()}
-    hooks = {link.get("tp_name") or link.get("target_name") for link in bpftool("link", "show")
-             if link["prog_id"] in ids}
+    hooks = {
+        link.get("tp_name") or link.get("target_name")
+        for link in bpftool("link", "show")
+        if link["prog_id"] in ids
+    }
     assert hooks == {"sched_process_free", "task"}
 
 
@@ -246,7 +286,8 @@ def test_agent_process_never_holds_bcc_and_stays_small(bpf_host: None) -> None:
             rows = source.read().processes
             time.sleep(0.2)
         status = dict(line.split(":", 1) for line in open("/proc/self/status"))
-        print(json.dumps({"rss_kib": int(status["VmRSS"].split()[0]), "hwm_kib": int(status["VmHWM"].split()[0]),
+        kib = {key: int(status[key].split()[0]) for key in ("VmRSS", "VmHWM")}
+        print(json.dumps({"rss_kib": kib["VmRSS"], "hwm_kib": kib["VmHWM"],
                           "bcc": "bcc" in sys.modules, "rows": len(rows)}))
     """)
     result = json.loads(subprocess.check_output([sys.executable, "-c", script], cwd=ROOT))
@@ -266,7 +307,9 @@ def test_hidden_headers_say_what_is_missing(bpf_host: None, tmp_path: Path, monk
     assert "the procfs source counts CPU time instead" in message
 
 
-def test_broken_header_tree_reports_the_compiler_error(bpf_host: None, tmp_path: Path, monkeypatch) -> None:
+def test_broken_header_tree_reports_the_compiler_error(
+    bpf_host: None, tmp_path: Path, monkeypatch
+) -> None:
     for name in (kernel_headers.KCONFIG, kernel_headers.AUTOCONF):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
@@ -288,7 +331,9 @@ def test_auto_falls_back_to_procfs_and_says_why(bpf_host: None, monkeypatch) -> 
         sampler.stop()
     status = {source.name: source for source in snapshot.sources}
     assert status["procfs"].up
-    assert not status["ebpf"].up and "BCC_KERNEL_SOURCE=/nonexistent-headers" in status["ebpf"].error
+    assert (
+        not status["ebpf"].up and "BCC_KERNEL_SOURCE=/nonexistent-headers" in status["ebpf"].error
+    )
     assert snapshot.processes
     works, why = check_source("ebpf", cfg)
     assert not works and "BCC_KERNEL_SOURCE" in why
@@ -297,7 +342,10 @@ def test_auto_falls_back_to_procfs_and_says_why(bpf_host: None, monkeypatch) -> 
 def test_doctor_line_says_which_mode_runs(bpf_host: None) -> None:
     works, line = check_source("ebpf", make_config())
     assert works, line
-    assert "used for CPU time (procfs is the fallback)" in line and "nothing per context switch" in line
+    assert (
+        "used for CPU time (procfs is the fallback)" in line
+        and "nothing per context switch" in line
+    )
     assert f"offsets from {BTF_PATH}" in line and "kernel headers from" in line
     works, line = check_source("ebpf", make_config(sources="procfs"))
     assert works and line.startswith("works, but --sources leaves it out"), line
@@ -326,11 +374,17 @@ def test_headers_from_a_host_mount(bpf_host: None, tmp_path: Path) -> None:
 
 
 def test_unprivileged_agent_is_told_to_run_as_root(bpf_host: None) -> None:
-    script = ("from kepler_bridge import config\nfrom kepler_bridge.sources.ebpf.source import EbpfSource\n"
-              "try:\n    EbpfSource(config.load({}, {})).start()\nexcept Exception as err:\n    print(err)\n")
+    script = (
+        "from kepler_bridge import config\n"
+        "from kepler_bridge.sources.ebpf.source import EbpfSource\n"
+        "try:\n    EbpfSource(config.load({}, {})).start()\n"
+        "except Exception as err:\n    print(err)\n"
+    )
     # Root without CAP_SYS_ADMIN, CAP_BPF and CAP_PERFMON, as in an unprivileged container.
     dropped = ["setpriv", "--bounding-set", "-sys_admin,-bpf,-perfmon", "--"]
-    result = subprocess.run([*dropped, sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [*dropped, sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True
+    )
     assert "needs root" in result.stdout, result.stdout + result.stderr
 
 
@@ -347,7 +401,9 @@ def test_kernel_without_btf_is_refused_with_the_fix(tmp_path: Path) -> None:
     assert btf_problem(BTF_PATH) == "" or not Path(BTF_PATH).exists()
 
 
-def test_kernel_without_task_iterators_is_refused_by_the_loader(bpf_host: None, tmp_path: Path) -> None:
+def test_kernel_without_task_iterators_is_refused_by_the_loader(
+    bpf_host: None, tmp_path: Path
+) -> None:
     (tmp_path / "vmlinux").write_bytes(_btf_blob())
     with pytest.raises(SourceUnavailable) as raised:
         load_program(1024, kernel_headers.find(), btf=str(tmp_path / "vmlinux"))
@@ -356,16 +412,23 @@ def test_kernel_without_task_iterators_is_refused_by_the_loader(bpf_host: None, 
 
 def _bpftool_member(dump: str, struct_name: str, member: str) -> tuple[int, int]:
     """(bit offset, type id) of a member in bpftool's raw BTF dump."""
-    block = dump[dump.index(f"STRUCT '{struct_name}' size="):].split("\n[", 1)[0]
+    block = dump[dump.index(f"STRUCT '{struct_name}' size=") :].split("\n[", 1)[0]
     line = next(line for line in block.splitlines() if line.strip().startswith(f"'{member}' "))
     return int(line.split("bits_offset=")[1].split()[0]), int(line.split("type_id=")[1].split()[0])
 
 
 def test_member_offsets_match_bpftool(bpf_host: None) -> None:
-    dump = subprocess.run(["bpftool", "btf", "dump", "file", BTF_PATH, "format", "raw"],
-                          capture_output=True, text=True, check=True).stdout
+    dump = subprocess.run(
+        ["bpftool", "btf", "dump", "file", BTF_PATH, "format", "raw"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     btf = Btf.load()
-    assert btf.member("task_struct", "tgid").offset == _bpftool_member(dump, "task_struct", "tgid")[0] // 8
+    assert (
+        btf.member("task_struct", "tgid").offset
+        == _bpftool_member(dump, "task_struct", "tgid")[0] // 8
+    )
     se_bits, _ = _bpftool_member(dump, "task_struct", "se")
     runtime_bits, _ = _bpftool_member(dump, "sched_entity", "sum_exec_runtime")
     assert btf.member("task_struct", "se.sum_exec_runtime").offset == (se_bits + runtime_bits) // 8
@@ -375,13 +438,22 @@ def test_member_offsets_match_bpftool(bpf_host: None) -> None:
 
 
 def test_group_records_sum_threads_and_distrust_torn_groups() -> None:
-    def record(tgid: int, tid: int, runtime: int, seq: int = 4, start: int = 0, comm: bytes = b"") -> bytes:
+    def record(
+        tgid: int, tid: int, runtime: int, seq: int = 4, start: int = 0, comm: bytes = b""
+    ) -> bytes:
         return _TASK.pack(tgid, tid, runtime, seq, tid == tgid, start, 7, comm)
 
-    data = b"".join([record(10, 10, 100, start=5, comm=b"app"), record(10, 11, 20), record(10, 12, 3),
-                     record(20, 20, 50, seq=6), record(20, 21, 60, seq=8),  # a thread released mid-pass
-                     record(30, 30, 1, seq=1),  # a release during the leader's own reads
-                     record(40, 41, 9)])  # threads seen, leader not (yet): no process
+    data = b"".join(
+        [
+            record(10, 10, 100, start=5, comm=b"app"),
+            record(10, 11, 20),
+            record(10, 12, 3),
+            record(20, 20, 50, seq=6),
+            record(20, 21, 60, seq=8),  # a thread released mid-pass
+            record(30, 30, 1, seq=1),  # a release during the leader's own reads
+            record(40, 41, 9),
+        ]
+    )  # threads seen, leader not (yet): no process
     totals, leaders, torn = group_records(data)
     assert totals[10] == 123 and leaders[10] == (5, 7, b"app" + b"\0" * 13)
     assert torn == {20, 30}
@@ -394,17 +466,26 @@ def _btf_type(name_off: int, kind: int, vlen: int, size_or_type: int, *extra: in
 
 
 def _btf_blob() -> bytes:
-    """A task_struct whose tgid sits in an anonymous struct behind a modifier, as randomized layouts have it."""
+    """A task_struct whose tgid sits in an anonymous struct behind a modifier,
+    as randomized layouts have it."""
     strings = b"\0int\0pid\0tgid\0task_struct\0state\0"
-    name = {word: strings.index(b"\0" + word + b"\0") + 1
-            for word in (b"int", b"pid", b"tgid", b"task_struct", b"state")}
+    name = {
+        word: strings.index(b"\0" + word + b"\0") + 1
+        for word in (b"int", b"pid", b"tgid", b"task_struct", b"state")
+    }
     int_, struct_, typedef = 1, 4, 8
-    types = b"".join([
-        _btf_type(name[b"int"], int_, 0, 4, 32),  # [1] int
-        _btf_type(0, struct_, 2, 8, name[b"pid"], 1, 0, name[b"tgid"], 1, 32),  # [2] struct { int pid, tgid; }
-        _btf_type(0, typedef, 0, 2),  # [3] a modifier in front of [2]
-        _btf_type(name[b"task_struct"], struct_, 2, 24, name[b"state"], 1, 0, 0, 3, 64),  # [4] state; <anon> at byte 8
-    ])
+    types = b"".join(
+        [
+            _btf_type(name[b"int"], int_, 0, 4, 32),  # [1] int
+            _btf_type(
+                0, struct_, 2, 8, name[b"pid"], 1, 0, name[b"tgid"], 1, 32
+            ),  # [2] struct { int pid, tgid; }
+            _btf_type(0, typedef, 0, 2),  # [3] a modifier in front of [2]
+            _btf_type(
+                name[b"task_struct"], struct_, 2, 24, name[b"state"], 1, 0, 0, 3, 64
+            ),  # [4] state; <anon> at byte 8
+        ]
+    )
     header = struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types), len(strings))
     return header + types + strings
 
@@ -412,7 +493,10 @@ def _btf_blob() -> bytes:
 def test_member_offsets_inside_an_anonymous_struct(tmp_path: Path) -> None:
     """Randomized task_struct layouts put members in anonymous structs: offsets add up."""
     btf = Btf(_btf_blob())
-    assert btf.member("task_struct", "tgid").offset == 12 and btf.member("task_struct", "tgid").size == 4
+    assert (
+        btf.member("task_struct", "tgid").offset == 12
+        and btf.member("task_struct", "tgid").size == 4
+    )
     assert not btf.has_function("bpf_iter_task")
     with pytest.raises(BtfError, match="no member signal"):
         btf.member("task_struct", "signal")

@@ -1,10 +1,11 @@
-"""The real image: built from the Dockerfile with podman (default and `slim` targets) and run with the settings of
-the privileged, the hardened and the Ascend DaemonSet, read from their manifests; checked from outside over loopback
-and with `kepler-bridge doctor` inside.
+"""The real image: built from the Dockerfile with podman (default and `slim` targets) and run with
+the settings of the privileged, the hardened and the Ascend DaemonSet, read from their manifests;
+checked from outside over loopback and with `kepler-bridge doctor` inside.
 
 No container registry is reachable, so the base image is built from this machine's Debian mirror
-(scripts/debian-base-image.sh) and imported as docker.io/library/debian:bookworm-slim. podman runs with its own
-configuration and storage under CACHE (kept between runs: a second run reuses the base image and the layers).
+(scripts/debian-base-image.sh) and imported as docker.io/library/debian:bookworm-slim. podman runs
+with its own configuration and storage under CACHE (kept between runs: a second run reuses the base
+image and the layers).
 """
 
 from __future__ import annotations
@@ -31,23 +32,33 @@ MANIFESTS = ROOT / "manifests"
 PRIVILEGED = MANIFESTS / "kubernetes" / "30-daemonset.yaml"
 HARDENED = MANIFESTS / "kubernetes" / "hardened" / "30-daemonset.yaml"
 ASCEND = MANIFESTS / "kubernetes" / "ascend" / "30-daemonset.yaml"
-# The Ascend host files the ascend DaemonSet mounts (this machine has none: a fake host stands in for them).
+# The Ascend host files the ascend DaemonSet mounts (this machine has none:
+# a fake host stands in for them).
 ASCEND_PATHS = ("/usr/local/Ascend/driver", "/usr/local/sbin/npu-smi", "/etc/ascend_install.info")
-# The folder the install step copies to the kubelet's /var/lib/kubelet/seccomp (manifests/README.md).
+# The folder the install step copies to the kubelet's /var/lib/kubelet/seccomp
+# (manifests/README.md).
 KUBELET_SECCOMP = MANIFESTS / "seccomp"
 CACHE = Path(os.environ.get("KEPLER_BRIDGE_IMAGE_CACHE", "/var/cache/kepler-bridge-image-test"))
-# The tree whose Dockerfile is built: this one, or e.g. a clean `git worktree` when this one holds unfinished work.
+# The tree whose Dockerfile is built: this one, or e.g. a clean `git worktree` when this one holds
+# unfinished work.
 CONTEXT = Path(os.environ.get("KEPLER_BRIDGE_IMAGE_CONTEXT", ROOT))
 BASE = "docker.io/library/debian:bookworm-slim"
 IMAGES = {"full": "localhost/kepler-bridge:test", "slim": "localhost/kepler-bridge:test-slim"}
 NODE = "image-test-node"
-LABEL = "kepler-bridge-test-run"  # podman label holding the pid of the pytest run that started the container
-START_SECONDS = 120  # the manifests' startup probe: 60 tries 2 s apart, for bcc's compile at start-up
-# (name, manifest, image, seccomp override): the hardened pod under the runtime's default profile shows the
-# shipped profile is what lets eBPF load; the slim image has no bcc.
-RUNS = [("privileged", PRIVILEGED, "full", None), ("hardened", HARDENED, "full", None),
-        ("hardened-runtime-default", HARDENED, "full", {"type": "RuntimeDefault"}),
-        ("slim", HARDENED, "slim", None), ("ascend", ASCEND, "full", None)]
+# The podman label holding the pid of the pytest run that started the container.
+LABEL = "kepler-bridge-test-run"
+START_SECONDS = (
+    120  # the manifests' startup probe: 60 tries 2 s apart, for bcc's compile at start-up
+)
+# (name, manifest, image, seccomp override): the hardened pod under the runtime's default profile
+# shows the shipped profile is what lets eBPF load; the slim image has no bcc.
+RUNS = [
+    ("privileged", PRIVILEGED, "full", None),
+    ("hardened", HARDENED, "full", None),
+    ("hardened-runtime-default", HARDENED, "full", {"type": "RuntimeDefault"}),
+    ("slim", HARDENED, "slim", None),
+    ("ascend", ASCEND, "full", None),
+]
 
 pytestmark = pytest.mark.e2e
 
@@ -58,35 +69,62 @@ def root() -> None:
 
 
 class Podman:
-    """podman with its own configuration, storage and runc state under `cache`; the host's podman setup is neither
-    used nor changed (only containers/image's blob-digest cache, /var/lib/containers/cache, cannot be moved)."""
+    """podman with its own configuration, storage and runc state under `cache`; the host's podman
+    setup is neither used nor changed (only containers/image's blob-digest cache,
+    /var/lib/containers/cache, cannot be moved)."""
 
     def __init__(self, cache: Path) -> None:
         (cache / "tmp").mkdir(parents=True, exist_ok=True)
-        conf, storage, runc = cache / "containers.conf", cache / "storage.conf", cache / "runc-wrapper"
-        # runc keeps its state under the cache too (else in /run/runc), for podman, its builds and conmon's cleanup.
-        runc.write_text(f'#!/bin/sh\nexec {shutil.which("runc") or "runc"} --root "{cache / "runc-state"}" "$@"\n')
+        conf, storage, runc = (
+            cache / "containers.conf",
+            cache / "storage.conf",
+            cache / "runc-wrapper",
+        )
+        # runc keeps its state under the cache too (else in /run/runc), for podman,
+        # its builds and conmon's cleanup.
+        runc.write_text(
+            "#!/bin/sh\n"
+            f'exec {shutil.which("runc") or "runc"} --root "{cache / "runc-state"}" "$@"\n'
+        )
         runc.chmod(0o755)
         conf.write_text(
             "[containers]\n"
-            "# Inherit this process's limits: podman's own (1048576 files) need CAP_SYS_RESOURCE (root may lack it).\n"
+            "# Inherit this process's limits: podman's own (1048576 files) need "
+            "CAP_SYS_RESOURCE (root may lack it).\n"
             "default_ulimits = []\n"
             "[engine]\n"
-            "# runc, not crun: bookworm's crun 1.8 refuses hybrid (v1 + v2) cgroup layouts. No systemd, no journald.\n"
-            f'runtime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\ntmp_dir = "{cache / "tmp"}"\n'
-            f'[engine.runtimes]\nrunc = ["{runc}"]\n')
-        storage.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{cache / "storage"}"\n'
-                           f'runroot = "{cache / "run"}"\n')
-        self.env = {**os.environ, "CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage),
-                    "TMPDIR": str(cache / "tmp")}
-        # Docker format keeps HEALTHCHECK; RUN steps use the host's network (podman has no other set up here).
+            "# runc, not crun: bookworm's crun 1.8 refuses hybrid (v1 + v2) cgroup layouts. "
+            "No systemd, no journald.\n"
+            'runtime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n'
+            f'tmp_dir = "{cache / "tmp"}"\n'
+            f'[engine.runtimes]\nrunc = ["{runc}"]\n'
+        )
+        storage.write_text(
+            f'[storage]\ndriver = "overlay"\ngraphroot = "{cache / "storage"}"\n'
+            f'runroot = "{cache / "run"}"\n'
+        )
+        self.env = {
+            **os.environ,
+            "CONTAINERS_CONF": str(conf),
+            "CONTAINERS_STORAGE_CONF": str(storage),
+            "TMPDIR": str(cache / "tmp"),
+        }
+        # Docker format keeps HEALTHCHECK; RUN steps use the host's network
+        # (podman has no other set up here).
         self.build_options = ["--format", "docker", "--network", "host", "--pull=never"]
 
-    def __call__(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+    def __call__(
+        self, *args: str, timeout: float = 60, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            ["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         if check and result.returncode != 0:
-            pytest.fail(f"podman {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
-                        f"{result.stderr[-4000:]}", pytrace=False)
+            pytest.fail(
+                f"podman {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n"
+                f"{result.stderr[-4000:]}",
+                pytrace=False,
+            )
         return result
 
 
@@ -94,12 +132,19 @@ class Podman:
 def podman() -> Podman:
     missing = [tool for tool in ("podman", "runc", "debootstrap") if not shutil.which(tool)]
     if missing:
-        pytest.fail(f"{', '.join(missing)} not installed: run make deps "
-                    "(bash scripts/apt-install.sh podman runc debootstrap)", pytrace=False)
+        pytest.fail(
+            f"{', '.join(missing)} not installed: run make deps "
+            "(bash scripts/apt-install.sh podman runc debootstrap)",
+            pytrace=False,
+        )
     tool = Podman(CACHE)
     _remove_leftovers(tool)
-    base = subprocess.run(["bash", str(ROOT / "scripts" / "debian-base-image.sh"), str(CACHE / "base")],
-                          capture_output=True, text=True, timeout=900)
+    base = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "debian-base-image.sh"), str(CACHE / "base")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if base.returncode != 0:
         pytest.fail(f"building the base image failed:\n{base.stderr[-4000:]}", pytrace=False)
     tarball = Path(base.stdout.strip())
@@ -113,7 +158,8 @@ def podman() -> Podman:
 
 
 def _remove_leftovers(tool: Podman) -> None:
-    """Remove the containers of test runs that are gone (interrupted); those of a run still going stay."""
+    """Remove the containers of test runs that are gone (interrupted);
+    those of a run still going stay."""
     columns = f'{{{{.Names}}}} {{{{index .Labels "{LABEL}"}}}}'
     listed = tool("ps", "--all", "--filter", f"label={LABEL}", "--format", columns)
     for line in listed.stdout.splitlines():
@@ -125,15 +171,24 @@ def _remove_leftovers(tool: Podman) -> None:
 @pytest.fixture(scope="module")
 def images(podman: Podman) -> dict[str, str]:
     for target in ("slim", "full"):
-        podman("build", *podman.build_options, "--target", target, "--tag", IMAGES[target], str(CONTEXT),
-               timeout=1800)
+        podman(
+            "build",
+            *podman.build_options,
+            "--target",
+            target,
+            "--tag",
+            IMAGES[target],
+            str(CONTEXT),
+            timeout=1800,
+        )
     return IMAGES
 
 
 @pytest.fixture(scope="module")
 def host_usr(tmp_path_factory: pytest.TempPathFactory, fakenvml_lib: Path) -> Path:
-    """Stands in for the host's /usr (the privileged pod's nvidia-driver volume): this machine has no NVIDIA
-    driver, so the fake library (no configuration: "driver not loaded") lies where Debian's driver puts it."""
+    """Stands in for the host's /usr (the privileged pod's nvidia-driver volume): this machine
+    has no NVIDIA driver, so the fake library (no configuration: "driver not loaded") lies where
+    Debian's driver puts it."""
     usr = tmp_path_factory.mktemp("host") / "usr"
     (usr / "lib" / f"{platform.machine()}-linux-gnu").mkdir(parents=True)
     shutil.copy(fakenvml_lib, usr / "lib" / f"{platform.machine()}-linux-gnu" / "libnvidia-ml.so.1")
@@ -152,18 +207,32 @@ def _cpus(value: str) -> str:
     return str(int(value[:-1]) / 1000) if value.endswith("m") else value
 
 
-def run_options(manifest: Path, port: int, workdir: Path, host_paths: dict[str, Path],
-                seccomp: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
-    """`podman run` options for the agent container of a workload manifest, and the container's arguments.
+def run_options(
+    manifest: Path,
+    port: int,
+    workdir: Path,
+    host_paths: dict[str, Path],
+    seccomp: dict[str, str] | None = None,
+) -> tuple[list[str], list[str]]:
+    """`podman run` options for the agent container of a workload manifest,
+    and the container's arguments.
 
-    The one setting not from the manifest: the container shares this machine's network (loopback only) and
-    listens on `port` of 127.0.0.1. `host_paths` replaces hostPath sources this machine lacks.
+    The one setting not from the manifest: the container shares this machine's network (loopback
+    only) and listens on `port` of 127.0.0.1. `host_paths` replaces hostPath sources this machine
+    lacks.
     """
     (workload,) = [doc for doc in yaml.safe_load_all(manifest.read_text(encoding="utf-8")) if doc]
     pod = workload["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    # Kubernetes runs the probes (checked here as /healthz and /readyz), not the image's HEALTHCHECK.
-    options = ["--no-healthcheck", "--network", "host", "--env", f"KEPLER_BRIDGE_LISTEN=127.0.0.1:{port}"]
+    # Kubernetes runs the probes (checked here as /healthz and /readyz),
+    # not the image's HEALTHCHECK.
+    options = [
+        "--no-healthcheck",
+        "--network",
+        "host",
+        "--env",
+        f"KEPLER_BRIDGE_LISTEN=127.0.0.1:{port}",
+    ]
     if pod.get("hostPID"):
         options += ["--pid", "host"]
     security = container["securityContext"]
@@ -192,8 +261,11 @@ def run_options(manifest: Path, port: int, workdir: Path, host_paths: dict[str, 
         elif env["valueFrom"].get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
             options += ["--env", f"{env['name']}={NODE}"]
         else:
-            pytest.fail(f"{manifest}: env {env['name']} comes from {env['valueFrom']}, which this test cannot "
-                        "give: add it to run_options", pytrace=False)
+            pytest.fail(
+                f"{manifest}: env {env['name']} comes from {env['valueFrom']}, "
+                "which this test cannot give: add it to run_options",
+                pytrace=False,
+            )
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
     for mount in container["volumeMounts"]:
         volume = volumes[mount["name"]]
@@ -201,8 +273,12 @@ def run_options(manifest: Path, port: int, workdir: Path, host_paths: dict[str, 
             source = host_paths.get(volume["hostPath"]["path"], Path(volume["hostPath"]["path"]))
             if not source.exists():
                 if volume["hostPath"].get("type") != "DirectoryOrCreate":
-                    pytest.fail(f"{manifest}: hostPath {source} is missing on this machine", pytrace=False)
-                source = workdir / mount["name"]  # what the kubelet would create, without touching this machine
+                    pytest.fail(
+                        f"{manifest}: hostPath {source} is missing on this machine", pytrace=False
+                    )
+                source = (
+                    workdir / mount["name"]
+                )  # what the kubelet would create, without touching this machine
                 source.mkdir(exist_ok=True)
             mode = "ro" if mount.get("readOnly") else "rw"
             options += ["--volume", f"{source}:{mount['mountPath']}:{mode}"]
@@ -210,7 +286,10 @@ def run_options(manifest: Path, port: int, workdir: Path, host_paths: dict[str, 
             size = _quantity(volume["emptyDir"].get("sizeLimit", "64Mi"))
             options += ["--mount", f"type=tmpfs,destination={mount['mountPath']},tmpfs-size={size}"]
         else:
-            pytest.fail(f"{manifest}: volume {volume} is of a kind this test cannot mount: add it", pytrace=False)
+            pytest.fail(
+                f"{manifest}: volume {volume} is of a kind this test cannot mount: add it",
+                pytrace=False,
+            )
     command = container.get("command")
     if command:
         options += ["--entrypoint", json.dumps(command)]
@@ -220,17 +299,31 @@ def run_options(manifest: Path, port: int, workdir: Path, host_paths: dict[str, 
 class Container:
     """One agent container started from a manifest; `url` is its listen address on loopback."""
 
-    def __init__(self, podman: Podman, name: str, image: str, options: list[str], args: list[str], port: int):
+    def __init__(
+        self, podman: Podman, name: str, image: str, options: list[str], args: list[str], port: int
+    ):
         self.podman, self.name, self.args = podman, f"kepler-bridge-test-{name}-{os.getpid()}", args
         self.url = f"http://127.0.0.1:{port}"
-        podman("run", "--detach", "--name", self.name, "--label", f"{LABEL}={os.getpid()}", *options, image, *args)
+        podman(
+            "run",
+            "--detach",
+            "--name",
+            self.name,
+            "--label",
+            f"{LABEL}={os.getpid()}",
+            *options,
+            image,
+            *args,
+        )
 
     def logs(self) -> str:
         result = self.podman("logs", self.name, check=False)
         return result.stdout + result.stderr
 
     def running(self) -> bool:
-        state = self.podman("inspect", "--format", "{{.State.Running}}", self.name, check=False).stdout
+        state = self.podman(
+            "inspect", "--format", "{{.State.Running}}", self.name, check=False
+        ).stdout
         return state.strip() == "true"
 
     def wait(self, path: str, seconds: float) -> requests.Response:
@@ -247,21 +340,31 @@ class Container:
                 if not self.running():
                     break
             time.sleep(1)
-        pytest.fail(f"{self.name}: {path} not 200 within {seconds:.0f}s ({last}); running={self.running()}; "
-                    f"logs:\n{self.logs()[-4000:]}", pytrace=False)
+        pytest.fail(
+            f"{self.name}: {path} not 200 within {seconds:.0f}s ({last}); "
+            f"running={self.running()}; "
+            f"logs:\n{self.logs()[-4000:]}",
+            pytrace=False,
+        )
 
     def doctor(self) -> dict[str, str]:
-        """`kepler-bridge doctor` inside, with the settings of the container's `serve`: source -> its line."""
-        result = self.podman("exec", self.name, "kepler-bridge", "doctor", *self.args[1:], timeout=120)
-        return {line.split()[1]: line for line in result.stdout.splitlines() if len(line.split()) > 1}
+        """`kepler-bridge doctor` inside, with the settings of the container's `serve`:
+        source -> its line."""
+        result = self.podman(
+            "exec", self.name, "kepler-bridge", "doctor", *self.args[1:], timeout=120
+        )
+        return {
+            line.split()[1]: line for line in result.stdout.splitlines() if len(line.split()) > 1
+        }
 
     def remove(self) -> None:
         self.podman("rm", "--force", "--time", "2", self.name, check=False)
 
 
 @pytest.fixture(scope="module")
-def containers(podman: Podman, images: dict[str, str], host_usr: Path,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Container]]:
+def containers(
+    podman: Podman, images: dict[str, str], host_usr: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Container]]:
     """Every run of RUNS, started together (bcc compiles in each, at the manifests' CPU limit)."""
     ascend = tmp_path_factory.mktemp("ascend-host")
     ascend_host(ascend)
@@ -270,7 +373,9 @@ def containers(podman: Podman, images: dict[str, str], host_usr: Path,
     try:
         for name, manifest, image, seccomp in RUNS:
             port = free_port()
-            options, args = run_options(manifest, port, tmp_path_factory.mktemp(name), host_paths, seccomp)
+            options, args = run_options(
+                manifest, port, tmp_path_factory.mktemp(name), host_paths, seccomp
+            )
             started[name] = Container(podman, name, images[image], options, args, port)
         yield started
     finally:
@@ -280,18 +385,26 @@ def containers(podman: Podman, images: dict[str, str], host_usr: Path,
 
 def _metrics(container: Container) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = container.wait("/metrics", 10).text
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for sample in samples(text)}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for sample in samples(text)
+    }
 
 
 def _source_up(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:
-    return {dict(labels)["source"]: value for (name, labels), value in metrics.items()
-            if name == "kepler_bridge_source_up"}
+    return {
+        dict(labels)["source"]: value
+        for (name, labels), value in metrics.items()
+        if name == "kepler_bridge_source_up"
+    }
 
 
 def _source_states(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, str]:
-    return {dict(labels)["source"]: dict(labels)["state"] for (name, labels), value in metrics.items()
-            if name == "kepler_bridge_source_state" and value == 1}
+    return {
+        dict(labels)["source"]: dict(labels)["state"]
+        for (name, labels), value in metrics.items()
+        if name == "kepler_bridge_source_state" and value == 1
+    }
 
 
 def _serves(container: Container) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -308,43 +421,81 @@ def _serves(container: Container) -> dict[tuple[str, tuple[tuple[str, str], ...]
 
 
 def _fallback_warnings(container: Container) -> list[str]:
-    return [line for line in container.logs().splitlines() if " WARNING " in line and "takes its place" in line]
+    return [
+        line
+        for line in container.logs().splitlines()
+        if " WARNING " in line and "takes its place" in line
+    ]
 
 
 def test_slim_image_is_smaller_and_has_no_bcc(podman: Podman, images: dict[str, str]) -> None:
-    sizes = {target: int(podman("image", "inspect", "--format", "{{.Size}}", tag).stdout) for target, tag in
-             images.items()}
+    sizes = {
+        target: int(podman("image", "inspect", "--format", "{{.Size}}", tag).stdout)
+        for target, tag in images.items()
+    }
     assert sizes["slim"] < sizes["full"], sizes
     probe = ("python3", "-c", "import bcc")
-    assert podman("run", "--rm", "--network", "host", "--entrypoint", probe[0], images["full"], *probe[1:],
-                  check=False).returncode == 0, "the default image imports bcc"
-    assert podman("run", "--rm", "--network", "host", "--entrypoint", probe[0], images["slim"], *probe[1:],
-                  check=False).returncode != 0, "the slim image has no bcc"
+    assert (
+        podman(
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            "--entrypoint",
+            probe[0],
+            images["full"],
+            *probe[1:],
+            check=False,
+        ).returncode
+        == 0
+    ), "the default image imports bcc"
+    assert (
+        podman(
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            "--entrypoint",
+            probe[0],
+            images["slim"],
+            *probe[1:],
+            check=False,
+        ).returncode
+        != 0
+    ), "the slim image has no bcc"
 
 
 def test_image_keeps_its_healthcheck(podman: Podman, images: dict[str, str]) -> None:
     for tag in images.values():
-        check = json.loads(podman("image", "inspect", "--format", "{{json .HealthCheck}}", tag).stdout)
+        check = json.loads(
+            podman("image", "inspect", "--format", "{{json .HealthCheck}}", tag).stdout
+        )
         assert "/healthz" in " ".join(check["Test"]), check
 
 
-def test_privileged_daemonset_has_ebpf_and_finds_the_driver_library(containers: dict[str, Container]) -> None:
+def test_privileged_daemonset_has_ebpf_and_finds_the_driver_library(
+    containers: dict[str, Container],
+) -> None:
     container = containers["privileged"]
     metrics = _serves(container)
     up = _source_up(metrics)
     assert up["ebpf"] == 1, container.doctor()["ebpf"]
     assert metrics[("kepler_bridge_ebpf_programs_attached", (("node", NODE),))] > 0
-    # The manifest mounts the host's /usr and names it: the library was found and loaded, but this machine has
-    # no NVIDIA GPU (nor driver), so nvml is absent, not down.
+    # The manifest mounts the host's /usr and names it: the library was found and loaded,
+    # but this machine has no NVIDIA GPU (nor driver), so nvml is absent, not down.
     assert "nvml" not in up and _source_states(metrics)["nvml"] == "absent"
     doctor = container.doctor()
     assert doctor["ebpf"].startswith("ok"), doctor["ebpf"]
     assert doctor["procfs"].startswith("ok"), doctor["procfs"]
-    assert doctor["nvml"].startswith("no") and "kernel driver is not loaded" in doctor["nvml"], doctor["nvml"]
+    assert doctor["nvml"].startswith("no") and "kernel driver is not loaded" in doctor["nvml"], (
+        doctor["nvml"]
+    )
     assert not _fallback_warnings(container)
 
 
-def test_hardened_daemonset_with_its_seccomp_profile_has_ebpf(containers: dict[str, Container]) -> None:
+def test_hardened_daemonset_with_its_seccomp_profile_has_ebpf(
+    containers: dict[str, Container],
+) -> None:
     container = containers["hardened"]
     metrics = _serves(container)
     assert _source_up(metrics)["ebpf"] == 1, container.doctor()["ebpf"]
@@ -354,20 +505,30 @@ def test_hardened_daemonset_with_its_seccomp_profile_has_ebpf(containers: dict[s
 
 
 def test_hardened_daemonset_under_the_default_profile_falls_back_with_a_warning(
-        containers: dict[str, Container]) -> None:
+    containers: dict[str, Container],
+) -> None:
     container = containers["hardened-runtime-default"]
     metrics = _serves(container)
     up = _source_up(metrics)
     assert "ebpf" not in up and up["procfs"] == 1 and _source_states(metrics)["ebpf"] == "standby"
     (warning,) = _fallback_warnings(container)
-    assert "source ebpf is unavailable, procfs takes its place" in warning and "not permitted" in warning, warning
+    assert (
+        "source ebpf is unavailable, procfs takes its place" in warning
+        and "not permitted" in warning
+    ), warning
 
 
-def test_ascend_daemonset_runs_the_hosts_npu_smi_with_its_driver(containers: dict[str, Container]) -> None:
+def test_ascend_daemonset_runs_the_hosts_npu_smi_with_its_driver(
+    containers: dict[str, Container],
+) -> None:
     container = containers["ascend"]
     metrics = _serves(container)
     assert _source_states(metrics)["ascend"] == "up", container.doctor()["ascend"]
-    up = [value for (name, labels), value in metrics.items() if name == "gpu_up" and ("vendor", "huawei") in labels]
+    up = [
+        value
+        for (name, labels), value in metrics.items()
+        if name == "gpu_up" and ("vendor", "huawei") in labels
+    ]
     assert up == [1.0, 1.0], "the two chips of the recorded 910B table"
     assert container.doctor()["ascend"].startswith("ok")
 
@@ -379,6 +540,8 @@ def test_slim_image_accounts_cpu_from_procfs(containers: dict[str, Container]) -
     assert "ebpf" not in up and up["procfs"] == 1 and _source_states(metrics)["ebpf"] == "standby"
     assert any(name == "kepler_bridge_process_cpu_seconds_total" for name, _ in metrics)
     (warning,) = _fallback_warnings(container)
-    assert "source ebpf is unavailable, procfs takes its place" in warning and "bcc" in warning, warning
+    assert "source ebpf is unavailable, procfs takes its place" in warning and "bcc" in warning, (
+        warning
+    )
     doctor = container.doctor()
     assert doctor["ebpf"].startswith("no") and doctor["procfs"].startswith("ok"), doctor

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from scaffold import make_config
 
 from agent import Agent
 from fixtures.sysfs import GIB, FakeSysfs
 from kepler_bridge.sources import intel
 from kepler_bridge.sources.base import SourceAbsent
+from scaffold import make_config
 
 
 @pytest.fixture
@@ -27,7 +27,8 @@ def test_i915_xe_and_integrated_cards_in_contract_units(sysfs: FakeSysfs) -> Non
     with Agent("--sources", "intel", "--sysfs", str(sysfs.root), "--interval", "0.25s") as agent:
         text = agent.metrics()
         assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0, "2": 1.0}
-        # i915 local memory: lmem_total_bytes and lmem_avail_bytes on the card; xe: per-tile VRAM size only.
+        # i915 local memory: lmem_total_bytes and lmem_avail_bytes on the card;
+        # xe: per-tile VRAM size only.
         assert agent.samples("gpu_memory_total_bytes") == {"0": 16 * GIB, "1": 12 * GIB}
         assert agent.samples("gpu_memory_used_bytes") == {"0": 4 * GIB}
         assert agent.samples("gpu_sm_clock_hertz") == {"0": 2.4e9, "1": 2.85e9, "2": 1.3e9}
@@ -39,14 +40,23 @@ def test_i915_xe_and_integrated_cards_in_contract_units(sysfs: FakeSysfs) -> Non
         # power1_max is PL1 in µW; 0 means the limit is disabled.
         assert agent.samples("gpu_power_limit_watts") == {"0": 190.0}
         assert agent.samples("gpu_utilization_ratio") == {}
-        assert 'uuid="INTEL-0000:06:00.0",vendor="intel"' in text and 'model="Intel GPU 0x56a0"' in text
+        assert (
+            'uuid="INTEL-0000:06:00.0",vendor="intel"' in text
+            and 'model="Intel GPU 0x56a0"' in text
+        )
         body = agent.get("/v1/collect").json()["test-node"]
         assert body["deviceNum"] == 3
-        assert body["devices"][0] == {"usedMemory": 4 * GIB, "totalMemory": 16 * GIB, "percent": 0.25}
+        assert body["devices"][0] == {
+            "usedMemory": 4 * GIB,
+            "totalMemory": 16 * GIB,
+            "percent": 0.25,
+        }
         assert body["devices"][1] == {"usedMemory": 0, "totalMemory": 12 * GIB, "percent": 0}
 
 
-def test_power_is_the_energy_counters_rate(sysfs: FakeSysfs, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_power_is_the_energy_counters_rate(
+    sysfs: FakeSysfs, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, hwmon = sysfs.intel_dg2_i915(0, "0000:05:00.0")
     clock = iter([100.0, 102.0, 103.0, 104.0])
     monkeypatch.setattr(intel.time, "monotonic", lambda: next(clock))
@@ -55,7 +65,9 @@ def test_power_is_the_energy_counters_rate(sysfs: FakeSysfs, monkeypatch: pytest
     assert source.read().gpus[0].power_watts is None  # one reading is no rate yet
     sysfs.write(hwmon, {"energy1_input": 5_000_000_000 + 300_000_000})  # +300 J in 2 s
     assert source.read().gpus[0].power_watts == 150.0
-    sysfs.write(hwmon, {"energy1_input": 1_000_000})  # the counter went back (driver reload): no rate
+    sysfs.write(
+        hwmon, {"energy1_input": 1_000_000}
+    )  # the counter went back (driver reload): no rate
     assert source.read().gpus[0].power_watts is None
     sysfs.write(hwmon, {"energy1_input": 1_000_000 + 99_999_000_000})  # 99999 W: out of range
     assert source.read().gpus[0].power_watts is None

@@ -1,16 +1,17 @@
-"""The jetson source on fake Tegra sysfs trees: devfreq, INA3221 (hwmon and iio), thermal zones, meminfo."""
+"""The jetson source on fake Tegra sysfs trees: devfreq, INA3221 (hwmon and iio), thermal zones,
+meminfo."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from scaffold import make_config
 
 from agent import Agent
 from fixtures.sysfs import FakeSysfs
 from kepler_bridge.sources.base import SourceAbsent
 from kepler_bridge.sources.jetson import JetsonSource
+from scaffold import make_config
 
 
 def jetson(sysfs: FakeSysfs, procfs: Path) -> JetsonSource:
@@ -23,8 +24,16 @@ def jetson(sysfs: FakeSysfs, procfs: Path) -> JetsonSource:
 def test_orin_in_the_agent(tmp_path: Path) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.jetson_orin(tmp_path / "proc")
-    with Agent("--sources", "jetson", "--sysfs", str(sysfs.root), "--procfs", str(tmp_path / "proc"),
-               "--interval", "0.25s") as agent:
+    with Agent(
+        "--sources",
+        "jetson",
+        "--sysfs",
+        str(sysfs.root),
+        "--procfs",
+        str(tmp_path / "proc"),
+        "--interval",
+        "0.25s",
+    ) as agent:
         text = agent.metrics()
         assert agent.samples("gpu_utilization_ratio") == {"0": 0.523}  # load is per mille
         assert agent.samples("gpu_sm_clock_hertz") == {"0": 918e6}
@@ -33,8 +42,10 @@ def test_orin_in_the_agent(tmp_path: Path) -> None:
         assert agent.samples("gpu_memory_used_bytes") == {"0": 6_000_000 * 1024}
         assert agent.samples("gpu_power_watts") == {"0": 6.0}  # VDD_GPU_SOC: 5000 mV x 1200 mA
         assert agent.samples("gpu_temperature_celsius") == {"0": 45.5}
-        assert ('model="NVIDIA Jetson AGX Orin Developer Kit",node="test-node",uuid="JETSON-1421022123456",'
-                'vendor="nvidia"') in text
+        assert (
+            'model="NVIDIA Jetson AGX Orin Developer Kit",node="test-node",'
+            'uuid="JETSON-1421022123456",vendor="nvidia"'
+        ) in text
         body = agent.get("/v1/collect").json()["test-node"]
         assert body["deviceNum"] == 1 and body["totalMemory"] == 31_000_000 * 1024
 
@@ -43,9 +54,11 @@ def test_nano_with_the_older_iio_power_driver(tmp_path: Path) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.jetson_nano(tmp_path / "proc")
     source = jetson(sysfs, tmp_path / "proc")
-    gpu, = source.read().gpus
+    (gpu,) = source.read().gpus
     assert gpu.utilization == 1.0
-    assert gpu.power_watts == pytest.approx(1.234)  # POM_5V_GPU in milliwatts, not the board's POM_5V_IN
+    assert gpu.power_watts == pytest.approx(
+        1.234
+    )  # POM_5V_GPU in milliwatts, not the board's POM_5V_IN
     assert gpu.temperature_celsius == 38.5  # GPU-therm
     assert gpu.uuid == "JETSON-57000000.gpu"  # no serial number in this device tree
     assert "power rail POM_5V_GPU" in source.describe(source.read())
@@ -54,9 +67,14 @@ def test_nano_with_the_older_iio_power_driver(tmp_path: Path) -> None:
 def test_a_rail_shared_with_the_cpu_is_used_when_the_gpu_has_none_alone(tmp_path: Path) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.jetson_orin(tmp_path / "proc")
-    hwmon = next(path for path in (sysfs.root / "class" / "hwmon").iterdir()
-                 if (path / "name").read_text().strip() == "ina3221")
-    sysfs.write(hwmon, {"in1_label": "VDD_IN", "in2_label": "VDD_CPU_GPU_CV"})  # Orin NX / Nano labels
+    hwmon = next(
+        path
+        for path in (sysfs.root / "class" / "hwmon").iterdir()
+        if (path / "name").read_text().strip() == "ina3221"
+    )
+    sysfs.write(
+        hwmon, {"in1_label": "VDD_IN", "in2_label": "VDD_CPU_GPU_CV"}
+    )  # Orin NX / Nano labels
     assert jetson(sysfs, tmp_path / "proc").read().gpus[0].power_watts == 4.0
 
 
@@ -65,7 +83,7 @@ def test_out_of_range_readings_are_dropped(tmp_path: Path) -> None:
     sysfs.jetson_orin(tmp_path / "proc")
     sysfs.write(sysfs.root / "devices" / "platform" / "17000000.ga10b", {"load": 4000})
     sysfs.write(sysfs.root / "devices" / "virtual" / "thermal" / "thermal_zone1", {"temp": -256000})
-    gpu, = jetson(sysfs, tmp_path / "proc").read().gpus
+    (gpu,) = jetson(sysfs, tmp_path / "proc").read().gpus
     assert gpu.utilization is None and gpu.temperature_celsius is None and gpu.up
 
 

@@ -1,4 +1,5 @@
-"""Kubernetes metadata: pod lists from a fake kubelet (HTTPS, token), API server and MetaServer; caching; labels."""
+"""Kubernetes metadata: pod lists from a fake kubelet (HTTPS, token), API server and MetaServer;
+caching; labels."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent import Agent
 from cpu_helpers import Burner
@@ -23,11 +25,23 @@ from powercap import PowercapTree
 from scaffold import by_name, make_config, require, wait_for
 
 A, B, C, D = "a" * 64, "b" * 64, "c" * 64, "d" * 64
-PODS = pod_list(pod("shop", "web-1", ("nginx", f"containerd://{A}"), ("sidecar", f"cri-o://{B}"), ("late", ""),
-                    init=(("migrate", f"containerd://{C}"),)),
-                pod("ml", "train-0", ("main", f"docker://{D}")))
-EXPECTED = {A: PodRef("shop", "web-1", "nginx"), B: PodRef("shop", "web-1", "sidecar"),
-            C: PodRef("shop", "web-1", "migrate"), D: PodRef("ml", "train-0", "main")}
+PODS = pod_list(
+    pod(
+        "shop",
+        "web-1",
+        ("nginx", f"containerd://{A}"),
+        ("sidecar", f"cri-o://{B}"),
+        ("late", ""),
+        init=(("migrate", f"containerd://{C}"),),
+    ),
+    pod("ml", "train-0", ("main", f"docker://{D}")),
+)
+EXPECTED = {
+    A: PodRef("shop", "web-1", "nginx"),
+    B: PodRef("shop", "web-1", "sidecar"),
+    C: PodRef("shop", "web-1", "migrate"),
+    D: PodRef("ml", "train-0", "main"),
+}
 TOKEN = "s3cret-token"
 
 
@@ -45,8 +59,9 @@ def token_file(tmp_path: Path) -> Path:
 
 def metadata(environ: dict[str, str] | None = None, **settings: object) -> KubeMetadata:
     settings.setdefault("pod_resources_socket", "")
-    return KubeMetadata(make_config(**settings), environ=environ or {}, min_period=0.05,
-                        timeout=2.0)
+    return KubeMetadata(
+        make_config(**settings), environ=environ or {}, min_period=0.05, timeout=2.0
+    )
 
 
 def test_pod_list_gives_every_started_container_by_runtime_id() -> None:
@@ -57,8 +72,12 @@ def test_pod_list_gives_every_started_container_by_runtime_id() -> None:
 
 def test_kubelet_over_https_with_token_and_ca(tls: tuple[Path, Path], token_file: Path) -> None:
     with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet:
-        kube = metadata(kube_source="kubelet", kubelet_url=kubelet.url, kube_token_file=token_file,
-                        kube_ca_file=tls[0])
+        kube = metadata(
+            kube_source="kubelet",
+            kubelet_url=kubelet.url,
+            kube_token_file=token_file,
+            kube_ca_file=tls[0],
+        )
         kube.refresh()
         assert kube.view().containers == EXPECTED
         assert kubelet.requests == [("/pods", f"Bearer {TOKEN}")]
@@ -66,23 +85,39 @@ def test_kubelet_over_https_with_token_and_ca(tls: tuple[Path, Path], token_file
 
 
 def test_kubelet_address_defaults_to_node_ip() -> None:
-    for environ, url in (({"NODE_IP": "10.0.0.5"}, "https://10.0.0.5:10250/pods"),
-                         ({"NODE_IP": "fd00::5"}, "https://[fd00::5]:10250/pods"),
-                         ({}, "https://127.0.0.1:10250/pods")):
+    for environ, url in (
+        ({"NODE_IP": "10.0.0.5"}, "https://10.0.0.5:10250/pods"),
+        ({"NODE_IP": "fd00::5"}, "https://[fd00::5]:10250/pods"),
+        ({}, "https://127.0.0.1:10250/pods"),
+    ):
         kube = KubeMetadata(make_config(kube_source="kubelet"), environ=environ)
         assert [endpoint.url for endpoint in kube.endpoints] == [url]
 
 
-def test_refused_token_and_untrusted_certificate_say_what_to_change(tls: tuple[Path, Path], tmp_path: Path) -> None:
+def test_refused_token_and_untrusted_certificate_say_what_to_change(
+    tls: tuple[Path, Path], tmp_path: Path
+) -> None:
     wrong = tmp_path / "wrong-token"
     wrong.write_text("nope")
     with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet:
-        kube = metadata(kube_source="kubelet", kubelet_url=kubelet.url, kube_token_file=wrong, kube_ca_file=tls[0])
+        kube = metadata(
+            kube_source="kubelet",
+            kubelet_url=kubelet.url,
+            kube_token_file=wrong,
+            kube_ca_file=tls[0],
+        )
         kube.refresh()
         assert kube.view().containers == {}
-        assert "answered 401" in kube.errors["pods"] and f"the token in {wrong} was refused" in kube.errors["pods"]
-        untrusted = metadata(kube_source="kubelet", kubelet_url=kubelet.url, kube_token_file=wrong,
-                             kube_ca_file=tmp_path / "no-such-ca.crt")
+        assert (
+            "answered 401" in kube.errors["pods"]
+            and f"the token in {wrong} was refused" in kube.errors["pods"]
+        )
+        untrusted = metadata(
+            kube_source="kubelet",
+            kubelet_url=kubelet.url,
+            kube_token_file=wrong,
+            kube_ca_file=tmp_path / "no-such-ca.crt",
+        )
         untrusted.refresh()
         assert "certificate is not trusted" in untrusted.errors["pods"]
         assert "kube_insecure_skip_tls_verify=true" in untrusted.errors["pods"]
@@ -90,20 +125,33 @@ def test_refused_token_and_untrusted_certificate_say_what_to_change(tls: tuple[P
 
 def test_insecure_skip_tls_verify(tls: tuple[Path, Path], token_file: Path, tmp_path: Path) -> None:
     with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet:
-        kube = metadata(kube_source="kubelet", kubelet_url=kubelet.url, kube_token_file=token_file,
-                        kube_ca_file=tmp_path / "none", kube_insecure_skip_tls_verify="true")
+        kube = metadata(
+            kube_source="kubelet",
+            kubelet_url=kubelet.url,
+            kube_token_file=token_file,
+            kube_ca_file=tmp_path / "none",
+            kube_insecure_skip_tls_verify="true",
+        )
         kube.refresh()
         assert kube.view().containers == EXPECTED
 
 
 def test_api_server_filtered_by_node_name(tls: tuple[Path, Path], token_file: Path) -> None:
     with FakeKube(PODS, token=TOKEN, tls=tls) as apiserver:
-        environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(apiserver.port)}
-        kube = metadata(environ, kube_source="apiserver", node_name="edge-1", kube_token_file=token_file,
-                        kube_ca_file=tls[0])
+        environ = {
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(apiserver.port),
+        }
+        kube = metadata(
+            environ,
+            kube_source="apiserver",
+            node_name="edge-1",
+            kube_token_file=token_file,
+            kube_ca_file=tls[0],
+        )
         kube.refresh()
         assert kube.view().containers == EXPECTED
-        (path, authorization), = apiserver.requests
+        ((path, authorization),) = apiserver.requests
         assert urlsplit(path).path == "/api/v1/pods" and authorization == f"Bearer {TOKEN}"
         assert parse_qs(urlsplit(path).query) == {"fieldSelector": ["spec.nodeName=edge-1"]}
 
@@ -116,7 +164,9 @@ def test_api_server_outside_a_pod_says_so() -> None:
 
 def test_metaserver_over_plain_http_gets_no_token(token_file: Path) -> None:
     with FakeKube(PODS) as metaserver:
-        kube = metadata(kube_source="metaserver", metaserver_url=metaserver.url, kube_token_file=token_file)
+        kube = metadata(
+            kube_source="metaserver", metaserver_url=metaserver.url, kube_token_file=token_file
+        )
         kube.refresh()
         assert kube.view().containers == EXPECTED
         assert metaserver.requests == [("/api/v1/pods", "")]
@@ -132,10 +182,17 @@ def test_last_good_list_kept_while_the_endpoint_is_down() -> None:
     assert "keeping the last pod list" in kube.errors["pods"]
 
 
-def test_auto_prefers_the_metaserver_then_the_kubelet(tls: tuple[Path, Path], token_file: Path) -> None:
+def test_auto_prefers_the_metaserver_then_the_kubelet(
+    tls: tuple[Path, Path], token_file: Path
+) -> None:
     with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet, FakeKube(pod_list()) as metaserver:
-        settings = dict(kube_source="auto", metaserver_url=metaserver.url, kubelet_url=kubelet.url,
-                        kube_token_file=token_file, kube_ca_file=tls[0])
+        settings = dict(
+            kube_source="auto",
+            metaserver_url=metaserver.url,
+            kubelet_url=kubelet.url,
+            kube_token_file=token_file,
+            kube_ca_file=tls[0],
+        )
         kube = metadata(**settings)
         assert [endpoint.name for endpoint in kube.endpoints] == ["metaserver", "kubelet"]
         kube.refresh()
@@ -151,23 +208,39 @@ def test_auto_prefers_the_metaserver_then_the_kubelet(tls: tuple[Path, Path], to
 
 def test_refreshes_in_the_background_and_soon_after_an_unknown_container() -> None:
     with FakeKube(pod_list(pod("ml", "train-0", ("main", f"docker://{D}")))) as metaserver:
-        kube = KubeMetadata(make_config(kube_source="metaserver", metaserver_url=metaserver.url,
-                                        pod_resources_socket=""), environ={}, period=60.0, min_period=0.05)
+        kube = KubeMetadata(
+            make_config(
+                kube_source="metaserver", metaserver_url=metaserver.url, pod_resources_socket=""
+            ),
+            environ={},
+            period=60.0,
+            min_period=0.05,
+        )
         kube.start()
         try:
-            wait_for(lambda: kube.view().containers == {D: PodRef("ml", "train-0", "main")}, 5,
-                     "the first pod list", step=0.02)
+            wait_for(
+                lambda: kube.view().containers == {D: PodRef("ml", "train-0", "main")},
+                5,
+                "the first pod list",
+                step=0.02,
+            )
             metaserver.pods = PODS  # a new pod starts; its container shows up in a process's cgroup
             kube.notice([A])
             wait_for(lambda: A in kube.view().containers, 5, "the new pod's container", step=0.02)
             assert kube.view().containers == EXPECTED  # long before the 60 s period
             asked = len(metaserver.requests)
             kube.notice([A, "f" * 64])  # A is known; an unknown id asks once, not at every sample
-            wait_for(lambda: len(metaserver.requests) > asked, 5, "a pod list for the unknown id",
-                     step=0.02)
+            wait_for(
+                lambda: len(metaserver.requests) > asked,
+                5,
+                "a pod list for the unknown id",
+                step=0.02,
+            )
             for _ in range(5):
                 kube.notice(["f" * 64])
-                time.sleep(0.1)  # two refresh periods (min_period) each: time enough to ask again, were it to
+                time.sleep(
+                    0.1
+                )  # two refresh periods (min_period) each: time enough to ask again, were it to
             assert len(metaserver.requests) == asked + 1
         finally:
             kube.stop()
@@ -175,46 +248,88 @@ def test_refreshes_in_the_background_and_soon_after_an_unknown_container() -> No
 
 
 def test_device_keys() -> None:
-    assert device_key("GPU-8a2b3c4d-0000-1111-2222-333344445555::3") == "gpu-8a2b3c4d-0000-1111-2222-333344445555"
-    assert device_key("MIG-GPU-8a2b3c4d-0000-1111-2222-333344445555/1/0") == "gpu-8a2b3c4d-0000-1111-2222-333344445555"
-    assert device_key("MIG-4f9e0000-aaaa-bbbb-cccc-ddddeeeeffff") == "mig-4f9e0000-aaaa-bbbb-cccc-ddddeeeeffff"
+    assert (
+        device_key("GPU-8a2b3c4d-0000-1111-2222-333344445555::3")
+        == "gpu-8a2b3c4d-0000-1111-2222-333344445555"
+    )
+    assert (
+        device_key("MIG-GPU-8a2b3c4d-0000-1111-2222-333344445555/1/0")
+        == "gpu-8a2b3c4d-0000-1111-2222-333344445555"
+    )
+    assert (
+        device_key("MIG-4f9e0000-aaaa-bbbb-cccc-ddddeeeeffff")
+        == "mig-4f9e0000-aaaa-bbbb-cccc-ddddeeeeffff"
+    )
     assert device_key("0000:03:00.0") == device_key("00000000:03:00.0") == "0000:03:00.0"
 
 
 def test_gpu_process_labels() -> None:
     uuid = "GPU-8a2b3c4d-0000-1111-2222-333344445555"
     owner = PodRef("ml", "train-0", "main")
-    view = KubeView(containers={A: PodRef("shop", "web-1", "nginx")},
-                    devices=device_owners([Assignment(f"{uuid}::0", "nvidia.com/gpu", owner)]))
-    reading = GpuReading(index=0, uuid=uuid, vendor="nvidia", model="A100", processes=(
-        GpuProcess(1, "nginx", container_id=A),  # its own container decides
-        GpuProcess(2, "Xorg"),  # a host process belongs to no pod
-        GpuProcess(3, ""),  # not visible in /proc (no hostPID): the GPU's owner
-        GpuProcess(4, "python", container_id=B)))  # a container the pod list does not name: the GPU's owner
-    labelled = {proc.pid: (proc.owner.namespace, proc.owner.pod, proc.owner.container)
-                for proc in join_owners(reading, view).processes}
-    assert labelled == {1: ("shop", "web-1", "nginx"), 2: ("", "", ""), 3: ("ml", "train-0", "main"),
-                        4: ("ml", "train-0", "main")}
-    shared = KubeView(devices=device_owners([Assignment(f"{uuid}::0", "nvidia.com/gpu", owner),
-                                             Assignment(f"{uuid}::1", "nvidia.com/gpu", PodRef("ml", "b", "x"))]))
+    view = KubeView(
+        containers={A: PodRef("shop", "web-1", "nginx")},
+        devices=device_owners([Assignment(f"{uuid}::0", "nvidia.com/gpu", owner)]),
+    )
+    reading = GpuReading(
+        index=0,
+        uuid=uuid,
+        vendor="nvidia",
+        model="A100",
+        processes=(
+            GpuProcess(1, "nginx", container_id=A),  # its own container decides
+            GpuProcess(2, "Xorg"),  # a host process belongs to no pod
+            GpuProcess(3, ""),  # not visible in /proc (no hostPID): the GPU's owner
+            GpuProcess(4, "python", container_id=B),
+        ),
+    )  # a container the pod list does not name: the GPU's owner
+    labelled = {
+        proc.pid: (proc.owner.namespace, proc.owner.pod, proc.owner.container)
+        for proc in join_owners(reading, view).processes
+    }
+    assert labelled == {
+        1: ("shop", "web-1", "nginx"),
+        2: ("", "", ""),
+        3: ("ml", "train-0", "main"),
+        4: ("ml", "train-0", "main"),
+    }
+    shared = KubeView(
+        devices=device_owners(
+            [
+                Assignment(f"{uuid}::0", "nvidia.com/gpu", owner),
+                Assignment(f"{uuid}::1", "nvidia.com/gpu", PodRef("ml", "b", "x")),
+            ]
+        )
+    )
     assert len(shared.gpu_owners(reading)) == 2
-    assert {proc.owner.pod for proc in join_owners(reading, shared).processes} == {""}  # two owners: nobody guesses
-    mig = GpuReading(index=0, uuid="GPU-x", vendor="nvidia", model="A100", mig_uuids=("MIG-1", "MIG-2"))
+    assert {proc.owner.pod for proc in join_owners(reading, shared).processes} == {
+        ""
+    }  # two owners: nobody guesses
+    mig = GpuReading(
+        index=0, uuid="GPU-x", vendor="nvidia", model="A100", mig_uuids=("MIG-1", "MIG-2")
+    )
     by_mig = KubeView(devices=device_owners([Assignment("MIG-2", "nvidia.com/mig-1g.10gb", owner)]))
     assert by_mig.gpu_owners(mig) == (owner,)
 
 
 def unified_cgroup() -> Path | None:
-    return next((root for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
-                 if (root / "cgroup.controllers").exists()), None)
+    return next(
+        (
+            root
+            for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+            if (root / "cgroup.controllers").exists()
+        ),
+        None,
+    )
 
 
 @pytest.mark.e2e
-def test_agent_labels_energy_with_pods_from_the_kubelet(tls: tuple[Path, Path], token_file: Path,
-                                                        tmp_path: Path) -> None:
+def test_agent_labels_energy_with_pods_from_the_kubelet(
+    tls: tuple[Path, Path], token_file: Path, tmp_path: Path
+) -> None:
     root = unified_cgroup()
-    require(root is not None,
-            "no cgroup v2 hierarchy: the test puts a process in a container's cgroup")
+    require(
+        root is not None, "no cgroup v2 hierarchy: the test puts a process in a container's cgroup"
+    )
     cgroup = root / "kepler-bridge-kube-test" / f"crio-{B}.scope"
     try:
         cgroup.mkdir(parents=True, exist_ok=True)
@@ -223,33 +338,69 @@ def test_agent_labels_energy_with_pods_from_the_kubelet(tls: tuple[Path, Path], 
     tree = PowercapTree(tmp_path / "sys")
     tree.zone("intel-rapl:0", "package-0")
     try:
-        with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet, tree.drawing("intel-rapl:0", watts=50.0), \
-                Burner(preexec_fn=lambda: (cgroup / "cgroup.procs").write_text("0")) as burner, \
-                Agent("--sources", "procfs,rapl", "--sysfs", str(tree.sysfs), "--interval", "200ms",
-                      "--kube-source", "kubelet", "--kubelet-url", kubelet.url, "--kube-token-file", str(token_file),
-                      "--kube-ca-file", str(tls[0]), "--process-metrics", "all") as agent:
+        with (
+            FakeKube(PODS, token=TOKEN, tls=tls) as kubelet,
+            tree.drawing("intel-rapl:0", watts=50.0),
+            Burner(preexec_fn=lambda: (cgroup / "cgroup.procs").write_text("0")) as burner,
+            Agent(
+                "--sources",
+                "procfs,rapl",
+                "--sysfs",
+                str(tree.sysfs),
+                "--interval",
+                "200ms",
+                "--kube-source",
+                "kubelet",
+                "--kubelet-url",
+                kubelet.url,
+                "--kube-token-file",
+                str(token_file),
+                "--kube-ca-file",
+                str(tls[0]),
+                "--process-metrics",
+                "all",
+            ) as agent,
+        ):
             burner.burn(0.3)
 
             def labelled() -> dict[str, list[tuple[dict[str, str], float]]]:
                 found = by_name(agent.metrics())
-                pods = {(labels["namespace"], labels["pod"]): value
-                        for labels, value in found.get("kepler_bridge_pod_cpu_joules_total", [])}
+                pods = {
+                    (labels["namespace"], labels["pod"]): value
+                    for labels, value in found.get("kepler_bridge_pod_cpu_joules_total", [])
+                }
                 return found if pods.get(("shop", "web-1"), 0) > 0 else {}
 
             found = agent.wait_for(labelled, what="CPU energy of pod shop/web-1")
     finally:
         cgroup.rmdir()
         cgroup.parent.rmdir()
-    process = next(labels for labels, _ in found["kepler_bridge_process_cpu_joules_total"]
-                   if labels["pid"] == str(burner.pid))
-    assert (process["container_id"], process["namespace"], process["pod"], process["container"]) == (
-        B, "shop", "web-1", "sidecar")
-    container = next(labels for labels, _ in found["kepler_bridge_container_cpu_seconds_total"]
-                     if labels["container_id"] == B)
-    assert (container["namespace"], container["pod"], container["container"]) == ("shop", "web-1", "sidecar")
+    process = next(
+        labels
+        for labels, _ in found["kepler_bridge_process_cpu_joules_total"]
+        if labels["pid"] == str(burner.pid)
+    )
+    assert (
+        process["container_id"],
+        process["namespace"],
+        process["pod"],
+        process["container"],
+    ) == (B, "shop", "web-1", "sidecar")
+    container = next(
+        labels
+        for labels, _ in found["kepler_bridge_container_cpu_seconds_total"]
+        if labels["container_id"] == B
+    )
+    assert (container["namespace"], container["pod"], container["container"]) == (
+        "shop",
+        "web-1",
+        "sidecar",
+    )
     # Host processes: empty pod labels, in the same families.
-    assert ("", "") in {(labels["namespace"], labels["pod"])
-                        for labels, _ in found["kepler_bridge_pod_cpu_joules_total"]}
+    assert ("", "") in {
+        (labels["namespace"], labels["pod"])
+        for labels, _ in found["kepler_bridge_pod_cpu_joules_total"]
+    }
 
 
 def started(pod_status: dict) -> dict:
@@ -257,24 +408,42 @@ def started(pod_status: dict) -> dict:
     return {"items": [{"metadata": {"namespace": "x", "name": "y"}, "status": pod_status}]}
 
 
-BROKEN_LISTS = [{"items": None}, {"items": [None]}, started(None), started({"containerStatuses": None}),
-                started({"containerStatuses": [None]}), started({"containerStatuses": [{"containerID": 7}]}),
-                {"items": [{"metadata": "shop"}]}]
+BROKEN_LISTS = [
+    {"items": None},
+    {"items": [None]},
+    started(None),
+    started({"containerStatuses": None}),
+    started({"containerStatuses": [None]}),
+    started({"containerStatuses": [{"containerID": 7}]}),
+    {"items": [{"metadata": "shop"}]},
+]
 
 
 @pytest.mark.parametrize("broken", BROKEN_LISTS)
 def test_a_malformed_pod_list_is_that_endpoints_error_and_the_next_answers(
-        broken: dict, tls: tuple[Path, Path], token_file: Path) -> None:
+    broken: dict, tls: tuple[Path, Path], token_file: Path
+) -> None:
     with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet, FakeKube(broken) as metaserver:
-        kube = metadata(kube_source="auto", metaserver_url=metaserver.url, kubelet_url=kubelet.url,
-                        kube_token_file=token_file, kube_ca_file=tls[0])
+        kube = metadata(
+            kube_source="auto",
+            metaserver_url=metaserver.url,
+            kubelet_url=kubelet.url,
+            kube_token_file=token_file,
+            kube_ca_file=tls[0],
+        )
         kube.refresh()
         assert kube.view().containers == EXPECTED
         assert metaserver.requests and kubelet.requests
 
 
-def test_an_endpoint_that_does_not_speak_http_is_its_error(tls: tuple[Path, Path], token_file: Path) -> None:
-    with socket.create_server(("127.0.0.1", 0)) as server, FakeKube(PODS, token=TOKEN, tls=tls) as kubelet:
+def test_an_endpoint_that_does_not_speak_http_is_its_error(
+    tls: tuple[Path, Path], token_file: Path
+) -> None:
+    with (
+        socket.create_server(("127.0.0.1", 0)) as server,
+        FakeKube(PODS, token=TOKEN, tls=tls) as kubelet,
+    ):
+
         def answer_garbage() -> None:
             connection, _ = server.accept()
             with connection:
@@ -283,33 +452,61 @@ def test_an_endpoint_that_does_not_speak_http_is_its_error(tls: tuple[Path, Path
 
         thread = threading.Thread(target=answer_garbage, daemon=True)
         thread.start()
-        kube = metadata(kube_source="auto", metaserver_url=f"http://127.0.0.1:{server.getsockname()[1]}",
-                        kubelet_url=kubelet.url, kube_token_file=token_file, kube_ca_file=tls[0])
+        kube = metadata(
+            kube_source="auto",
+            metaserver_url=f"http://127.0.0.1:{server.getsockname()[1]}",
+            kubelet_url=kubelet.url,
+            kube_token_file=token_file,
+            kube_ca_file=tls[0],
+        )
         kube.refresh()
         thread.join(5)
         assert kube.view().containers == EXPECTED
         assert kube.errors == {"pods": ""}
 
 
-KEYS = st.sampled_from(["items", "metadata", "status", "namespace", "name", "containerID", *STATUS_LISTS])
-LEAVES = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-          | st.text(max_size=4) | st.sampled_from([f"containerd://{A}", "docker://", "://", "cri-o://x"]))
-JSON = st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(KEYS | st.text(max_size=3), inner, max_size=5), max_leaves=25)
+KEYS = st.sampled_from(
+    ["items", "metadata", "status", "namespace", "name", "containerID", *STATUS_LISTS]
+)
+LEAVES = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=4)
+    | st.sampled_from([f"containerd://{A}", "docker://", "://", "cri-o://x"])
+)
+JSON = st.recursive(
+    LEAVES,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(KEYS | st.text(max_size=3), inner, max_size=5)
+    ),
+    max_leaves=25,
+)
 # Mostly PodList-shaped, with anything anywhere.
 STATUSES = st.lists(JSON | st.fixed_dictionaries({"containerID": JSON, "name": JSON}), max_size=3)
-PODS_ISH = st.fixed_dictionaries({"metadata": JSON, "status": st.dictionaries(st.sampled_from(STATUS_LISTS), STATUSES)})
+PODS_ISH = st.fixed_dictionaries(
+    {"metadata": JSON, "status": st.dictionaries(st.sampled_from(STATUS_LISTS), STATUSES)}
+)
 HOSTILE = JSON | st.fixed_dictionaries({"items": st.lists(JSON | PODS_ISH, max_size=3)})
 
 
-def test_hostile_pod_lists_never_escape_the_fallback_chain(tls: tuple[Path, Path], token_file: Path) -> None:
+def test_hostile_pod_lists_never_escape_the_fallback_chain(
+    tls: tuple[Path, Path], token_file: Path
+) -> None:
     with FakeKube(PODS, token=TOKEN, tls=tls) as kubelet, FakeKube(pod_list()) as metaserver:
+
         @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
         @given(body=HOSTILE)
         def check(body: object) -> None:
             metaserver.pods = body
-            kube = metadata(kube_source="auto", metaserver_url=metaserver.url, kubelet_url=kubelet.url,
-                            kube_token_file=token_file, kube_ca_file=tls[0])
+            kube = metadata(
+                kube_source="auto",
+                metaserver_url=metaserver.url,
+                kubelet_url=kubelet.url,
+                kube_token_file=token_file,
+                kube_ca_file=tls[0],
+            )
             kube.refresh()
             try:
                 expected = containers_of(body)

@@ -1,4 +1,5 @@
-"""Deployment manifests: generated files up to date, valid for Kubernetes 1.28+, and the deployment contract."""
+"""Deployment manifests: generated files up to date, valid for Kubernetes 1.28+,
+and the deployment contract."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from scaffold import require
 MANIFESTS = ROOT / "manifests"
 FILES = sorted(MANIFESTS.rglob("*.yaml"))
 # Every Kubernetes minor from 1.28 to the newest whose schemas kubernetes-validate ships.
-VERSIONS = sorted({v for v in kv.all_versions() if tuple(map(int, v.split(".")[:2])) >= (1, 28)},
-                  key=lambda v: tuple(map(int, v.split("."))))
+VERSIONS = sorted(
+    {v for v in kv.all_versions() if tuple(map(int, v.split(".")[:2])) >= (1, 28)},
+    key=lambda v: tuple(map(int, v.split("."))),
+)
 CRD_GROUPS = ("monitoring.coreos.com/",)
 FOLDERS = ("kubernetes", "kubeedge", "baetyl/cluster", "baetyl/single-node")
 # Subfolders that need their parent folder applied first (namespace, account, RBAC, alert rules).
@@ -28,9 +31,17 @@ ASCEND_NODE_LABEL = "feature.node.kubernetes.io/pci-1200_19e5.present"
 PORT = 30060
 SECCOMP_PROFILE = MANIFESTS / "seccomp" / "kepler-bridge.json"
 SECCOMP_BASE = MANIFESTS / "seccomp" / "containers-common-0.50.1.json"
-# Keys of the OCI runtime spec's LinuxSeccomp, the only format containerd reads for Localhost profiles.
-OCI_SECCOMP_KEYS = {"defaultAction", "defaultErrnoRet", "architectures", "flags", "listenerPath", "listenerMetadata",
-                    "syscalls"}
+# Keys of the OCI runtime spec's LinuxSeccomp, the only format containerd reads for Localhost
+# profiles.
+OCI_SECCOMP_KEYS = {
+    "defaultAction",
+    "defaultErrnoRet",
+    "architectures",
+    "flags",
+    "listenerPath",
+    "listenerMetadata",
+    "syscalls",
+}
 OCI_SYSCALL_KEYS = {"names", "action", "errnoRet", "args"}
 
 
@@ -53,7 +64,9 @@ def _id(item: tuple[Path, dict[str, Any]]) -> str:
 
 def test_manifest_files_match_the_generator() -> None:
     for path, text in generator("manifests/render.py").rendered().items():
-        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run python scripts/render_assets.py"
+        assert path.read_text(encoding="utf-8") == text, (
+            f"{path} is out of date: run python scripts/render_assets.py"
+        )
 
 
 def test_every_yaml_file_is_generated() -> None:
@@ -64,9 +77,15 @@ def test_every_yaml_file_is_generated() -> None:
 
 
 def test_seccomp_folder_holds_the_generated_profile_and_its_base() -> None:
-    generated = {path for path in generator("manifests/render.py").rendered() if path.parent == SECCOMP_PROFILE.parent}
+    generated = {
+        path
+        for path in generator("manifests/render.py").rendered()
+        if path.parent == SECCOMP_PROFILE.parent
+    }
     assert generated == {SECCOMP_PROFILE}
-    assert set(SECCOMP_PROFILE.parent.iterdir()) == {SECCOMP_PROFILE, SECCOMP_BASE}, "hand-written or stale files"
+    assert set(SECCOMP_PROFILE.parent.iterdir()) == {SECCOMP_PROFILE, SECCOMP_BASE}, (
+        "hand-written or stale files"
+    )
 
 
 def _is_crd(item: tuple[Path, dict[str, Any]]) -> bool:
@@ -75,7 +94,9 @@ def _is_crd(item: tuple[Path, dict[str, Any]]) -> bool:
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("item", [item for item in _all_docs() if not _is_crd(item)], ids=_id)
-def test_manifest_validates_against_kubernetes_schema(item: tuple[Path, dict[str, Any]], version: str) -> None:
+def test_manifest_validates_against_kubernetes_schema(
+    item: tuple[Path, dict[str, Any]], version: str
+) -> None:
     try:
         kv.validate(item[1], version, strict=True)
     except kv.ValidationError as err:
@@ -87,14 +108,21 @@ def test_manifest_validates_against_kubernetes_schema(item: tuple[Path, dict[str
 def test_crd_manifest_schema(item: tuple[Path, dict[str, Any]]) -> None:
     with pytest.raises(kv.SchemaNotFoundError):
         kv.validate(item[1], VERSIONS[-1], strict=True)
-    checked_by = {"ServiceMonitor": "test_servicemonitor_scrapes_the_service",
-                  "PrometheusRule": "promtool in test_alerts.py"}[item[1]["kind"]]
-    pytest.skip(f"{item[1]['kind']} ({item[1]['apiVersion']}) is a prometheus-operator CRD: kubernetes-validate "
-                f"ships no schema for it and none is vendored here; checked by {checked_by} instead")
+    checked_by = {
+        "ServiceMonitor": "test_servicemonitor_scrapes_the_service",
+        "PrometheusRule": "promtool in test_alerts.py",
+    }[item[1]["kind"]]
+    pytest.skip(
+        f"{item[1]['kind']} ({item[1]['apiVersion']}) is a prometheus-operator CRD: "
+        "kubernetes-validate "
+        f"ships no schema for it and none is vendored here; checked by {checked_by} instead"
+    )
 
 
 def test_image_tag_is_the_package_version() -> None:
-    version = re.search(r'__version__ = "([^"]+)"', (ROOT / "kepler_bridge" / "__init__.py").read_text())
+    version = re.search(
+        r'__version__ = "([^"]+)"', (ROOT / "kepler_bridge" / "__init__.py").read_text()
+    )
     assert version, "kepler_bridge/__init__.py has no __version__"
     for item in _workloads():
         (container,) = item[1]["spec"]["template"]["spec"]["containers"]
@@ -124,8 +152,10 @@ def test_workload_meets_the_deployment_contract(item: tuple[Path, dict[str, Any]
     assert container["ports"] == [{"name": "metrics", "containerPort": PORT, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["resources"] == {"requests": {"cpu": "50m", "memory": "96Mi"},
-                                      "limits": {"cpu": "500m", "memory": "256Mi"}}
+    assert container["resources"] == {
+        "requests": {"cpu": "50m", "memory": "96Mi"},
+        "limits": {"cpu": "500m", "memory": "256Mi"},
+    }
     strategy = doc["spec"].get("updateStrategy") or doc["spec"]["strategy"]
     assert strategy["type"] == "RollingUpdate"
 
@@ -139,18 +169,27 @@ def test_variant_security_settings(item: tuple[Path, dict[str, Any]]) -> None:
         assert doc["spec"]["template"]["metadata"]["labels"]["variant"] == "hardened"
         assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
         assert security["readOnlyRootFilesystem"] is True
-        assert security["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "PERFMON", "SYS_RESOURCE"]}
-        # The kubelet reads Localhost profiles relative to /var/lib/kubelet/seccomp; manifests/seccomp/ is that folder.
-        assert security["seccompProfile"] == {"type": "Localhost", "localhostProfile": SECCOMP_PROFILE.name}
+        assert security["capabilities"] == {
+            "drop": ["ALL"],
+            "add": ["BPF", "PERFMON", "SYS_RESOURCE"],
+        }
+        # The kubelet reads Localhost profiles relative to /var/lib/kubelet/seccomp;
+        # manifests/seccomp/ is that folder.
+        assert security["seccompProfile"] == {
+            "type": "Localhost",
+            "localhostProfile": SECCOMP_PROFILE.name,
+        }
         assert SECCOMP_PROFILE.is_file()
         host_paths = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
-        assert not [path for path in host_paths if path == "/usr" or path.startswith("/usr/lib")], \
+        assert not [path for path in host_paths if path == "/usr" or path.startswith("/usr/lib")], (
             "hardened relies on the NVIDIA container toolkit"
+        )
     else:
         assert doc["spec"]["template"]["metadata"]["labels"]["variant"] == "privileged"
         assert security["privileged"] is True
         env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
-        # A directory: the host's /usr, whose driver layouts (amd64, arm64, Jetson, RHEL) the agent searches.
+        # A directory: the host's /usr, whose driver layouts (amd64, arm64, Jetson, RHEL)
+        # the agent searches.
         library = env["KEPLER_BRIDGE_NVML_LIBRARY"]
         mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
         assert mounts[library]["name"] == "nvidia-driver" and mounts[library]["readOnly"] is True
@@ -173,7 +212,9 @@ def test_hardened_variant_replaces_the_privileged_one(folder: str) -> None:
 @pytest.mark.parametrize("folder", ["kubernetes", "kubeedge"])
 def test_folder_applies_in_order(folder: str) -> None:
     names = sorted(path.name for path in (MANIFESTS / folder).glob("*.yaml"))
-    assert names[0] == "00-namespace.yaml", "kubectl apply -f takes files in name order: namespace first"
+    assert names[0] == "00-namespace.yaml", (
+        "kubectl apply -f takes files in name order: namespace first"
+    )
     assert all(re.fullmatch(r"\d\d-[a-z]+\.yaml", name) for name in names), names
 
 
@@ -183,7 +224,9 @@ def test_kubeedge_shares_namespace_account_and_alerts_with_kubernetes() -> None:
 
 
 @pytest.mark.parametrize("item", _workloads(), ids=_id)
-def test_token_is_mounted_only_where_pod_names_come_from_the_api_server(item: tuple[Path, dict[str, Any]]) -> None:
+def test_token_is_mounted_only_where_pod_names_come_from_the_api_server(
+    item: tuple[Path, dict[str, Any]],
+) -> None:
     path, doc = item
     pod = doc["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
@@ -204,8 +247,12 @@ def test_namespace_sets_pod_security_level() -> None:
 
 def test_rbac_is_read_only_on_pods() -> None:
     role, binding = _docs(MANIFESTS / "kubernetes" / "20-rbac.yaml")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kepler-bridge", "namespace": "kepler-bridge"}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "kepler-bridge", "namespace": "kepler-bridge"}
+    ]
 
 
 @pytest.mark.parametrize("folder", ["kubernetes", "kubernetes/ascend"])
@@ -224,31 +271,47 @@ def test_servicemonitor_scrapes_the_service(folder: str) -> None:
     (monitor,) = _docs(MANIFESTS / folder / "60-servicemonitor.yaml")
     (daemonset,) = _docs(MANIFESTS / folder / "30-daemonset.yaml")
     assert set(monitor["spec"]) == {"selector", "namespaceSelector", "endpoints"}
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["namespaceSelector"] == {
+        "matchNames": [service["metadata"]["namespace"]]
+    }
     (endpoint,) = monitor["spec"]["endpoints"]
     assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
     assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
-    assert service["spec"]["selector"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        service["spec"]["selector"].items()
+        <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    )
     # KeplerBridgeDown matches job=~".*kepler-bridge.*"; the job label is the Service's name.
     assert "kepler-bridge" in service["metadata"]["name"]
 
 
 def test_kubeedge_runs_only_on_edge_gpu_nodes_and_survives_disconnection() -> None:
-    for path in (MANIFESTS / "kubeedge" / "30-daemonset.yaml", MANIFESTS / "kubeedge" / "hardened" / "30-daemonset.yaml"):
+    for path in (
+        MANIFESTS / "kubeedge" / "30-daemonset.yaml",
+        MANIFESTS / "kubeedge" / "hardened" / "30-daemonset.yaml",
+    ):
         (daemonset,) = _docs(path)
         pod = daemonset["spec"]["template"]["spec"]
         assert pod["nodeSelector"]["feature.node.kubernetes.io/gpu"] == "true"
         terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        assert terms["nodeSelectorTerms"] == [{"matchExpressions": [
-            {"key": "node-role.kubernetes.io/edge", "operator": "Exists"}]}]
+        assert terms["nodeSelectorTerms"] == [
+            {"matchExpressions": [{"key": "node-role.kubernetes.io/edge", "operator": "Exists"}]}
+        ]
         tolerated = {t.get("key") for t in pod["tolerations"]}
         assert {"node-role.kubernetes.io/edge", "node.kubernetes.io/unreachable"} <= tolerated
     (cloud,) = _docs(MANIFESTS / "kubernetes" / "30-daemonset.yaml")
     terms = cloud["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     assert terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
-        {"matchExpressions": [{"key": "node-role.kubernetes.io/edge", "operator": "DoesNotExist"},
-                              {"key": ASCEND_NODE_LABEL, "operator": "DoesNotExist"}]}]
+        {
+            "matchExpressions": [
+                {"key": "node-role.kubernetes.io/edge", "operator": "DoesNotExist"},
+                {"key": ASCEND_NODE_LABEL, "operator": "DoesNotExist"},
+            ]
+        }
+    ]
 
 
 def test_ascend_variant_gives_npu_smi_the_host_driver_on_ascend_nodes_only() -> None:
@@ -257,18 +320,31 @@ def test_ascend_variant_gives_npu_smi_the_host_driver_on_ascend_nodes_only() -> 
     (container,) = pod["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    host = {m["mountPath"]: volumes[m["name"]]["hostPath"] for m in container["volumeMounts"]
-            if "hostPath" in volumes[m["name"]] and m.get("readOnly")}
-    # The ascend source runs --npu-smi: the host's own npu-smi, with the driver, DCMI and install record it reads.
+    host = {
+        m["mountPath"]: volumes[m["name"]]["hostPath"]
+        for m in container["volumeMounts"]
+        if "hostPath" in volumes[m["name"]] and m.get("readOnly")
+    }
+    # The ascend source runs --npu-smi: the host's own npu-smi, with the driver,
+    # DCMI and install record it reads.
     assert host[env["KEPLER_BRIDGE_NPU_SMI"]] == {"path": "/usr/local/sbin/npu-smi", "type": "File"}
-    assert host["/usr/local/Ascend/driver"] == {"path": "/usr/local/Ascend/driver", "type": "Directory"}
+    assert host["/usr/local/Ascend/driver"] == {
+        "path": "/usr/local/Ascend/driver",
+        "type": "Directory",
+    }
     assert host["/usr/local/dcmi"]["path"] == "/usr/local/dcmi"
     assert host["/etc/ascend_install.info"] == {"path": "/etc/ascend_install.info", "type": "File"}
     libraries = env["LD_LIBRARY_PATH"].split(":")
-    assert {"/usr/local/Ascend/driver/lib64/driver", "/usr/local/Ascend/driver/lib64/common"} <= set(libraries)
+    assert {
+        "/usr/local/Ascend/driver/lib64/driver",
+        "/usr/local/Ascend/driver/lib64/common",
+    } <= set(libraries)
     for directory in libraries:
-        assert any(directory == path or directory.startswith(path + "/") for path in host), directory
-    # One agent per node: the Ascend DaemonSet where NFD labels Huawei NPUs, the other one everywhere else.
+        assert any(directory == path or directory.startswith(path + "/") for path in host), (
+            directory
+        )
+    # One agent per node: the Ascend DaemonSet where NFD labels Huawei NPUs,
+    # the other one everywhere else.
     assert pod["nodeSelector"][ASCEND_NODE_LABEL] == "true"
     (other,) = _docs(MANIFESTS / "kubernetes" / "30-daemonset.yaml")
     affinity = other["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
@@ -276,14 +352,22 @@ def test_ascend_variant_gives_npu_smi_the_host_driver_on_ascend_nodes_only() -> 
     assert {"key": ASCEND_NODE_LABEL, "operator": "DoesNotExist"} in term["matchExpressions"]
 
 
-@pytest.mark.parametrize("folder,kind", [("baetyl/single-node", "Deployment"), ("baetyl/cluster", "DaemonSet")])
+@pytest.mark.parametrize(
+    "folder,kind", [("baetyl/single-node", "Deployment"), ("baetyl/cluster", "DaemonSet")]
+)
 def test_baetyl_workload_is_found_by_baetyl_core(folder: str, kind: str) -> None:
     for path in sorted((MANIFESTS / folder).rglob("30-*.yaml")):
         (workload,) = _docs(path)
         assert workload["kind"] == kind
         assert workload["metadata"]["namespace"] == "baetyl-edge-system"
-        assert workload["spec"]["template"]["metadata"]["labels"]["baetyl-service-name"] == "baetyl-accelerator-metrics"
-        assert workload["spec"]["selector"]["matchLabels"]["baetyl-service-name"] == "baetyl-accelerator-metrics"
+        assert (
+            workload["spec"]["template"]["metadata"]["labels"]["baetyl-service-name"]
+            == "baetyl-accelerator-metrics"
+        )
+        assert (
+            workload["spec"]["selector"]["matchLabels"]["baetyl-service-name"]
+            == "baetyl-accelerator-metrics"
+        )
     for path in (MANIFESTS / folder).glob("*.yaml"):
         for doc in _docs(path):
             assert doc["kind"] != "Namespace", "baetyl creates baetyl-edge-system itself"
@@ -294,17 +378,35 @@ def test_baetyl_workload_is_found_by_baetyl_core(folder: str, kind: str) -> None
 def test_seccomp_profile_is_flat_oci_and_adds_only_the_ebpf_calls() -> None:
     profile = json.loads(SECCOMP_PROFILE.read_text(encoding="utf-8"))
     base = json.loads(SECCOMP_BASE.read_text(encoding="utf-8"))
-    assert set(profile) <= OCI_SECCOMP_KEYS, "containerd ignores other keys (includes/excludes, archMap)"
+    assert set(profile) <= OCI_SECCOMP_KEYS, (
+        "containerd ignores other keys (includes/excludes, archMap)"
+    )
     assert all(set(rule) <= OCI_SYSCALL_KEYS for rule in profile["syscalls"])
-    assert (profile["defaultAction"], profile["defaultErrnoRet"]) == (base["defaultAction"], base["defaultErrnoRet"])
-    assert {"SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"} <= set(profile["architectures"]), "the image's architectures"
+    assert (profile["defaultAction"], profile["defaultErrnoRet"]) == (
+        base["defaultAction"],
+        base["defaultErrnoRet"],
+    )
+    assert {"SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"} <= set(profile["architectures"]), (
+        "the image's architectures"
+    )
     for name in ("bpf", "perf_event_open"):
         rules = [rule for rule in profile["syscalls"] if name in rule["names"]]
         assert rules == [{"names": ["bpf", "perf_event_open"], "action": "SCMP_ACT_ALLOW"}], name
-    # What the base allows only with CAP_SYS_ADMIN, which the hardened pods lack, stays refused: nothing else is added.
-    (admin,) = [rule for rule in base["syscalls"] if rule.get("includes", {}).get("caps") == ["CAP_SYS_ADMIN"]]
-    always = {name for rule in base["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("includes")
-              and not rule.get("excludes") for name in rule["names"]}
+    # What the base allows only with CAP_SYS_ADMIN, which the hardened pods lack, stays refused:
+    # nothing else is added.
+    (admin,) = [
+        rule
+        for rule in base["syscalls"]
+        if rule.get("includes", {}).get("caps") == ["CAP_SYS_ADMIN"]
+    ]
+    always = {
+        name
+        for rule in base["syscalls"]
+        if rule["action"] == "SCMP_ACT_ALLOW"
+        and not rule.get("includes")
+        and not rule.get("excludes")
+        for name in rule["names"]
+    }
     for name in set(admin["names"]) - always - {"bpf", "perf_event_open"}:
         actions = {rule["action"] for rule in profile["syscalls"] if name in rule["names"]}
         assert actions == {"SCMP_ACT_ERRNO"}, name
@@ -312,10 +414,17 @@ def test_seccomp_profile_is_flat_oci_and_adds_only_the_ebpf_calls() -> None:
 
 def test_seccomp_base_is_the_debian_package_default() -> None:
     installed = Path("/usr/share/containers/seccomp.json")
-    version = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "golang-github-containers-common"],
-                             capture_output=True, text=True).stdout
-    require(version == "0.50.1+ds1-4",
-            f"golang-github-containers-common 0.50.1+ds1-4 is not installed (found "
-            f"{version or 'none'}): bash scripts/apt-install.sh podman, or compare with that "
-            "package's file by hand")
-    assert SECCOMP_BASE.read_bytes() == installed.read_bytes(), f"{SECCOMP_BASE} differs from {installed}"
+    version = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Version}", "golang-github-containers-common"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    require(
+        version == "0.50.1+ds1-4",
+        f"golang-github-containers-common 0.50.1+ds1-4 is not installed (found "
+        f"{version or 'none'}): bash scripts/apt-install.sh podman, or compare with that "
+        "package's file by hand",
+    )
+    assert SECCOMP_BASE.read_bytes() == installed.read_bytes(), (
+        f"{SECCOMP_BASE} differs from {installed}"
+    )

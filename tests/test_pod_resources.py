@@ -7,13 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-from scaffold import by_name, make_config
 
 from agent import Agent
 from fakenvml import FakeNvml
 from fixtures.sysfs import FakeSysfs
-from kubefakes import FakePodResources, list_response
-from test_ascend import fake_npu_smi, table
 from kepler_bridge.kube.client import KubeError
 from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.kube.pod_resources import list_assignments
@@ -23,17 +20,26 @@ from kepler_bridge.sources.amdgpu import AmdgpuSource
 from kepler_bridge.sources.ascend import AscendSource
 from kepler_bridge.sources.command import parse as parse_command
 from kepler_bridge.sources.intel import IntelSource
+from kubefakes import FakePodResources, list_response
+from scaffold import by_name, make_config
+from test_ascend import fake_npu_smi, table
 
 GPU0 = "GPU-fa4e0000-0000-4000-8000-000000000000"
 GPU1 = "GPU-fa4e0000-0000-4000-8000-000000000001"
 GIB = 1024**3
 
 
-ASSIGNED = list_response([
-    ("ml", "train-0", [("main", [("nvidia.com/gpu", [GPU0])]), ("logger", [])]),
-    ("ml", "infer-a", [("server", [("nvidia.com/gpu", [f"{GPU1}::0"])])]),
-    ("ml", "infer-b", [("server", [("nvidia.com/gpu", [f"{GPU1}::1"]), ("example.com/nic", ["eth9"])])]),
-])
+ASSIGNED = list_response(
+    [
+        ("ml", "train-0", [("main", [("nvidia.com/gpu", [GPU0])]), ("logger", [])]),
+        ("ml", "infer-a", [("server", [("nvidia.com/gpu", [f"{GPU1}::0"])])]),
+        (
+            "ml",
+            "infer-b",
+            [("server", [("nvidia.com/gpu", [f"{GPU1}::1"]), ("example.com/nic", ["eth9"])])],
+        ),
+    ]
+)
 
 
 def test_list_reads_the_kubelets_wire_format(tmp_path: Path) -> None:
@@ -42,12 +48,17 @@ def test_list_reads_the_kubelets_wire_format(tmp_path: Path) -> None:
             Assignment(GPU0, "nvidia.com/gpu", PodRef("ml", "train-0", "main")),
             Assignment(f"{GPU1}::0", "nvidia.com/gpu", PodRef("ml", "infer-a", "server")),
             Assignment(f"{GPU1}::1", "nvidia.com/gpu", PodRef("ml", "infer-b", "server")),
-            Assignment("eth9", "example.com/nic", PodRef("ml", "infer-b", "server")))
+            Assignment("eth9", "example.com/nic", PodRef("ml", "infer-b", "server")),
+        )
 
 
 def test_errors_name_the_socket_and_the_fix(tmp_path: Path) -> None:
-    with FakePodResources(tmp_path / "kubelet.sock", ASSIGNED, service="v1alpha1.PodResourcesLister"):
-        with pytest.raises(KubeError, match=r"pod-resources .*kubelet.sock: UNIMPLEMENTED.*mount the kubelet's"):
+    with FakePodResources(
+        tmp_path / "kubelet.sock", ASSIGNED, service="v1alpha1.PodResourcesLister"
+    ):
+        with pytest.raises(
+            KubeError, match=r"pod-resources .*kubelet.sock: UNIMPLEMENTED.*mount the kubelet's"
+        ):
             list_assignments(str(tmp_path / "kubelet.sock"), timeout=5)
 
 
@@ -74,7 +85,10 @@ def test_last_assignments_kept_while_the_kubelet_restarts(tmp_path: Path) -> Non
     started = time.monotonic()
     metadata.refresh()
     assert time.monotonic() - started < 10
-    assert metadata.view().devices == owners and "keeping the last assignments" in metadata.errors["devices"]
+    assert (
+        metadata.view().devices == owners
+        and "keeping the last assignments" in metadata.errors["devices"]
+    )
 
 
 def test_each_vendors_plugin_id_finds_the_device_its_source_reads(tmp_path: Path) -> None:
@@ -88,43 +102,86 @@ def test_each_vendors_plugin_id_finds_the_device_its_source_reads(tmp_path: Path
     for source in (AmdgpuSource(settings), IntelSource(settings), AscendSource(settings)):
         source.start()
         readings.extend(source.read().gpus)
-    readings.extend(parse_command(json.dumps({"devices": [{"uuid": "KL-R200-01", "vendor": "kunlun"},
-                                                          {"pciBusId": "0000:3b:00.0"}]})))
-    pod = {name: PodRef("ml", name, "main") for name in ("amd", "intel", "npu-a", "npu-b", "kunlun", "mlu")}
-    # The ids each vendor's device plugin puts in pod-resources: AMD the PCI address, Intel the card name with a
-    # shared replica number, Ascend <type>-<id> (and a vNPU slice of chip 1), a command device its uuid or bus id.
-    response = list_response([
-        ("ml", "amd", [("main", [("amd.com/gpu", ["0000:c3:00.0"])])]),
-        ("ml", "intel", [("main", [("gpu.intel.com/i915", ["card1-0", "card2-3"])])]),
-        ("ml", "npu-a", [("main", [("huawei.com/Ascend310P", ["Ascend310P-0"])])]),
-        ("ml", "npu-b", [("main", [("huawei.com/Ascend310P-2c", ["Ascend310P-2c-100-1"])])]),
-        ("ml", "kunlun", [("main", [("kunlun.com/xpu", ["KL-R200-01"])])]),
-        ("ml", "mlu", [("main", [("cambricon.com/mlu", ["0000:3b:00.0"])])]),
-    ])
+    readings.extend(
+        parse_command(
+            json.dumps(
+                {
+                    "devices": [
+                        {"uuid": "KL-R200-01", "vendor": "kunlun"},
+                        {"pciBusId": "0000:3b:00.0"},
+                    ]
+                }
+            )
+        )
+    )
+    pod = {
+        name: PodRef("ml", name, "main")
+        for name in ("amd", "intel", "npu-a", "npu-b", "kunlun", "mlu")
+    }
+    # The ids each vendor's device plugin puts in pod-resources: AMD the PCI address, Intel the card
+    # name with a shared replica number, Ascend <type>-<id> (and a vNPU slice of chip 1), a command
+    # device its uuid or bus id.
+    response = list_response(
+        [
+            ("ml", "amd", [("main", [("amd.com/gpu", ["0000:c3:00.0"])])]),
+            ("ml", "intel", [("main", [("gpu.intel.com/i915", ["card1-0", "card2-3"])])]),
+            ("ml", "npu-a", [("main", [("huawei.com/Ascend310P", ["Ascend310P-0"])])]),
+            ("ml", "npu-b", [("main", [("huawei.com/Ascend310P-2c", ["Ascend310P-2c-100-1"])])]),
+            ("ml", "kunlun", [("main", [("kunlun.com/xpu", ["KL-R200-01"])])]),
+            ("ml", "mlu", [("main", [("cambricon.com/mlu", ["0000:3b:00.0"])])]),
+        ]
+    )
     metadata = kube(tmp_path / "kubelet.sock")
     with FakePodResources(tmp_path / "kubelet.sock", response):
         metadata.refresh()
     owners = {gpu.uuid: metadata.view().gpu_owners(gpu) for gpu in readings}
-    assert owners == {"AMD-b2c8a7e2f3d41c8f": (pod["amd"],), "INTEL-0000:05:00.0": (pod["intel"],),
-                      "INTEL-0000:06:00.0": (pod["intel"],), "ASCEND-0000:01:00.0-0": (pod["npu-a"],),
-                      "ASCEND-0000:02:00.0-0": (pod["npu-b"],), "KL-R200-01": (pod["kunlun"],),
-                      "custom-1": (pod["mlu"],)}
+    assert owners == {
+        "AMD-b2c8a7e2f3d41c8f": (pod["amd"],),
+        "INTEL-0000:05:00.0": (pod["intel"],),
+        "INTEL-0000:06:00.0": (pod["intel"],),
+        "ASCEND-0000:01:00.0-0": (pod["npu-a"],),
+        "ASCEND-0000:02:00.0-0": (pod["npu-b"],),
+        "KL-R200-01": (pod["kunlun"],),
+        "custom-1": (pod["mlu"],),
+    }
     assert not any(gpu.lists_processes for gpu in readings)
 
 
 @pytest.mark.e2e
-def test_agent_names_the_pod_a_gpu_is_assigned_to_in_gpu_pod_info(fake_nvml: FakeNvml, tmp_path: Path) -> None:
+def test_agent_names_the_pod_a_gpu_is_assigned_to_in_gpu_pod_info(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
     socket = tmp_path / "kubelet.sock"
     fake_nvml.processes(0, [{"pid": 999001, "used_memory": 2 * GIB, "sm_util": 60}])
     fake_nvml.processes(1, [{"pid": 999002, "used_memory": GIB, "sm_util": 20}])
-    with FakePodResources(socket, ASSIGNED), \
-            Agent("--sources", "nvml", "--nvml-library", str(fake_nvml.library), "--interval", "200ms",
-                  "--kube-source", "off", "--pod-resources-socket", str(socket), "--gpu-idle-watts", "100",
-                  "--process-metrics", "all", env=fake_nvml.env()) as agent:
+    with (
+        FakePodResources(socket, ASSIGNED),
+        Agent(
+            "--sources",
+            "nvml",
+            "--nvml-library",
+            str(fake_nvml.library),
+            "--interval",
+            "200ms",
+            "--kube-source",
+            "off",
+            "--pod-resources-socket",
+            str(socket),
+            "--gpu-idle-watts",
+            "100",
+            "--process-metrics",
+            "all",
+            env=fake_nvml.env(),
+        ) as agent,
+    ):
+
         def pod_energy() -> dict:
             nonlocal energy
             found = by_name(agent.metrics())
-            pods = {labels["pod"]: value for labels, value in found.get("kepler_bridge_pod_gpu_joules_total", [])}
+            pods = {
+                labels["pod"]: value
+                for labels, value in found.get("kepler_bridge_pod_gpu_joules_total", [])
+            }
             if pods.get("train-0", 0) > 0:
                 return found
             energy += 50_000  # 50 J per poll, 0.1 s apart: 500 W on GPU 0
@@ -133,15 +190,27 @@ def test_agent_names_the_pod_a_gpu_is_assigned_to_in_gpu_pod_info(fake_nvml: Fak
 
         energy = 1_000_000_000
         found = agent.wait_for(pod_energy, what="GPU energy of pod train-0")
-    owners = {labels["gpu"]: (labels["namespace"], labels["pod"], labels["container"], value)
-              for labels, value in found["gpu_pod_info"]}
-    assert owners == {"0": ("ml", "train-0", "main", 1.0)}  # GPU 1 is shared by two pods: no single owner
-    # Device series keep the same labels whoever owns the GPU, so the owner changing never starts a new series.
+    owners = {
+        labels["gpu"]: (labels["namespace"], labels["pod"], labels["container"], value)
+        for labels, value in found["gpu_pod_info"]
+    }
+    assert owners == {
+        "0": ("ml", "train-0", "main", 1.0)
+    }  # GPU 1 is shared by two pods: no single owner
+    # Device series keep the same labels whoever owns the GPU,
+    # so the owner changing never starts a new series.
     for name in ("gpu_up", "gpu_energy_joules_total", "kepler_bridge_node_gpu_idle_joules_total"):
-        assert [set(labels) for labels, _ in found[name]] == [{"node", "gpu", "uuid", "vendor", "model"}] * 2, name
-    processes = {labels["pid"]: (labels["namespace"], labels["pod"], labels["container"])
-                 for labels, _ in found["gpu_process_memory_used_bytes"]}
+        assert [set(labels) for labels, _ in found[name]] == [
+            {"node", "gpu", "uuid", "vendor", "model"}
+        ] * 2, name
+    processes = {
+        labels["pid"]: (labels["namespace"], labels["pod"], labels["container"])
+        for labels, _ in found["gpu_process_memory_used_bytes"]
+    }
     # The agent cannot see these pids in /proc: each gets its GPU's owner when there is exactly one.
     assert processes == {"999001": ("ml", "train-0", "main"), "999002": ("", "", "")}
-    process_energy = {labels["pid"]: labels["pod"] for labels, _ in found["kepler_bridge_process_gpu_joules_total"]}
+    process_energy = {
+        labels["pid"]: labels["pod"]
+        for labels, _ in found["kepler_bridge_process_gpu_joules_total"]
+    }
     assert process_energy["999001"] == "train-0"

@@ -1,4 +1,5 @@
-"""The rapl source on fixture powercap trees: zones, subzones, duplicates, wrap-around, absence, permissions."""
+"""The rapl source on fixture powercap trees: zones, subzones, duplicates, wrap-around, absence,
+permissions."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import pathlib
 from pathlib import Path
 
 import pytest
-from scaffold import make_config
 
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
 from kepler_bridge.sampling.slots import check_source
@@ -14,13 +14,16 @@ from kepler_bridge.sources.base import SourceAbsent, SourceUnavailable
 from kepler_bridge.sources.procfs import CLOCK_TICKS, read_cpu_times
 from kepler_bridge.sources.rapl import RaplSource
 from powercap import PowercapTree
+from scaffold import make_config
 
 
 def procfs(tmp_path: Path, busy: int = 100, idle: int = 300) -> Path:
     """A procfs root whose stat has busy (user) and idle jiffies."""
     root = tmp_path / "proc"
     root.mkdir(exist_ok=True)
-    (root / "stat").write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 7 0 0\ncpu0 {busy} 0 0 {idle} 0 0 0 7 0 0\n")
+    (root / "stat").write_text(
+        f"cpu  {busy} 0 0 {idle} 0 0 0 7 0 0\ncpu0 {busy} 0 0 {idle} 0 0 0 7 0 0\n"
+    )
     return root
 
 
@@ -42,11 +45,17 @@ def test_every_zone_and_subzone_once(tmp_path: Path) -> None:
     source.start()
     reading = source.read()
     assert [(z.id, z.zone, z.energy_uj) for z in reading.rapl_zones] == [
-        ("intel-rapl:0", "package", 1_000_000), ("intel-rapl:0:0", "core", 400_000),
-        ("intel-rapl:0:1", "dram", 200_000), ("intel-rapl:1", "package", 2_000_000),
-        ("intel-rapl:1:0", "core", 500_000), ("intel-rapl:2", "psys", 9_000_000)]
+        ("intel-rapl:0", "package", 1_000_000),
+        ("intel-rapl:0:0", "core", 400_000),
+        ("intel-rapl:0:1", "dram", 200_000),
+        ("intel-rapl:1", "package", 2_000_000),
+        ("intel-rapl:1:0", "core", 500_000),
+        ("intel-rapl:2", "psys", 9_000_000),
+    ]
     assert reading.cpu_times.busy_seconds == pytest.approx(100 / CLOCK_TICKS)
-    assert reading.cpu_times.total_seconds == pytest.approx(400 / CLOCK_TICKS)  # steal belongs to neither
+    assert reading.cpu_times.total_seconds == pytest.approx(
+        400 / CLOCK_TICKS
+    )  # steal belongs to neither
     assert "6 RAPL zone(s)" in source.describe(reading) and "dram" in source.describe(reading)
 
 
@@ -56,7 +65,10 @@ def test_amd_rapl_zones(tmp_path: Path) -> None:
     tree.zone("amd-rapl:0:0", "core", 3)
     source = RaplSource(make_config(sysfs=tmp_path / "sys", procfs=procfs(tmp_path)))
     source.start()
-    assert [(z.id, z.zone) for z in source.read().rapl_zones] == [("amd-rapl:0", "package"), ("amd-rapl:0:0", "core")]
+    assert [(z.id, z.zone) for z in source.read().rapl_zones] == [
+        ("amd-rapl:0", "package"),
+        ("amd-rapl:0:0", "core"),
+    ]
 
 
 def test_sockets_summed_per_zone_and_wrap_around_handled(tmp_path: Path) -> None:

@@ -20,17 +20,36 @@ def test_readyz_is_503_while_a_hung_command_holds_the_sampler(tmp_path: Path) ->
     hang.write_text("#!/bin/sh\nexec sleep 30\n")
     hang.chmod(0o755)
     # One sample waits the command's 3 s timeout: far past 3 intervals of 0.2 s.
-    with Agent("--simulate", "1", "--sources", "simulated", "--interval", "0.2s", "--command", str(hang),
-               "--command-timeout", "3s", ready=False) as agent:
-        stale = agent.wait_for(lambda: (r := agent.get("/readyz")).status_code == 503 and "old" in r.text and r.json(),
-                               timeout=15, what="/readyz reporting a stale sample")
+    with Agent(
+        "--simulate",
+        "1",
+        "--sources",
+        "simulated",
+        "--interval",
+        "0.2s",
+        "--command",
+        str(hang),
+        "--command-timeout",
+        "3s",
+        ready=False,
+    ) as agent:
+        stale = agent.wait_for(
+            lambda: (r := agent.get("/readyz")).status_code == 503 and "old" in r.text and r.json(),
+            timeout=15,
+            what="/readyz reporting a stale sample",
+        )
         assert "more than 3 intervals" in stale["reason"]
         assert agent.get("/healthz").status_code == 200  # alive: the sampler is slow, not dead
 
 
 def _snapshot(stamp: float) -> Snapshot:
-    return Snapshot(node="n", timestamp=stamp, duration_seconds=0.0, interval_seconds=1.0,
-                    sources=(SourceStatus("simulated", True, "", 0),))
+    return Snapshot(
+        node="n",
+        timestamp=stamp,
+        duration_seconds=0.0,
+        interval_seconds=1.0,
+        sources=(SourceStatus("simulated", True, "", 0),),
+    )
 
 
 def test_each_snapshot_is_rendered_once_per_variant_however_many_readers() -> None:
@@ -45,8 +64,10 @@ def test_each_snapshot_is_rendered_once_per_variant_however_many_readers() -> No
     cache = RenderCache(store, lambda: settings, {"probe": render})
     assert cache.get("probe") is None
     store.publish(_snapshot(1.0))
-    readers = [threading.Thread(target=lambda: [cache.get(v) for v in ("probe", "probe+gzip") * 50])
-               for _ in range(8)]
+    readers = [
+        threading.Thread(target=lambda: [cache.get(v) for v in ("probe", "probe+gzip") * 50])
+        for _ in range(8)
+    ]
     for reader in readers:
         reader.start()
     for reader in readers:

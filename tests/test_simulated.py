@@ -21,7 +21,9 @@ def source(seed: int, count: int = 3) -> SimulatedSource:
 
 def test_same_seed_same_devices_other_seed_other_devices() -> None:
     first, again, other = (source(7).read().gpus, source(7).read().gpus, source(8).read().gpus)
-    assert [(g.uuid, g.memory_total_bytes) for g in first] == [(g.uuid, g.memory_total_bytes) for g in again]
+    assert [(g.uuid, g.memory_total_bytes) for g in first] == [
+        (g.uuid, g.memory_total_bytes) for g in again
+    ]
     assert [g.uuid for g in first] != [g.uuid for g in other]
     assert len(first) == 3 and [g.index for g in first] == [0, 1, 2]
 
@@ -35,7 +37,10 @@ def test_readings_are_plausible_and_move() -> None:
     for gpu in readings:
         assert 0 <= gpu.utilization <= 1 and 0 < gpu.memory_used_bytes < gpu.memory_total_bytes
         assert gpu.power_watts <= gpu.power_limit_watts and 0 < gpu.temperature_celsius < 100
-        assert gpu.processes and sum(p.memory_used_bytes for p in gpu.processes) <= gpu.memory_used_bytes
+        assert (
+            gpu.processes
+            and sum(p.memory_used_bytes for p in gpu.processes) <= gpu.memory_used_bytes
+        )
     assert len({g.utilization for g in readings}) > 1
     energies = [g.energy_joules for g in readings]
     assert energies == sorted(energies) and energies[-1] > energies[0]
@@ -43,5 +48,7 @@ def test_readings_are_plausible_and_move() -> None:
 
 @pytest.mark.e2e
 def test_version() -> None:
-    result = subprocess.run([KEPLER_BRIDGE, "--version"], capture_output=True, text=True, timeout=20)
+    result = subprocess.run(
+        [KEPLER_BRIDGE, "--version"], capture_output=True, text=True, timeout=20
+    )
     assert result.returncode == 0 and result.stdout.strip() == f"kepler-bridge {__version__}"

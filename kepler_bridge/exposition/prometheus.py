@@ -12,87 +12,26 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from kepler_bridge import __version__
-from kepler_bridge.model import (SOURCE_STATES, Energy, GpuProcess, GpuReading, PodRef, Snapshot,
-                                 WorkloadEnergy)
-from kepler_bridge.model import top
-
-GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
-POD_LABELS = ("namespace", "pod", "container")
-PROCESS_LABELS = GPU_LABELS + ("pid", "comm") + POD_LABELS
-# Labels of the energy levels: WorkloadEnergy's own attribute names, then those of its owner (PodRef).
-ENERGY_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "process": (("pid", "comm", "container_id"), POD_LABELS),
-    "container": (("container_id",), POD_LABELS),
-    "pod": ((), ("namespace", "pod")),
-}
-# Attributed energy in the order it is exposed: exposed name, level (labels in ENERGY_LEVELS), kind.
-ENERGY_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("kepler_bridge_process_cpu_joules_total", "process", "cpu"),
-    ("kepler_bridge_process_gpu_joules_total", "process", "gpu"),
-    ("kepler_bridge_container_cpu_joules_total", "container", "cpu"),
-    ("kepler_bridge_container_gpu_joules_total", "container", "gpu"),
-    ("kepler_bridge_pod_cpu_joules_total", "pod", "cpu"),
-    ("kepler_bridge_pod_gpu_joules_total", "pod", "gpu"),
+from kepler_bridge.exposition.catalogue import (
+    ENERGY_COUNTERS,
+    ENERGY_LEVELS,
+    GPU_GAUGES,
+    GPU_LABELS,
+    HEALTH,
+    METRICS,
+    POD_LABELS,
+    PROCESS_LABELS,
 )
-
-# Plain gauges of a GPU reading: exposed name -> (reading attribute, help).
-GPU_GAUGES: dict[str, tuple[str, str]] = {
-    "gpu_utilization_ratio": ("utilization", "Fraction of time a kernel ran on the accelerator (0..1)."),
-    "gpu_memory_utilization_ratio": ("memory_utilization", "Fraction of time device memory was read or written (0..1)."),
-    "gpu_encoder_utilization_ratio": ("encoder_utilization", "Video encoder utilization (0..1)."),
-    "gpu_decoder_utilization_ratio": ("decoder_utilization", "Video decoder utilization (0..1)."),
-    "gpu_memory_used_bytes": ("memory_used_bytes", "Device memory in use."),
-    "gpu_memory_total_bytes": ("memory_total_bytes", "Device memory size."),
-    "gpu_memory_free_bytes": ("memory_free_bytes", "Device memory free."),
-    "gpu_temperature_celsius": ("temperature_celsius", "Accelerator core temperature."),
-    "gpu_memory_temperature_celsius": ("memory_temperature_celsius", "Accelerator memory temperature."),
-    "gpu_power_watts": ("power_watts", "Power draw."),
-    "gpu_power_limit_watts": ("power_limit_watts", "Enforced power limit."),
-    "gpu_sm_clock_hertz": ("sm_clock_hertz", "SM (core) clock."),
-    "gpu_memory_clock_hertz": ("memory_clock_hertz", "Memory clock."),
-    "gpu_fan_speed_ratio": ("fan_speed_ratio", "Fan speed as a fraction of its maximum (0..1)."),
-    "gpu_pcie_transmit_bytes_per_second": ("pcie_transmit_bytes_per_second", "PCIe transmit throughput."),
-    "gpu_pcie_receive_bytes_per_second": ("pcie_receive_bytes_per_second", "PCIe receive throughput."),
-    "gpu_performance_state": ("performance_state", "Performance state P0 (max) .. P15 (min)."),
-    "gpu_last_xid_timestamp_seconds": ("last_xid_timestamp", "Unix time of the last XID error."),
-}
-
-# Every metric this module can emit, with its help text; the README lists exactly these.
-METRICS: dict[str, str] = {
-    "gpu_info": "Accelerator metadata; value 1.",
-    "gpu_pod_info": "The one container the kubelet assigned the accelerator to; value 1.",
-    "gpu_up": "1 when the accelerator is readable, 0 when lost or failing.",
-    **{name: help_text for name, (_, help_text) in GPU_GAUGES.items()},
-    "gpu_energy_joules_total": "Energy consumed by the accelerator.",
-    "gpu_throttled": "1 while the clocks are held down for this reason.",
-    "gpu_ecc_errors_total": "ECC memory errors since the driver loaded, by kind.",
-    "gpu_xid_errors_total": "XID errors reported by the driver, by XID code.",
-    "gpu_process_memory_used_bytes": "Device memory used by a process.",
-    "gpu_process_utilization_ratio": "SM utilization of a process on the accelerator (0..1).",
-    "kepler_bridge_process_cpu_seconds_total": "CPU time used by a process.",
-    "kepler_bridge_container_cpu_seconds_total": "CPU time used by the processes of a container.",
-    "kepler_bridge_node_cpu_joules_total": "CPU energy of the node by RAPL zone (or estimated from cpu_tdp_watts).",
-    "kepler_bridge_node_gpu_idle_joules_total": "Accelerator energy not attributed to processes: its idle part.",
-    "kepler_bridge_node_gpu_unattributed_joules_total": ("Active accelerator energy of a device without process data "
-                                                         "that no single container holds, by reason."),
-    "kepler_bridge_process_cpu_joules_total": "CPU energy attributed to a process by its CPU time.",
-    "kepler_bridge_process_gpu_joules_total": "Accelerator energy attributed to a process by its SM utilization.",
-    "kepler_bridge_container_cpu_joules_total": "CPU energy attributed to the processes of a container.",
-    "kepler_bridge_container_gpu_joules_total": "Accelerator energy attributed to the processes of a container.",
-    "kepler_bridge_pod_cpu_joules_total": "CPU energy attributed to the processes of a pod.",
-    "kepler_bridge_pod_gpu_joules_total": "Accelerator energy attributed to the processes of a pod.",
-    "kepler_bridge_build_info": "Agent build metadata; value 1.",
-    "kepler_bridge_source_up": "1 when the source was read in the last sample, 0 when it failed; sources in use only.",
-    "kepler_bridge_source_state": "1 for the source's state (up, down, standby, absent), 0 for the others.",
-    "kepler_bridge_source_errors_total": "Failed reads or starts of the source; sources in use only.",
-    "kepler_bridge_sample_duration_seconds": "Time the last sample took to read every source.",
-    "kepler_bridge_last_sample_timestamp_seconds": "Unix time of the last published sample.",
-    "kepler_bridge_ebpf_programs_attached": "eBPF programs attached by the agent.",
-}
-
-# Exported whatever the allow/deny lists say: alerts and dashboards need them to tell "down" from "filtered".
-HEALTH = frozenset({"gpu_up", "kepler_bridge_source_up", "kepler_bridge_source_state", "kepler_bridge_build_info",
-                    "kepler_bridge_last_sample_timestamp_seconds"})
+from kepler_bridge.model import (
+    SOURCE_STATES,
+    Energy,
+    GpuProcess,
+    GpuReading,
+    PodRef,
+    Snapshot,
+    WorkloadEnergy,
+    top,
+)
 
 
 def _gauge(name: str, labels: Iterable[str]) -> GaugeMetricFamily:
@@ -139,14 +78,22 @@ class SnapshotCollector(Collector):
 
     def _cpu_families(self) -> Iterator[Metric]:
         snap = self.snapshot
-        process = _counter("kepler_bridge_process_cpu_seconds_total", ("node", "pid", "comm", "container_id"))
+        process = _counter(
+            "kepler_bridge_process_cpu_seconds_total", ("node", "pid", "comm", "container_id")
+        )
         for proc in snap.processes:
-            process.add_metric([snap.node, str(proc.pid), proc.comm, proc.container_id], proc.cpu_seconds)
+            process.add_metric(
+                [snap.node, str(proc.pid), proc.comm, proc.container_id], proc.cpu_seconds
+            )
         if snap.process_cpu_other is not None:
             process.add_metric([snap.node, "other", "", ""], snap.process_cpu_other)
-        container = _counter("kepler_bridge_container_cpu_seconds_total", ("node", "container_id") + POD_LABELS)
+        container = _counter(
+            "kepler_bridge_container_cpu_seconds_total", ("node", "container_id") + POD_LABELS
+        )
         for row in snap.containers:
-            container.add_metric([snap.node, row.container_id, *_pod_labels(row.owner)], row.cpu_seconds)
+            container.add_metric(
+                [snap.node, row.container_id, *_pod_labels(row.owner)], row.cpu_seconds
+            )
         yield process
         yield container
 
@@ -159,9 +106,14 @@ class SnapshotCollector(Collector):
         yield zones
         # A kind the node has no energy of gets no attributed series: absent, not zeros.
         known = {"cpu": bool(energy.cpu_zones), "gpu": bool(energy.gpu_idle)}
-        rows = {("process", "cpu"): energy.cpu_processes, ("process", "gpu"): energy.gpu_processes,
-                ("container", "cpu"): energy.containers, ("container", "gpu"): energy.containers,
-                ("pod", "cpu"): energy.pods, ("pod", "gpu"): energy.pods}
+        rows = {
+            ("process", "cpu"): energy.cpu_processes,
+            ("process", "gpu"): energy.gpu_processes,
+            ("container", "cpu"): energy.containers,
+            ("container", "gpu"): energy.containers,
+            ("pod", "cpu"): energy.pods,
+            ("pod", "gpu"): energy.pods,
+        }
         for name, level, kind in ENERGY_COUNTERS:
             if known[kind]:
                 yield _energy_family(name, snap.node, level, kind, rows[level, kind])
@@ -172,14 +124,17 @@ class SnapshotCollector(Collector):
         build.add_metric([snap.node], {"version": __version__})
         up = _gauge("kepler_bridge_source_up", ("node", "source"))
         errors = _counter("kepler_bridge_source_errors_total", ("node", "source"))
-        # A source that is absent or stands by for its fallback is not down: it has a state, but no up series.
+        # A source that is absent or stands by for its fallback is not down: it has a state,
+        # but no up series.
         state = _gauge("kepler_bridge_source_state", ("node", "source", "state"))
         for status in snap.sources:
             if not status.unused:
                 up.add_metric([snap.node, status.name], 1.0 if status.up else 0.0)
                 errors.add_metric([snap.node, status.name], float(status.errors_total))
             for name in SOURCE_STATES:
-                state.add_metric([snap.node, status.name, name], 1.0 if name == status.state else 0.0)
+                state.add_metric(
+                    [snap.node, status.name, name], 1.0 if name == status.state else 0.0
+                )
         duration = _gauge("kepler_bridge_sample_duration_seconds", ("node",))
         duration.add_metric([snap.node], snap.duration_seconds)
         timestamp = _gauge("kepler_bridge_last_sample_timestamp_seconds", ("node",))
@@ -201,8 +156,9 @@ class _DeviceFamilies:
         self.gauges = {name: _gauge(name, GPU_LABELS) for name in GPU_GAUGES}
         self.energy = _counter("gpu_energy_joules_total", GPU_LABELS)
         self.idle = _counter("kepler_bridge_node_gpu_idle_joules_total", GPU_LABELS)
-        self.unattributed = _counter("kepler_bridge_node_gpu_unattributed_joules_total",
-                                     GPU_LABELS + ("reason",))
+        self.unattributed = _counter(
+            "kepler_bridge_node_gpu_unattributed_joules_total", GPU_LABELS + ("reason",)
+        )
         self.throttled = _gauge("gpu_throttled", GPU_LABELS + ("reason",))
         self.ecc = _counter("gpu_ecc_errors_total", GPU_LABELS + ("kind",))
         self.xid = _counter("gpu_xid_errors_total", GPU_LABELS + ("xid",))
@@ -254,21 +210,31 @@ def _pod_labels(owner: PodRef, names: tuple[str, ...] = POD_LABELS) -> list[str]
     return [getattr(owner, name) for name in names]
 
 
-def _process_gauges(processes: list[tuple[list[str], GpuProcess]], limit: int | None) -> Iterator[Metric]:
-    """Each per-process GPU gauge: its top N by value, the rest summed per GPU as pid="other"; none when off."""
+def _process_gauges(
+    processes: list[tuple[list[str], GpuProcess]], limit: int | None
+) -> Iterator[Metric]:
+    """Each per-process GPU gauge: its top N by value, the rest summed per GPU as pid="other";
+    none when off."""
     if limit == 0:
         return
-    for name, attribute in (("gpu_process_memory_used_bytes", "memory_used_bytes"),
-                            ("gpu_process_utilization_ratio", "utilization")):
+    for name, attribute in (
+        ("gpu_process_memory_used_bytes", "memory_used_bytes"),
+        ("gpu_process_utilization_ratio", "utilization"),
+    ):
         family = _gauge(name, PROCESS_LABELS)
-        values = {row: float(getattr(proc, attribute)) for row, (_, proc) in enumerate(processes)
-                  if getattr(proc, attribute) is not None}
+        values = {
+            row: float(getattr(proc, attribute))
+            for row, (_, proc) in enumerate(processes)
+            if getattr(proc, attribute) is not None
+        }
         shown = set(top(values, limit))
         other: dict[tuple[str, ...], float] = {}
         for row, value in values.items():
             gpu_labels, proc = processes[row]
             if row in shown:
-                family.add_metric(gpu_labels + [str(proc.pid), proc.comm, *_pod_labels(proc.owner)], value)
+                family.add_metric(
+                    gpu_labels + [str(proc.pid), proc.comm, *_pod_labels(proc.owner)], value
+                )
             else:
                 other[tuple(gpu_labels)] = other.get(tuple(gpu_labels), 0.0) + value
         for device_labels, value in other.items():
@@ -276,8 +242,9 @@ def _process_gauges(processes: list[tuple[list[str], GpuProcess]], limit: int | 
         yield family
 
 
-def _energy_family(name: str, node: str, level: str, kind: str,
-                   rows: tuple[WorkloadEnergy, ...]) -> Metric:
+def _energy_family(
+    name: str, node: str, level: str, kind: str, rows: tuple[WorkloadEnergy, ...]
+) -> Metric:
     """One attributed-energy counter: a series per row, with its level's labels and its owner's."""
     own, pod = ENERGY_LEVELS[level]
     family = _counter(name, ("node",) + own + pod)
@@ -296,26 +263,35 @@ class _NodeLabelled(Collector):
 
     def collect(self) -> Iterator[Metric]:
         for family in self.inner.collect():
-            family.samples = [Sample(s.name, {"node": self.node, **s.labels}, s.value, s.timestamp, s.exemplar)
-                              for s in family.samples]
+            family.samples = [
+                Sample(s.name, {"node": self.node, **s.labels}, s.value, s.timestamp, s.exemplar)
+                for s in family.samples
+            ]
             yield family
 
 
 class _Filtered(Collector):
-    """Keeps only non-empty families that are health series or whose exposed name passes the allow/deny prefixes."""
+    """Keeps only non-empty families that are health series or whose exposed name passes the
+    allow/deny prefixes."""
 
     def __init__(self, inner: Collector, allowed: Callable[[str], bool]) -> None:
         self.inner = inner
         self.allowed = allowed
 
     def collect(self) -> Iterator[Metric]:
-        return (family for family in self.inner.collect()
-                if family.samples and (exposed_name(family) in HEALTH or self.allowed(exposed_name(family))))
+        return (
+            family
+            for family in self.inner.collect()
+            if family.samples
+            and (exposed_name(family) in HEALTH or self.allowed(exposed_name(family)))
+        )
 
 
 def render(snapshot: Snapshot, allowed: Callable[[str], bool], openmetrics: bool = False) -> bytes:
     """Render a snapshot (plus the agent's own process_* metrics) in text or OpenMetrics format."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Filtered(SnapshotCollector(snapshot), allowed))
-    registry.register(_Filtered(_NodeLabelled(ProcessCollector(registry=None), snapshot.node), allowed))
+    registry.register(
+        _Filtered(_NodeLabelled(ProcessCollector(registry=None), snapshot.node), allowed)
+    )
     return generate_openmetrics(registry) if openmetrics else generate_latest(registry)

@@ -69,8 +69,10 @@ def readiness(snapshot: Snapshot | None, now: float) -> tuple[bool, str]:
     if age > READY_AGE_INTERVALS * snapshot.interval_seconds:
         return False, f"newest sample is {age:.1f}s old (more than {READY_AGE_INTERVALS} intervals)"
     if not any(status.up for status in snapshot.sources):
-        reasons = ("; ".join(f"{s.name}: {s.error or 'down'}" for s in snapshot.sources)
-                   or "no source configured")
+        reasons = (
+            "; ".join(f"{s.name}: {s.error or 'down'}" for s in snapshot.sources)
+            or "no source configured"
+        )
         return False, f"no source is up ({reasons})"
     return True, "ok"
 
@@ -108,8 +110,11 @@ def refused(ctx: RouteContext) -> Response | None:
             return _error(503, "too many password checks at once; retry in a second")
         if valid:
             return None
-    response = _error(401, "missing or wrong user name or password; send HTTP basic auth" +
-                      (" or 'Authorization: Bearer <token>'" if token else ""))
+    response = _error(
+        401,
+        "missing or wrong user name or password; send HTTP basic auth"
+        + (" or 'Authorization: Bearer <token>'" if token else ""),
+    )
     response.headers["WWW-Authenticate"] = 'Basic realm="kepler-bridge", charset="UTF-8"'
     return response
 
@@ -135,8 +140,9 @@ def collect(ctx: RouteContext) -> Response:
     found = ctx.cache.get("baetyl+gzip" if gzipped else "baetyl")
     if found is None:
         now = ctx.settings()
-        empty = Snapshot(node=now.node_name, timestamp=0.0, duration_seconds=0.0,
-                         interval_seconds=now.interval)
+        empty = Snapshot(
+            node=now.node_name, timestamp=0.0, duration_seconds=0.0, interval_seconds=now.interval
+        )
         return _json(baetyl.render(empty, now.render.memory_unit))
     return _encoded(_json(found[1]), gzipped, "Accept-Encoding")
 
@@ -152,10 +158,14 @@ def readyz(ctx: RouteContext) -> Response:
     """/readyz: `readiness` of the newest snapshot, with each source's state."""
     snapshot = ctx.store.latest()
     ready, reason = readiness(snapshot, time.time())
-    sources = {s.name: {"state": s.state, "reason": s.error}
-               for s in (snapshot.sources if snapshot else ())}
-    return _json(json.dumps({"ready": ready, "reason": reason, "sources": sources}).encode(),
-                 200 if ready else 503)
+    sources = {
+        s.name: {"state": s.state, "reason": s.error}
+        for s in (snapshot.sources if snapshot else ())
+    }
+    return _json(
+        json.dumps({"ready": ready, "reason": reason, "sources": sources}).encode(),
+        200 if ready else 503,
+    )
 
 
 def index(ctx: RouteContext) -> Response:
@@ -202,17 +212,29 @@ ROUTES: dict[str, Callable[[RouteContext], Response]] = {
 }
 
 
-def create_app(store: SnapshotStore, settings: Callable[[], WebSettings],
-               alive: Callable[[], bool] = lambda: True, web: WebConfigFile | None = None) -> Flask:
+def create_app(
+    store: SnapshotStore,
+    settings: Callable[[], WebSettings],
+    alive: Callable[[], bool] = lambda: True,
+    web: WebConfigFile | None = None,
+) -> Flask:
     """Build the app serving `ROUTES`; `settings` gives the settings in force (they change on
     reload)."""
     # No /static route: the page is served filled in, and guarded.
     app = Flask("kepler_bridge", static_folder=None)
-    cache = RenderCache(store, lambda: settings().render,
-                        {"history": lambda snap, _: render_history(store.history, snap)})
+    cache = RenderCache(
+        store,
+        lambda: settings().render,
+        {"history": lambda snap, _: render_history(store.history, snap)},
+    )
     ctx = RouteContext(store, cache, settings, alive, web, PasswordCheck())
     for path, view in ROUTES.items():
-        app.add_url_rule(path, view.__name__, partial(view, ctx), methods=["GET", "HEAD"],
-                         provide_automatic_options=False)
+        app.add_url_rule(
+            path,
+            view.__name__,
+            partial(view, ctx),
+            methods=["GET", "HEAD"],
+            provide_automatic_options=False,
+        )
     app.register_error_handler(HTTPException, http_error)
     return app

@@ -18,11 +18,15 @@ _TEMPLATE = resources.files("kepler_bridge.http").joinpath("static/index.html").
 def _csp(template: str) -> str:
     """Allows exactly the page's own inline script and style (by hash) and requests to this
     agent."""
-    hashes = {kind: f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'"
-              for kind, body in re.findall(r"<(script|style)>(.*?)</\1>", template, re.DOTALL)}
-    return (f"default-src 'none'; script-src {hashes['script']}; style-src {hashes['style']}; "
-            "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
-            "frame-ancestors 'none'")
+    hashes = {
+        kind: f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'"
+        for kind, body in re.findall(r"<(script|style)>(.*?)</\1>", template, re.DOTALL)
+    }
+    return (
+        f"default-src 'none'; script-src {hashes['script']}; style-src {hashes['style']}; "
+        "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
 
 
 CONTENT_SECURITY_POLICY = _csp(_TEMPLATE)
@@ -33,7 +37,13 @@ def page(node_name: str, interval: float, snapshot: Snapshot | None) -> bytes:
     does the rest."""
     rows = "".join(
         f"<tr><td>{html.escape(s.name)}</td><td class='{s.state}'>{s.state}</td>"
-        f"<td>{html.escape(s.error)}</td></tr>" for s in (snapshot.sources if snapshot else ()))
-    values = {"NODE": html.escape(node_name), "VERSION": html.escape(__version__),
-              "INTERVAL": f"{interval:g}", "SOURCES": rows}
+        f"<td>{html.escape(s.error)}</td></tr>"
+        for s in (snapshot.sources if snapshot else ())
+    )
+    values = {
+        "NODE": html.escape(node_name),
+        "VERSION": html.escape(__version__),
+        "INTERVAL": f"{interval:g}",
+        "SOURCES": rows,
+    }
     return re.sub(r"@([A-Z]+)@", lambda match: values[match[1]], _TEMPLATE).encode()

@@ -30,5 +30,9 @@ def _check_web_config(config: Config) -> None:
     except WebConfigError as err:
         raise ConfigError("web_config_file", path, str(err), origin) from None
     if web.tls is not None and config.tls_cert:
-        raise ConfigError("web_config_file", path, "it sets tls_server_config and "
-                          "--tls-cert/--tls-key are given too; keep one of the two", origin)
+        raise ConfigError(
+            "web_config_file",
+            path,
+            "it sets tls_server_config and --tls-cert/--tls-key are given too; keep one of the two",
+            origin,
+        )

@@ -47,10 +47,14 @@ def bind(config: Config) -> socket.socket:
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:
-            raise BindError(f"cannot listen on {config.listen_text}: address already in use; stop "
-                            "the other process or choose another address with --listen") from None
-        raise BindError(f"cannot listen on {config.listen_text}: {err.strerror or err}; "
-                        "choose another address with --listen") from None
+            raise BindError(
+                f"cannot listen on {config.listen_text}: address already in use; stop "
+                "the other process or choose another address with --listen"
+            ) from None
+        raise BindError(
+            f"cannot listen on {config.listen_text}: {err.strerror or err}; "
+            "choose another address with --listen"
+        ) from None
     sock.set_inheritable(True)
     return sock
 
@@ -59,8 +63,9 @@ class AgentApplication(BaseApplication):
     """gunicorn application whose worker builds the sampler and the Flask app after the fork; the
     worker's `WorkerHost`."""
 
-    def __init__(self, config: Config, sock: socket.socket,
-                 flags: Mapping[str, object] | None = None) -> None:
+    def __init__(
+        self, config: Config, sock: socket.socket, flags: Mapping[str, object] | None = None
+    ) -> None:
         """`flags`: the command line `config` came from, re-read on SIGHUP or when the config file
         changes."""
         self.config = config
@@ -70,8 +75,13 @@ class AgentApplication(BaseApplication):
         self.state_dir = carry.make_dir()
         self._master = os.getpid()
         web = WebConfigFile(config.web_config_file) if config.web_config_file else None
-        self.connections = ConnectionSettings(config.http_header_timeout, config.http_write_timeout,
-                                              config.tls_cert, config.tls_key, web)
+        self.connections = ConnectionSettings(
+            config.http_header_timeout,
+            config.http_write_timeout,
+            config.tls_cert,
+            config.tls_key,
+            web,
+        )
         super().__init__()
 
     def load_config(self) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ssl
 
-KEY_MISMATCH = ("the private key does not belong to the certificate; give the key the certificate "
-                "was issued for (openssl x509 -noout -pubkey -in CERT and openssl pkey -pubout "
-                "-in KEY print the same key)")
+KEY_MISMATCH = (
+    "the private key does not belong to the certificate; give the key the certificate "
+    "was issued for (openssl x509 -noout -pubkey -in CERT and openssl pkey -pubout "
+    "-in KEY print the same key)"
+)
 
 
 class TLSError(Exception):
@@ -25,8 +27,11 @@ def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
             with open(path, "rb"):
                 pass
         except OSError as err:
-            raise TLSError(part, f"cannot read the file: {err.strerror or err}; "
-                                 "give the path of a readable PEM file") from None
+            raise TLSError(
+                part,
+                f"cannot read the file: {err.strerror or err}; "
+                "give the path of a readable PEM file",
+            ) from None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -35,23 +40,34 @@ def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
         if err.reason == "KEY_VALUES_MISMATCH":
             raise TLSError("key", KEY_MISMATCH) from None
         if not _has_certificate(cert_file):
-            raise TLSError("cert", "not a PEM certificate; give the file that begins with "
-                                   "-----BEGIN CERTIFICATE----- (convert DER with openssl x509 "
-                                   "-inform DER -in CERT -out CERT.pem)") from None
-        raise TLSError("key", "not a PEM private key; give the unencrypted key that begins with "
-                              "-----BEGIN PRIVATE KEY----- (or RSA/EC PRIVATE KEY)") from None
+            raise TLSError(
+                "cert",
+                "not a PEM certificate; give the file that begins with "
+                "-----BEGIN CERTIFICATE----- (convert DER with openssl x509 "
+                "-inform DER -in CERT -out CERT.pem)",
+            ) from None
+        raise TLSError(
+            "key",
+            "not a PEM private key; give the unencrypted key that begins with "
+            "-----BEGIN PRIVATE KEY----- (or RSA/EC PRIVATE KEY)",
+        ) from None
     except OSError as err:
-        raise TLSError("cert", f"cannot read the certificate pair: {err.strerror or err}; "
-                               "give readable PEM files") from None
+        raise TLSError(
+            "cert",
+            f"cannot read the certificate pair: {err.strerror or err}; give readable PEM files",
+        ) from None
     return context
 
 
 def _encrypted() -> bytes:
     """Password callback: the agent has no passphrase to give, so an encrypted key is refused,
     never prompted."""
-    raise TLSError("key", "the private key is encrypted with a passphrase; store it unencrypted "
-                          "(openssl pkey -in KEY -out KEY.plain) and protect the file by its "
-                          "permissions")
+    raise TLSError(
+        "key",
+        "the private key is encrypted with a passphrase; store it unencrypted "
+        "(openssl pkey -in KEY -out KEY.plain) and protect the file by its "
+        "permissions",
+    )
 
 
 def _has_certificate(path: str) -> bool:

@@ -32,12 +32,23 @@ CLIENT_AUTH = {
 # Python's TLS verifies every client certificate it asks for: "ask but do not verify" has no
 # equivalent.
 UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert")
-TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
-                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
 # The version keys and the SSLContext attribute each sets.
 TLS_BOUNDS = (("min_version", "minimum_version"), ("max_version", "maximum_version"))
-TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "client_allowed_sans",
-            "min_version", "max_version")
+TLS_KEYS = (
+    "cert_file",
+    "key_file",
+    "client_auth_type",
+    "client_ca_file",
+    "client_allowed_sans",
+    "min_version",
+    "max_version",
+)
 TOP_KEYS = ("tls_server_config", "basic_auth_users", "http_server_config")
 _BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
 # Passwords checked at once; past it a request is answered 503 at once instead of holding a thread.
@@ -65,8 +76,9 @@ def read(path: str) -> WebConfig:
         with open(path, "rb") as file:
             data = yaml.safe_load(file.read(1 << 20))
     except (OSError, yaml.YAMLError, RecursionError) as err:
-        raise WebConfigError(f"cannot read {path}: {_first_line(err)}; "
-                             "give a readable YAML file") from None
+        raise WebConfigError(
+            f"cannot read {path}: {_first_line(err)}; give a readable YAML file"
+        ) from None
     data = {} if data is None else data
     _mapping(data, "top level", TOP_KEYS)
     _mapping(data.get("http_server_config") or {}, "http_server_config", ())
@@ -89,8 +101,9 @@ def _mapping(data: Any, where: str, keys: tuple[str, ...]) -> None:
     unknown = [str(key) for key in data if key not in keys]
     if unknown:
         accepted = ", ".join(keys) or "nothing (HTTP/2 and extra headers are not supported)"
-        raise WebConfigError(f"{where}: unsupported key {unknown[0]!r}; "
-                             f"remove it (accepted: {accepted})")
+        raise WebConfigError(
+            f"{where}: unsupported key {unknown[0]!r}; remove it (accepted: {accepted})"
+        )
 
 
 def _tls_string(data: dict, key: str) -> str:
@@ -107,8 +120,10 @@ def _users(data: Any) -> dict[str, bytes]:
     users = {}
     for user, hashed in data.items():
         if not (isinstance(user, str) and isinstance(hashed, str) and _BCRYPT.fullmatch(hashed)):
-            raise WebConfigError(f"basic_auth_users.{user}: expected a bcrypt hash such as "
-                                 "$2y$10$... (make one with: htpasswd -nBC 10 '' | tr -d ':\\n')")
+            raise WebConfigError(
+                f"basic_auth_users.{user}: expected a bcrypt hash such as "
+                "$2y$10$... (make one with: htpasswd -nBC 10 '' | tr -d ':\\n')"
+            )
         users[user] = hashed.encode()
     return users
 
@@ -126,8 +141,9 @@ def _tls(data: dict) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[str, ...]]:
     for bound, attribute in TLS_BOUNDS:
         name = _tls_string(data, bound)
         if name and name not in TLS_VERSIONS:
-            raise WebConfigError(f"tls_server_config.{bound}: {name!r} is not one of "
-                                 f"{', '.join(TLS_VERSIONS)}")
+            raise WebConfigError(
+                f"tls_server_config.{bound}: {name!r} is not one of {', '.join(TLS_VERSIONS)}"
+            )
         if name:
             setattr(context, attribute, TLS_VERSIONS[name])
     context.verify_mode = verify_mode
@@ -136,8 +152,10 @@ def _tls(data: dict) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[str, ...]]:
             context.load_verify_locations(cafile=ca)
         except (OSError, ssl.SSLError) as err:
             reason = _first_line(err)
-            raise WebConfigError(f"tls_server_config.client_ca_file: cannot load {ca}: {reason}; "
-                                 "give a PEM file of CA certificates") from None
+            raise WebConfigError(
+                f"tls_server_config.client_ca_file: cannot load {ca}: {reason}; "
+                "give a PEM file of CA certificates"
+            ) from None
     return context, _allowed_sans(data, ca), tuple(path for path in (cert, key, ca) if path)
 
 
@@ -147,14 +165,17 @@ def _client_auth(data: dict, ca: str) -> ssl.VerifyMode:
     auth = _tls_string(data, "client_auth_type") or default
     where = "tls_server_config.client_auth_type"
     if auth in UNVERIFIED_CLIENT_AUTH:
-        raise WebConfigError(f"{where}: {auth} is not supported (client certificates are always "
-                             "verified here); use VerifyClientCertIfGiven or "
-                             "RequireAndVerifyClientCert")
+        raise WebConfigError(
+            f"{where}: {auth} is not supported (client certificates are always "
+            "verified here); use VerifyClientCertIfGiven or "
+            "RequireAndVerifyClientCert"
+        )
     if auth not in CLIENT_AUTH:
         raise WebConfigError(f"{where}: {auth!r} is not one of {', '.join(CLIENT_AUTH)}")
     if CLIENT_AUTH[auth] != ssl.CERT_NONE and not ca:
-        raise WebConfigError(f"tls_server_config.client_ca_file: {auth} needs the CA that signs "
-                             "client certificates")
+        raise WebConfigError(
+            f"tls_server_config.client_ca_file: {auth} needs the CA that signs client certificates"
+        )
     return CLIENT_AUTH[auth]
 
 
@@ -163,8 +184,10 @@ def _allowed_sans(data: dict, ca: str) -> tuple[str, ...]:
     if not isinstance(sans, list) or not all(isinstance(san, str) for san in sans):
         raise WebConfigError("tls_server_config.client_allowed_sans: expected a list of names")
     if sans and not ca:
-        raise WebConfigError("tls_server_config.client_allowed_sans: names of client certificates "
-                             "need client_ca_file, the CA that signs them")
+        raise WebConfigError(
+            "tls_server_config.client_allowed_sans: names of client certificates "
+            "need client_ca_file, the CA that signs them"
+        )
     return tuple(sans)
 
 
@@ -200,8 +223,9 @@ class WebConfigFile:
         try:
             config = read(self.path)
         except WebConfigError as err:
-            log.error("web config %s not reloaded, the previous one stays in force: %s",
-                      self.path, err)
+            log.error(
+                "web config %s not reloaded, the previous one stays in force: %s", self.path, err
+            )
             return
         self._config, self._watch = config, ConfigFileWatch(*config.files)
         log.info("web config %s reloaded", self.path)

@@ -163,8 +163,13 @@ class EventLoopWorker(Worker):
             except BlockingIOError:
                 return
             except OSError as err:
-                if err.errno in (errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS,
-                                 errno.ENOMEM):
+                if err.errno in (
+                    errno.ECONNABORTED,
+                    errno.EMFILE,
+                    errno.ENFILE,
+                    errno.ENOBUFS,
+                    errno.ENOMEM,
+                ):
                     self.log.warning("accept failed: %s", err)
                     return
                 raise
@@ -229,8 +234,9 @@ class EventLoopWorker(Worker):
             self._close(conn)
             return
         if not peer_allowed(sock, conn.allowed_sans):
-            self.log.warning("client certificate of %s names none of client_allowed_sans",
-                             conn.client)
+            self.log.warning(
+                "client certificate of %s names none of client_allowed_sans", conn.client
+            )
             self._close(conn)
             return
         conn.handshaking = False
@@ -243,8 +249,11 @@ class EventLoopWorker(Worker):
         if end < 0:
             conn.scanned = len(conn.inbuf)
             if len(conn.inbuf) > MAX_HEAD_BYTES:
-                answer = error_response(431, "Request Header Fields Too Large",
-                                        f"request head over {MAX_HEAD_BYTES} bytes")
+                answer = error_response(
+                    431,
+                    "Request Header Fields Too Large",
+                    f"request head over {MAX_HEAD_BYTES} bytes",
+                )
                 self._respond(conn, [answer], close=True)
                 return True
             return False
@@ -382,4 +391,3 @@ class EventLoopWorker(Worker):
         self._set_accepting(False)
         for conn in list(self.reading):
             self._close(conn)
-

@@ -91,8 +91,10 @@ class WsgiBridge:
 
 
 def _has_body(req: Any) -> bool:
-    return any(name == "TRANSFER-ENCODING" or (name == "CONTENT-LENGTH" and value.strip() != "0")
-               for name, value in req.headers)
+    return any(
+        name == "TRANSFER-ENCODING" or (name == "CONTENT-LENGTH" and value.strip() != "0")
+        for name, value in req.headers
+    )
 
 
 def error_response(status: int, reason: str, message: str) -> bytes:

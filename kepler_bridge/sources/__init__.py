@@ -39,21 +39,33 @@ REGISTRY: dict[str, str] = {
 # starts wins and the ones before it stand by (state "standby", or "absent"), with their reason.
 # Plug-ins whose class says `auto = True` follow; `command` joins when --command is set,
 # `simulated` when --simulate > 0. The order is the order of node-wide device indexes.
-AUTO: tuple[tuple[str, ...], ...] = (("nvml",), ("amdgpu",), ("intel",), ("jetson",), ("ascend",),
-                                     ("ebpf", "procfs"), ("rapl",))
+AUTO: tuple[tuple[str, ...], ...] = (
+    ("nvml",),
+    ("amdgpu",),
+    ("intel",),
+    ("jetson",),
+    ("ascend",),
+    ("ebpf", "procfs"),
+    ("rapl",),
+)
 
 
 @functools.cache
 def plugins() -> dict[str, str]:
-    """Sources other installed packages provide: name -> "module:Class"; a built-in name is never replaced.
+    """Sources other installed packages provide: name -> "module:Class";
+    a built-in name is never replaced.
 
     Read once per process: a package installed later is found after a restart.
     """
     found: dict[str, str] = {}
     for point in entry_points(group=ENTRY_POINT_GROUP):
         if point.name in REGISTRY:
-            log.warning("plug-in source %r (%s) ignored: a built-in source has that name; rename its entry point",
-                        point.name, point.value)
+            log.warning(
+                "plug-in source %r (%s) ignored: a built-in source has that name; "
+                "rename its entry point",
+                point.name,
+                point.value,
+            )
         else:
             found.setdefault(point.name, point.value)
     return found
@@ -65,21 +77,28 @@ def available() -> dict[str, str]:
 
 
 def source_class(name: str) -> type[Source]:
-    """Import and return the class registered under name; one that cannot be imported becomes a down source."""
+    """Import and return the class registered under name;
+    one that cannot be imported becomes a down source."""
     target = available()[name]
     module_name, _, attribute = target.partition(":")
     try:
-        found = functools.reduce(getattr, attribute.split("."), importlib.import_module(module_name))
+        found = functools.reduce(
+            getattr, attribute.split("."), importlib.import_module(module_name)
+        )
     except Exception as err:  # a broken plug-in install must not stop the agent
         return _unloadable(name, target, f"{type(err).__name__}: {err}")
     if not (isinstance(found, type) and issubclass(found, Source)):
-        return _unloadable(name, target, "it is not a subclass of kepler_bridge.sources.base.Source")
+        return _unloadable(
+            name, target, "it is not a subclass of kepler_bridge.sources.base.Source"
+        )
     return found
 
 
 def _unloadable(name: str, target: str, reason: str) -> type[Source]:
-    message = (f"source {name} ({target}) cannot be loaded: {reason}; reinstall the package that provides it, "
-               f"or remove {name} from --sources")
+    message = (
+        f"source {name} ({target}) cannot be loaded: {reason}; "
+        f"reinstall the package that provides it, or remove {name} from --sources"
+    )
 
     class Unloadable(Source):
         """Stands in for a source whose code cannot be imported: always down, with the reason."""

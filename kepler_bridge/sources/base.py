@@ -12,7 +12,8 @@ from kepler_bridge.model import GpuReading, SourceReading
 
 
 class SourceAbsent(Exception):
-    """The hardware or kernel feature this source reads does not exist here; the message says why."""
+    """The hardware or kernel feature this source reads does not exist here;
+    the message says why."""
 
 
 class SourceUnavailable(Exception):
@@ -21,7 +22,8 @@ class SourceUnavailable(Exception):
 
 @dataclass
 class Retry:
-    """When to try again something that failed: one interval after the first failure, doubling, at most `cap`."""
+    """When to try again something that failed: one interval after the first failure, doubling,
+    at most `cap`."""
 
     cap: float
     delay: float = 0.0
@@ -42,30 +44,34 @@ class Retry:
 
 
 def device_reading(gpus: tuple[GpuReading, ...], what: str) -> SourceReading:
-    """A source's devices as its reading; when every one is down the source is down, with the first reason."""
+    """A source's devices as its reading; when every one is down the source is down,
+    with the first reason."""
     if gpus and not any(gpu.up for gpu in gpus):
         raise RuntimeError(f"every {what} failed; first error: {gpus[0].error}")
     return SourceReading(gpus=gpus)
 
 
 class Source(abc.ABC):
-    """Reads one kind of hardware or kernel state; never formats output, never raises into the sampler loop."""
+    """Reads one kind of hardware or kernel state; never formats output,
+    never raises into the sampler loop."""
 
     name: ClassVar[str]
-    # Plug-ins only (built-ins are listed in sources.AUTO): True joins `auto`; start() must then raise
-    # SourceAbsent where its hardware does not exist, so it is shown absent there, not down.
+    # Plug-ins only (built-ins are listed in sources.AUTO): True joins `auto`; start() must then
+    # raise SourceAbsent where its hardware does not exist, so it is shown absent there, not down.
     auto: ClassVar[bool] = False
 
     def __init__(self, config: Config) -> None:
         self.configure(config)
 
     def configure(self, config: Config) -> None:
-        """Take the settings in force: at construction and again on each reload (drivers stay open)."""
+        """Take the settings in force: at construction and again on each reload
+        (drivers stay open)."""
         self.config = config
 
     @abc.abstractmethod
     def start(self) -> None:
-        """Open drivers or load programs; raise SourceAbsent or SourceUnavailable with the reason."""
+        """Open drivers or load programs; raise SourceAbsent or SourceUnavailable with the
+        reason."""
 
     @abc.abstractmethod
     def read(self) -> SourceReading:
@@ -79,7 +85,9 @@ class Source(abc.ABC):
         parts = []
         if reading.gpus:
             kinds = Counter(" ".join(filter(None, (gpu.vendor, gpu.model))) for gpu in reading.gpus)
-            listed = ", ".join(kind if count == 1 else f"{count} x {kind}" for kind, count in kinds.items())
+            listed = ", ".join(
+                kind if count == 1 else f"{count} x {kind}" for kind, count in kinds.items()
+            )
             parts.append(f"{len(reading.gpus)} accelerator(s): {listed}")
         if reading.processes:
             parts.append(f"{len(reading.processes)} process(es)")

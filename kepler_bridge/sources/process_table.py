@@ -24,7 +24,8 @@ from kepler_bridge.sources.base import Source
 
 @dataclass(slots=True)
 class TrackedProcess:
-    """One process; ``start`` is its start time after boot (clock ticks for procfs, nanoseconds for ebpf)."""
+    """One process; ``start`` is its start time after boot (clock ticks for procfs,
+    nanoseconds for ebpf)."""
 
     pid: int
     start: int
@@ -41,7 +42,9 @@ class TrackedProcess:
 class ProcessTable:
     """Processes being reported, bounded in number and in how long ended ones stay."""
 
-    def __init__(self, max_processes: int, grace: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_processes: int, grace: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.configure(max_processes, grace)
         self.clock = clock
         self._entries: dict[tuple[int, int], TrackedProcess] = {}
@@ -64,13 +67,17 @@ class ProcessTable:
         """The process with this pid and start time, live or ended, if tracked."""
         return self._entries.get((pid, start))
 
-    def begin(self, pid: int, start: int, comm: str, container_id: str, cpu_seconds: float) -> TrackedProcess:
-        """Track a process first seen now; a newer start than the pid's current process means the old one ended."""
+    def begin(
+        self, pid: int, start: int, comm: str, container_id: str, cpu_seconds: float
+    ) -> TrackedProcess:
+        """Track a process first seen now; a newer start than the pid's current process means
+        the old one ended."""
         old = self.current(pid)
         entry = TrackedProcess(pid, start, comm, container_id, cpu_seconds)
         key = (pid, start)
         self._entries[key] = entry
-        # An older process reported late (it ended before a newer one took its pid) leaves the newer current.
+        # An older process reported late (it ended before a newer one took its pid)
+        # leaves the newer current.
         if old is None or old.start < start:
             if old is not None and old.ended_at is None:
                 old.ended_at = self.clock()
@@ -98,14 +105,19 @@ class ProcessTable:
             entry.shown = max(entry.shown, entry.cpu_seconds)
             labels = ProcessKey(entry.pid, entry.comm, entry.container_id)
             shown = by_labels.get(labels)
-            if shown is None or shown.start < entry.start:  # the newer process with the same labels wins
+            if (
+                shown is None or shown.start < entry.start
+            ):  # the newer process with the same labels wins
                 by_labels[labels] = entry
         return tuple(ProcessCpu(e.pid, e.comm, e.shown, e.container_id) for e in by_labels.values())
 
     def _expire(self) -> None:
         now = self.clock()
-        gone = [key for key, entry in self._entries.items()
-                if entry.ended_at is not None and now - entry.ended_at >= self.grace]
+        gone = [
+            key
+            for key, entry in self._entries.items()
+            if entry.ended_at is not None and now - entry.ended_at >= self.grace
+        ]
         for key in gone:
             self._drop(key)
 

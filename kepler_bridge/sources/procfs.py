@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from kepler_bridge.sources.cgroup import read_container_id
 from kepler_bridge.model import CpuTimes, SourceReading
 from kepler_bridge.sources.base import SourceAbsent
+from kepler_bridge.sources.cgroup import read_container_id
 from kepler_bridge.sources.process_table import ProcessSource
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -31,14 +31,15 @@ class ProcStat:
 def parse_stat(pid: int, text: str) -> ProcStat:
     """Parse /proc/<pid>/stat; the comm may itself hold spaces and parentheses."""
     open_paren, close_paren = text.index("("), text.rindex(")")
-    fields = text[close_paren + 2:].split()
+    fields = text[close_paren + 2 :].split()
     # fields[0] is field 3 (state): utime 14, stime 15, starttime 22.
     utime, stime, start = int(fields[11]), int(fields[12]), int(fields[19])
-    return ProcStat(pid, text[open_paren + 1:close_paren], start, (utime + stime) / CLOCK_TICKS)
+    return ProcStat(pid, text[open_paren + 1 : close_paren], start, (utime + stime) / CLOCK_TICKS)
 
 
 def read_stat(procfs: str, pid: int) -> ProcStat | None:
-    """The stat of a live process (or thread id); None when it is gone, hidden (hidepid, an LSM) or truncated."""
+    """The stat of a live process (or thread id); None when it is gone, hidden (hidepid, an LSM)
+    or truncated."""
     try:
         with open(f"{procfs}/{pid}/stat", encoding="utf-8", errors="replace", newline="") as file:
             return parse_stat(pid, file.read())
@@ -52,7 +53,9 @@ def read_cpu_times(procfs: str) -> CpuTimes:
         fields = file.readline().split()
     if not fields or fields[0] != "cpu":
         raise ValueError(f"{procfs}/stat does not start with the cpu line")
-    user, nice, system, idle, iowait, irq, softirq = (int(value) for value in (fields[1:8] + ["0"] * 7)[:7])
+    user, nice, system, idle, iowait, irq, softirq = (
+        int(value) for value in (fields[1:8] + ["0"] * 7)[:7]
+    )
     busy = user + nice + system + irq + softirq
     return CpuTimes(busy / CLOCK_TICKS, (busy + idle + iowait) / CLOCK_TICKS)
 
@@ -69,8 +72,10 @@ class ProcfsSource(ProcessSource):
 
     def start(self) -> None:
         if not os.path.isfile(f"{self.config.procfs}/self/stat"):
-            raise SourceAbsent(f"{self.config.procfs} is not a mounted procfs (no self/stat): "
-                               "mount the host's /proc and pass --procfs, e.g. --procfs /host/proc")
+            raise SourceAbsent(
+                f"{self.config.procfs} is not a mounted procfs (no self/stat): "
+                "mount the host's /proc and pass --procfs, e.g. --procfs /host/proc"
+            )
 
     def read(self) -> SourceReading:
         procfs = self.config.procfs
@@ -93,5 +98,7 @@ class ProcfsSource(ProcessSource):
         return SourceReading(processes=self.table.rows())
 
     def describe(self, reading: SourceReading) -> str:
-        return (f"{len(reading.processes)} process(es) from {self.config.procfs}/<pid>/stat; "
-                "processes living less than one interval are not seen (the ebpf source sees them)")
+        return (
+            f"{len(reading.processes)} process(es) from {self.config.procfs}/<pid>/stat; "
+            "processes living less than one interval are not seen (the ebpf source sees them)"
+        )

@@ -1,4 +1,5 @@
-"""CPU time per process and container from the kernel's own runtime counters, read with eBPF (bpf/cpu_account.c).
+"""CPU time per process and container from the kernel's own runtime counters, read with eBPF
+(bpf/cpu_account.c).
 
 start() has a short-lived child (loader.py) compile and load the programs
 with bcc and pass back the descriptors, so bcc and LLVM never stay resident
@@ -22,15 +23,16 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
-from kepler_bridge.sources.cgroup import CgroupIdIndex, read_container_id
 from kepler_bridge.config import Config
 from kepler_bridge.model import SourceReading
-from kepler_bridge.sources.process_table import ProcessSource, TrackedProcess
 from kepler_bridge.sources.base import SourceAbsent, SourceUnavailable
+from kepler_bridge.sources.cgroup import CgroupIdIndex, read_container_id
 from kepler_bridge.sources.ebpf import kernel_headers
 from kepler_bridge.sources.ebpf.bpf_syscall import BpfMap, read_iterator
 from kepler_bridge.sources.ebpf.btf import BTF_PATH
+from kepler_bridge.sources.process_table import ProcessSource, TrackedProcess
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +41,10 @@ LOADER = str(Path(__file__).with_name("loader.py"))
 LOAD_TIMEOUT = 120.0
 # PROC_PID_INIT_INO: the initial pid namespace, whose pids BPF helpers return.
 INIT_PID_NS = "pid:[4026531836]"
-FALLBACK = ("; with --sources auto the procfs source counts CPU time instead "
-            "(it misses processes that live less than one interval)")
+FALLBACK = (
+    "; with --sources auto the procfs source counts CPU time instead "
+    "(it misses processes that live less than one interval)"
+)
 # Capability bits: CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF.
 _SYS_ADMIN, _PERFMON, _BPF = 1 << 21, 1 << 38, 1 << 39
 
@@ -52,19 +56,25 @@ _ZERO = struct.pack("<I", 0)
 
 
 def program_path() -> str:
-    """bpf/cpu_account.c from a source checkout, or as installed under <prefix>/share/kepler-bridge/bpf."""
-    candidates = (Path(__file__).resolve().parents[3] / "bpf" / PROGRAM,
-                  Path(sys.prefix) / "share" / "kepler-bridge" / "bpf" / PROGRAM)
+    """bpf/cpu_account.c from a source checkout, or as installed under
+    <prefix>/share/kepler-bridge/bpf."""
+    candidates = (
+        Path(__file__).resolve().parents[3] / "bpf" / PROGRAM,
+        Path(sys.prefix) / "share" / "kepler-bridge" / "bpf" / PROGRAM,
+    )
     for candidate in candidates:
         if candidate.is_file():
             return str(candidate)
-    raise SourceAbsent(f"the BPF program {PROGRAM} is not installed (looked at "
-                       f"{', '.join(map(str, candidates))}): reinstall kepler-bridge with its bpf/ directory")
+    raise SourceAbsent(
+        f"the BPF program {PROGRAM} is not installed (looked at "
+        f"{', '.join(map(str, candidates))}): reinstall kepler-bridge with its bpf/ directory"
+    )
 
 
 @dataclass
 class LoadedProgram:
-    """Descriptors handed over by the loader: programs, attachments (iterator link, tracepoint) and maps."""
+    """Descriptors handed over by the loader: programs, attachments (iterator link, tracepoint)
+    and maps."""
 
     programs: dict[str, int]
     attached: dict[str, int]
@@ -79,39 +89,81 @@ class LoadedProgram:
         self.fds.clear()
 
 
-def load_program(map_entries: int, headers: kernel_headers.HeaderTree, btf: str | None = None,
-                 timeout: float = LOAD_TIMEOUT) -> LoadedProgram:
+class _LoaderReply(TypedDict, total=False):
+    """The loader's JSON reply: indexes into the fds it sent, or the error that stopped it."""
+
+    programs: dict[str, int]
+    attached: dict[str, int]
+    maps: dict[str, int]
+    offsets: dict[str, int]
+    error: str
+
+
+def load_program(
+    map_entries: int,
+    headers: kernel_headers.HeaderTree,
+    btf: str | None = None,
+    timeout: float = LOAD_TIMEOUT,
+) -> LoadedProgram:
     """Run the loader child and take over its descriptors; SourceUnavailable says why it failed.
 
     btf: the BTF file member offsets are read from (default: the running kernel's).
     """
-    request = {"program": program_path(), "map_entries": map_entries, "cflags": list(headers.cflags), "btf": btf}
+    request = {
+        "program": program_path(),
+        "map_entries": map_entries,
+        "cflags": list(headers.cflags),
+        "btf": btf,
+    }
+    reply, fds, diagnostics = _ask_loader(request, headers, timeout)
+    if "error" in reply:
+        raise SourceUnavailable(
+            reply["error"]
+            + (f"; bcc said: {diagnostics}" if diagnostics else "")
+            + f" (kernel headers from {headers.origin})"
+        )
+    return LoadedProgram(
+        {name: fds[i] for name, i in reply["programs"].items()},
+        {name: fds[i] for name, i in reply["attached"].items()},
+        {name: BpfMap(fds[i]) for name, i in reply["maps"].items()},
+        reply["offsets"],
+        list(fds),
+    )
+
+
+def _ask_loader(
+    request: dict[str, object], headers: kernel_headers.HeaderTree, timeout: float
+) -> tuple[_LoaderReply, list[int], str]:
+    """Send the request to a loader child: its reply, the fds it passed and its output's gist."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with ours, tempfile.TemporaryFile() as output:
         with theirs:
-            child = subprocess.Popen([sys.executable, "-I", LOADER, str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=output,
-                                     stderr=subprocess.STDOUT, env={**os.environ, **headers.environ})
+            child = subprocess.Popen(
+                [sys.executable, "-I", LOADER, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **headers.environ},
+            )
         try:
             ours.settimeout(timeout)
             ours.sendall(json.dumps(request).encode())
             message, fds, _, _ = socket.recv_fds(ours, 1 << 16, 64)
         except socket.timeout:
             child.kill()
-            raise SourceUnavailable(f"the eBPF loader did not answer within {timeout:.0f}s "
-                                    f"(compiling with headers from {headers.origin})") from None
+            raise SourceUnavailable(
+                f"the eBPF loader did not answer within {timeout:.0f}s "
+                f"(compiling with headers from {headers.origin})"
+            ) from None
         finally:
             child.wait()
         output.seek(0)
         diagnostics = _diagnostics(output.read().decode(errors="replace"))
-    reply = json.loads(message) if message else {"error": f"the eBPF loader exited {child.returncode}"}
-    if "error" in reply:
-        raise SourceUnavailable(reply["error"] + (f"; bcc said: {diagnostics}" if diagnostics else "") +
-                                f" (kernel headers from {headers.origin})")
-    return LoadedProgram({name: fds[i] for name, i in reply["programs"].items()},
-                         {name: fds[i] for name, i in reply["attached"].items()},
-                         {name: BpfMap(fds[i]) for name, i in reply["maps"].items()},
-                         reply["offsets"], list(fds))
+    reply: _LoaderReply = (
+        json.loads(message) if message else {"error": f"the eBPF loader exited {child.returncode}"}
+    )
+    return reply, fds, diagnostics
 
 
 def _diagnostics(text: str, limit: int = 8) -> str:
@@ -130,32 +182,40 @@ def privilege_problem(procfs: str) -> str:
         return ""
     if caps & _SYS_ADMIN or (caps & _BPF and caps & _PERFMON):
         return ""
-    return ("loading BPF programs needs root, or CAP_BPF with CAP_PERFMON (kernel 5.8+): run the agent as root "
-            "(in Kubernetes: securityContext.privileged: true)")
+    return (
+        "loading BPF programs needs root, or CAP_BPF with CAP_PERFMON (kernel 5.8+): "
+        "run the agent as root (in Kubernetes: securityContext.privileged: true)"
+    )
 
 
 def btf_problem(path: str = BTF_PATH) -> str:
     """Why the kernel's BTF cannot give the programs their offsets ('' when the file is there)."""
     if os.path.isfile(path):
         return ""
-    return (f"no {path}: the ebpf source needs a kernel built with CONFIG_DEBUG_INFO_BTF=y, 5.8 or newer "
-            "(Debian 11+, Ubuntu 20.10+, RHEL 8.2+); in a pod mount the host's /sys")
+    return (
+        f"no {path}: the ebpf source needs a kernel built with CONFIG_DEBUG_INFO_BTF=y, "
+        "5.8 or newer (Debian 11+, Ubuntu 20.10+, RHEL 8.2+); in a pod mount the host's /sys"
+    )
 
 
 def pid_namespace_problem(procfs: str) -> str:
-    """Why pids from BPF would not match --procfs ('' when procfs shows the initial pid namespace)."""
+    """Why pids from BPF would not match --procfs; '' when procfs shows the initial pid
+    namespace."""
     try:
         namespace = os.readlink(f"{procfs}/1/ns/pid")
     except OSError:
         return ""
     if namespace == INIT_PID_NS:
         return ""
-    return (f"{procfs} shows pid namespace {namespace}, but eBPF reports the host's pids: run the pod with "
-            "hostPID: true, or mount the host's /proc and pass --procfs /host/proc")
+    return (
+        f"{procfs} shows pid namespace {namespace}, but eBPF reports the host's pids: "
+        "run the pod with hostPID: true, or mount the host's /proc and pass --procfs /host/proc"
+    )
 
 
 class EbpfSource(ProcessSource):
-    """Per-process CPU seconds as the kernel accounts them, including processes that live between two samples."""
+    """Per-process CPU seconds as the kernel accounts them,
+    including processes that live between two samples."""
 
     name = "ebpf"
 
@@ -170,7 +230,11 @@ class EbpfSource(ProcessSource):
     def start(self) -> None:
         procfs = self.config.procfs
         try:
-            for problem in (privilege_problem(procfs), pid_namespace_problem(procfs), btf_problem()):
+            for problem in (
+                privilege_problem(procfs),
+                pid_namespace_problem(procfs),
+                btf_problem(),
+            ):
                 if problem:
                     raise SourceUnavailable(problem)
             try:
@@ -194,7 +258,8 @@ class EbpfSource(ProcessSource):
         # Ended groups first: a pid they free may already belong to a process the iterator sees.
         for key, value in self.loaded.maps["exits"].drain():
             tgid, _, start = _EXIT_KEY.unpack(key)
-            self._ended(tgid, start, *_EXIT.unpack(value), now)
+            runtime_ns, cgroup_id, comm = _EXIT.unpack(value)
+            self._ended(tgid, start, runtime_ns, cgroup_id, comm, now)
         data = read_iterator(self.loaded.attached["task_iterator"])
         totals, leaders, torn = group_records(data)
         for tgid, (start, cgroup_id, comm) in leaders.items():
@@ -204,9 +269,13 @@ class EbpfSource(ProcessSource):
         self._check_lost()
         self.tasks = len(data) // _TASK.size
         self.read_seconds = time.perf_counter() - started
-        return SourceReading(processes=self.table.rows(), ebpf_programs_attached=len(self.loaded.attached))
+        return SourceReading(
+            processes=self.table.rows(), ebpf_programs_attached=len(self.loaded.attached)
+        )
 
-    def _alive(self, tgid: int, start: int, cgroup_id: int, comm: bytes, seconds: float, now: float) -> None:
+    def _alive(
+        self, tgid: int, start: int, cgroup_id: int, comm: bytes, seconds: float, now: float
+    ) -> None:
         """Update a living thread group from its iterator records."""
         entry = self.table.current(tgid)
         if entry is None or entry.start != start:
@@ -216,16 +285,25 @@ class EbpfSource(ProcessSource):
             entry = self.table.begin(tgid, start, _text(comm), container_id, seconds)
         else:
             if cgroup_id != entry.cgroup_id:
-                entry.container_id = read_container_id(self.config.procfs, tgid) or entry.container_id
+                entry.container_id = (
+                    read_container_id(self.config.procfs, tgid) or entry.container_id
+                )
             entry.cpu_seconds, entry.ended_at = max(entry.cpu_seconds, seconds), None
         _relabel(entry, comm, cgroup_id)
 
-    def _ended(self, tgid: int, start: int, runtime_ns: int, cgroup_id: int, comm: bytes, now: float) -> None:
+    def _ended(
+        self, tgid: int, start: int, runtime_ns: int, cgroup_id: int, comm: bytes, now: float
+    ) -> None:
         """Record a thread group's final runtime; one that lived between two samples is new here."""
         entry = self.table.find(tgid, start)
         if entry is None:
-            entry = self.table.begin(tgid, start, _text(comm), self.cgroups.container_id(cgroup_id, now),
-                                     runtime_ns / 1e9)
+            entry = self.table.begin(
+                tgid,
+                start,
+                _text(comm),
+                self.cgroups.container_id(cgroup_id, now),
+                runtime_ns / 1e9,
+            )
         else:
             entry.cpu_seconds = max(entry.cpu_seconds, runtime_ns / 1e9)
         _relabel(entry, comm, cgroup_id)
@@ -235,34 +313,46 @@ class EbpfSource(ProcessSource):
         raw = self.loaded.maps["exits_lost"].lookup(_ZERO) if self.loaded else None
         lost = _U64.unpack(raw)[0] if raw else 0
         if lost > self.exits_lost:
-            log.warning("%d thread groups ended uncounted since the last sample: the exits map "
-                        "(--ebpf-map-entries %d) filled up within one interval; raise it",
-                        lost - self.exits_lost, self.config.ebpf_map_entries)
+            log.warning(
+                "%d thread groups ended uncounted since the last sample: the exits map "
+                "(--ebpf-map-entries %d) filled up within one interval; raise it",
+                lost - self.exits_lost,
+                self.config.ebpf_map_entries,
+            )
             self.exits_lost = lost
 
     def describe(self, reading: SourceReading) -> str:
         if self.loaded is None:
             return "not loaded"
         runtime = self.loaded.offsets.get("TASK_RUNTIME")
-        chosen = {"auto", self.name} & set(self.config.sources)
-        return (f"{'used for CPU time (procfs is the fallback)' if chosen else 'works, but --sources leaves it out'}"
-                f": the kernel's per-task runtime, read by a task iterator "
-                f"once per sample and at sched_process_free for ended processes, nothing per context switch; "
-                f"{len(reading.processes)} process(es) from {self.tasks} task(s), read in "
-                f"{self.read_seconds * 1000:.1f} ms; offsets from {BTF_PATH} (se.sum_exec_runtime at byte "
-                f"{runtime} of task_struct); kernel headers from {self.headers.origin if self.headers else '?'}")
+        if {"auto", self.name} & set(self.config.sources):
+            use = "used for CPU time (procfs is the fallback)"
+        else:
+            use = "works, but --sources leaves it out"
+        headers = self.headers.origin if self.headers else "?"
+        return (
+            f"{use}: the kernel's per-task runtime, read by a task iterator "
+            "once per sample and at sched_process_free for ended processes, "
+            "nothing per context switch; "
+            f"{len(reading.processes)} process(es) from {self.tasks} task(s), read in "
+            f"{self.read_seconds * 1000:.1f} ms; offsets from {BTF_PATH} "
+            f"(se.sum_exec_runtime at byte {runtime} of task_struct); kernel headers from {headers}"
+        )
 
 
-def group_records(data: bytes) -> tuple[dict[int, int], dict[int, tuple[int, int, bytes]], set[int]]:
-    """Sum the iterator's per-thread records by thread group: runtime ns by tgid, the leaders' (start ns,
-    cgroup id, comm), and the groups whose sum cannot be trusted this pass."""
+def group_records(
+    data: bytes,
+) -> tuple[dict[int, int], dict[int, tuple[int, int, bytes]], set[int]]:
+    """Sum the iterator's per-thread records by thread group: runtime ns by tgid, the leaders'
+    (start ns, cgroup id, comm), and the groups whose sum cannot be trusted this pass."""
     totals: dict[int, int] = {}
     seqs: dict[int, int] = {}
     leaders: dict[int, tuple[int, int, bytes]] = {}
     torn: set[int] = set()
     for tgid, _, runtime, seq, leader, start, cgroup_id, comm in _TASK.iter_unpack(data):
         totals[tgid] = totals.get(tgid, 0) + runtime
-        # A thread released during the pass moved its runtime into the group's sum: it may be counted twice.
+        # A thread released during the pass moved its runtime into the group's sum:
+        # it may be counted twice.
         if seqs.setdefault(tgid, seq) != seq or seq & 1:
             torn.add(tgid)
         if leader:

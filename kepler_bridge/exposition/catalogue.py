@@ -1,0 +1,124 @@
+"""Every exported metric: its name, help and labels, and the tables the collector emits from."""
+
+from __future__ import annotations
+
+GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
+POD_LABELS = ("namespace", "pod", "container")
+PROCESS_LABELS = GPU_LABELS + ("pid", "comm") + POD_LABELS
+# Labels of the energy levels: WorkloadEnergy's own attribute names, then its owner's (PodRef).
+ENERGY_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "process": (("pid", "comm", "container_id"), POD_LABELS),
+    "container": (("container_id",), POD_LABELS),
+    "pod": ((), ("namespace", "pod")),
+}
+# Attributed energy in the order it is exposed: exposed name, level (labels in ENERGY_LEVELS), kind.
+ENERGY_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("kepler_bridge_process_cpu_joules_total", "process", "cpu"),
+    ("kepler_bridge_process_gpu_joules_total", "process", "gpu"),
+    ("kepler_bridge_container_cpu_joules_total", "container", "cpu"),
+    ("kepler_bridge_container_gpu_joules_total", "container", "gpu"),
+    ("kepler_bridge_pod_cpu_joules_total", "pod", "cpu"),
+    ("kepler_bridge_pod_gpu_joules_total", "pod", "gpu"),
+)
+
+# Plain gauges of a GPU reading: exposed name -> (reading attribute, help).
+GPU_GAUGES: dict[str, tuple[str, str]] = {
+    "gpu_utilization_ratio": (
+        "utilization",
+        "Fraction of time a kernel ran on the accelerator (0..1).",
+    ),
+    "gpu_memory_utilization_ratio": (
+        "memory_utilization",
+        "Fraction of time device memory was read or written (0..1).",
+    ),
+    "gpu_encoder_utilization_ratio": ("encoder_utilization", "Video encoder utilization (0..1)."),
+    "gpu_decoder_utilization_ratio": ("decoder_utilization", "Video decoder utilization (0..1)."),
+    "gpu_memory_used_bytes": ("memory_used_bytes", "Device memory in use."),
+    "gpu_memory_total_bytes": ("memory_total_bytes", "Device memory size."),
+    "gpu_memory_free_bytes": ("memory_free_bytes", "Device memory free."),
+    "gpu_temperature_celsius": ("temperature_celsius", "Accelerator core temperature."),
+    "gpu_memory_temperature_celsius": (
+        "memory_temperature_celsius",
+        "Accelerator memory temperature.",
+    ),
+    "gpu_power_watts": ("power_watts", "Power draw."),
+    "gpu_power_limit_watts": ("power_limit_watts", "Enforced power limit."),
+    "gpu_sm_clock_hertz": ("sm_clock_hertz", "SM (core) clock."),
+    "gpu_memory_clock_hertz": ("memory_clock_hertz", "Memory clock."),
+    "gpu_fan_speed_ratio": ("fan_speed_ratio", "Fan speed as a fraction of its maximum (0..1)."),
+    "gpu_pcie_transmit_bytes_per_second": (
+        "pcie_transmit_bytes_per_second",
+        "PCIe transmit throughput.",
+    ),
+    "gpu_pcie_receive_bytes_per_second": (
+        "pcie_receive_bytes_per_second",
+        "PCIe receive throughput.",
+    ),
+    "gpu_performance_state": ("performance_state", "Performance state P0 (max) .. P15 (min)."),
+    "gpu_last_xid_timestamp_seconds": ("last_xid_timestamp", "Unix time of the last XID error."),
+}
+
+# Every metric this module can emit, with its help text; the README lists exactly these.
+METRICS: dict[str, str] = {
+    "gpu_info": "Accelerator metadata; value 1.",
+    "gpu_pod_info": "The one container the kubelet assigned the accelerator to; value 1.",
+    "gpu_up": "1 when the accelerator is readable, 0 when lost or failing.",
+    **{name: help_text for name, (_, help_text) in GPU_GAUGES.items()},
+    "gpu_energy_joules_total": "Energy consumed by the accelerator.",
+    "gpu_throttled": "1 while the clocks are held down for this reason.",
+    "gpu_ecc_errors_total": "ECC memory errors since the driver loaded, by kind.",
+    "gpu_xid_errors_total": "XID errors reported by the driver, by XID code.",
+    "gpu_process_memory_used_bytes": "Device memory used by a process.",
+    "gpu_process_utilization_ratio": "SM utilization of a process on the accelerator (0..1).",
+    "kepler_bridge_process_cpu_seconds_total": "CPU time used by a process.",
+    "kepler_bridge_container_cpu_seconds_total": "CPU time used by the processes of a container.",
+    "kepler_bridge_node_cpu_joules_total": (
+        "CPU energy of the node by RAPL zone (or estimated from cpu_tdp_watts)."
+    ),
+    "kepler_bridge_node_gpu_idle_joules_total": (
+        "Accelerator energy not attributed to processes: its idle part."
+    ),
+    "kepler_bridge_node_gpu_unattributed_joules_total": (
+        "Active accelerator energy of a device without process data "
+        "that no single container holds, by reason."
+    ),
+    "kepler_bridge_process_cpu_joules_total": "CPU energy attributed to a process by its CPU time.",
+    "kepler_bridge_process_gpu_joules_total": (
+        "Accelerator energy attributed to a process by its SM utilization."
+    ),
+    "kepler_bridge_container_cpu_joules_total": (
+        "CPU energy attributed to the processes of a container."
+    ),
+    "kepler_bridge_container_gpu_joules_total": (
+        "Accelerator energy attributed to the processes of a container."
+    ),
+    "kepler_bridge_pod_cpu_joules_total": "CPU energy attributed to the processes of a pod.",
+    "kepler_bridge_pod_gpu_joules_total": (
+        "Accelerator energy attributed to the processes of a pod."
+    ),
+    "kepler_bridge_build_info": "Agent build metadata; value 1.",
+    "kepler_bridge_source_up": (
+        "1 when the source was read in the last sample, 0 when it failed; sources in use only."
+    ),
+    "kepler_bridge_source_state": (
+        "1 for the source's state (up, down, standby, absent), 0 for the others."
+    ),
+    "kepler_bridge_source_errors_total": (
+        "Failed reads or starts of the source; sources in use only."
+    ),
+    "kepler_bridge_sample_duration_seconds": "Time the last sample took to read every source.",
+    "kepler_bridge_last_sample_timestamp_seconds": "Unix time of the last published sample.",
+    "kepler_bridge_ebpf_programs_attached": "eBPF programs attached by the agent.",
+}
+
+# Exported whatever the allow/deny lists say: alerts and dashboards need them to tell "down"
+# from "filtered".
+HEALTH = frozenset(
+    {
+        "gpu_up",
+        "kepler_bridge_source_up",
+        "kepler_bridge_source_state",
+        "kepler_bridge_build_info",
+        "kepler_bridge_last_sample_timestamp_seconds",
+    }
+)
