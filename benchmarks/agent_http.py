@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from agent import Agent  # noqa: E402
 from prometheus_client.utils import floatToGoString  # noqa: E402
 
+from agent import Agent  # noqa: E402
 from fakenvml import FakeNvml, build  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")

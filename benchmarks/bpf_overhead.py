@@ -33,7 +33,6 @@ sys.path.insert(0, str(ROOT))
 
 from agent import Agent  # noqa: E402
 from cpu_helpers import Burner, loopback_flood, net_rx_softirqs, short_lived  # noqa: E402
-
 from kepler_bridge import config  # noqa: E402
 from kepler_bridge.sources.base import Source  # noqa: E402
 from kepler_bridge.sources.ebpf.bpf_syscall import prog_stats  # noqa: E402
