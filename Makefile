@@ -30,7 +30,7 @@ deps: deps-test
 run: deps-run
 	$(BIN)/kepler-bridge serve --listen $(LISTEN) --simulate $(SIMULATE)
 
-test: deps-test
+test: deps-test lint
 	$(BIN)/python -m pytest -q -rs
 
 # The inner loop: all but the tests that start the agent or a server (marker e2e, tests/README.md).

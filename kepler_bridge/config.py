@@ -40,7 +40,7 @@ class Config:
     node_name: str = field(
         metadata=parse.setting(
             ("KUBE_NODE_NAME",),
-            parse.text,
+            parse.printable,
             "",
             "expected a node name",
             "key of /v1/collect and the node label (default: hostname)",
@@ -76,7 +76,7 @@ class Config:
     procfs: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_PROCFS",),
-            parse.text,
+            parse.printable,
             "/proc",
             "expected a directory path",
             "host /proc root (in a pod: /host/proc)",
@@ -85,7 +85,7 @@ class Config:
     sysfs: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_SYSFS",),
-            parse.text,
+            parse.printable,
             "/sys",
             "expected a directory path",
             "host /sys root (in a pod: /host/sys)",
@@ -94,7 +94,7 @@ class Config:
     nvml_library: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_NVML_LIBRARY",),
-            parse.text,
+            parse.printable,
             "",
             "expected the path of libnvidia-ml.so.1",
             "explicit NVIDIA driver library path",
@@ -148,7 +148,7 @@ class Config:
     tls_cert: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_TLS_CERT",),
-            parse.text,
+            parse.printable,
             "",
             "expected a PEM certificate path",
             "serve HTTPS with this certificate",
@@ -157,7 +157,7 @@ class Config:
     tls_key: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_TLS_KEY",),
-            parse.text,
+            parse.printable,
             "",
             "expected a PEM key path",
             "private key of --tls-cert",
@@ -166,7 +166,7 @@ class Config:
     auth_token_file: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_AUTH_TOKEN_FILE",),
-            parse.text,
+            parse.printable,
             "",
             "expected a readable file holding the bearer token",
             "require this bearer token on /metrics",
@@ -177,7 +177,7 @@ class Config:
     web_config_file: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_WEB_CONFIG_FILE",),
-            parse.text,
+            parse.printable,
             "",
             "expected the path of a web config file in the Prometheus exporter-toolkit format",
             "TLS, client certificates and basic-auth users (exporter-toolkit format), "
@@ -238,7 +238,7 @@ class Config:
     npu_smi: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_NPU_SMI",),
-            parse.text,
+            parse.printable,
             "npu-smi",
             "expected the npu-smi executable: "
             "a path, or a name looked up in PATH and /usr/local/sbin",
@@ -305,7 +305,7 @@ class Config:
     kube_token_file: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_KUBE_TOKEN_FILE",),
-            parse.text,
+            parse.printable,
             f"{SERVICE_ACCOUNT}/token",
             "expected a file path",
             "bearer token for the kubelet and the API server (re-read at each refresh)",
@@ -314,7 +314,7 @@ class Config:
     kube_ca_file: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_KUBE_CA_FILE",),
-            parse.text,
+            parse.printable,
             f"{SERVICE_ACCOUNT}/ca.crt",
             "expected a PEM file path",
             "CA that signed the kubelet's and the API server's certificates",
@@ -332,7 +332,7 @@ class Config:
     pod_resources_socket: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_POD_RESOURCES_SOCKET",),
-            parse.text,
+            parse.printable,
             "/var/lib/kubelet/pod-resources/kubelet.sock",
             "expected a unix socket path, or empty for none",
             "the kubelet's pod-resources socket: which pod each GPU is assigned to",

@@ -181,12 +181,12 @@ class SourceStatus:
     error: str = ""
     errors_total: int = 0
     # Why the source is not in use: "standby" (a fallback runs instead) or "absent" (no hardware).
-    unused: str = ""
+    not_in_use: str = ""
 
     @property
     def state(self) -> str:
         """One of SOURCE_STATES: up or down while in use, else why it is not in use."""
-        return self.unused or ("up" if self.up else "down")
+        return self.not_in_use or ("up" if self.up else "down")
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def bounded(parse: Callable[[object], float], low: float, high: float) -> Callab
 
 def listen(value: object) -> tuple[str, int]:
     """HOST:PORT (HOST may be empty, an IP address in brackets or a name) as (host, port)."""
-    host, sep, port_text = text(value).rpartition(":")
+    host, sep, port_text = printable(value).rpartition(":")
     if not sep or not re.fullmatch(r"[0-9]{1,5}", port_text) or not 0 < int(port_text) < 65536:
         raise ValueError
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
@@ -153,7 +153,7 @@ def name_list(value: object) -> tuple[str, ...]:
             raise ValueError
         items = value
     else:
-        items = text(value).split(",")
+        items = printable(value).split(",")
     names = tuple(item.strip() for item in items if item.strip())
     if not all(re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:.-]*", name) for name in names):
         raise ValueError
@@ -170,7 +170,7 @@ def count(value: object) -> int:
     return int(written)
 
 
-def text(value: object) -> str:
+def printable(value: object) -> str:
     """Text as written, blanks around removed (a whole number reads as its digits); no control
     characters."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -189,7 +189,7 @@ def argv(value: object) -> tuple[str, ...]:
             raise ValueError
         result = tuple(value)
     else:
-        result = tuple(shlex.split(text(value)))
+        result = tuple(shlex.split(printable(value)))
     if result and shutil.which(result[0]) is None:
         raise ValueError
     return result
@@ -199,7 +199,7 @@ def one_of(*choices: str) -> Callable[[object], str]:
     """A parser that accepts exactly one of `choices`."""
 
     def parse_choice(value: object) -> str:
-        written = text(value)
+        written = printable(value)
         if written not in choices:
             raise ValueError
         return written
@@ -217,7 +217,7 @@ def optional_watts(value: object) -> float | None:
 
 def process_metrics(value: object) -> int | None:
     """off -> 0 series, all -> None (no limit), top:N -> N."""
-    written = text(value)
+    written = printable(value)
     if written in ("off", "all"):
         return 0 if written == "off" else None
     match = re.fullmatch(r"top:([0-9]{1,7})", written)
@@ -228,7 +228,7 @@ def process_metrics(value: object) -> int | None:
 
 def url(value: object) -> str:
     """An http(s) URL without its trailing slashes, or empty."""
-    written = text(value).rstrip("/")
+    written = printable(value).rstrip("/")
     if written and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", written):
         raise ValueError
     return written
@@ -238,7 +238,7 @@ def flag(value: object) -> bool:
     """A boolean, or true/false, 1/0, yes/no, on/off in any case."""
     if isinstance(value, bool):
         return value
-    written = text(value).lower()
+    written = printable(value).lower()
     if written not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
         raise ValueError
     return written in ("true", "1", "yes", "on")

@@ -343,3 +343,22 @@ def test_metric_catalogue_types_and_labels_are_what_a_scrape_shows() -> None:
     documented = catalogue()
     for name, (kind, labels) in seen.items():
         assert documented[name] == (kind, labels), name
+
+
+MAX_FUNCTION_LINES = 40
+MAX_MODULE_LINES = 400
+
+
+def test_no_function_over_40_lines_and_no_module_over_400() -> None:
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        name = path.relative_to(ROOT).as_posix()
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}:{node.lineno} {node.name}(): {lines} lines")
+    assert not too_long, "split these (see the how-we-write-code rules): " + "; ".join(too_long)

@@ -151,6 +151,6 @@ def test_auto_marks_the_accelerators_this_node_does_not_have_absent(
     config = make_config(sysfs=sysfs.root, procfs=tmp_path / "proc", npu_smi="npu-smi")
     slots = build_slots(config)
     assert [slot.name for slot in slots if slot.started] == ["amdgpu"]
-    absent = {slot.name: slot.error for slot in slots if slot.unused == "absent"}
+    absent = {slot.name: slot.error for slot in slots if slot.not_in_use == "absent"}
     assert set(absent) == {"intel", "jetson", "ascend"} and "npu-smi not found" in absent["ascend"]
     assert not any(slot.errors_total for slot in slots), "absent hardware is no error"

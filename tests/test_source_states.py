@@ -21,8 +21,8 @@ def test_up_series_for_sources_in_use_and_a_state_for_every_source() -> None:
     sources = (
         SourceStatus("nvml", True),
         SourceStatus("amdgpu", False, "card lost", 3),
-        SourceStatus("ebpf", False, "no BTF", 1, unused="standby"),
-        SourceStatus("ascend", False, "npu-smi not found", unused="absent"),
+        SourceStatus("ebpf", False, "no BTF", 1, not_in_use="standby"),
+        SourceStatus("ascend", False, "npu-smi not found", not_in_use="absent"),
     )
     text = prometheus.render(
         Snapshot(

@@ -128,7 +128,7 @@ class SnapshotCollector(Collector):
         # but no up series.
         state = _gauge("kepler_bridge_source_state", ("node", "source", "state"))
         for status in snap.sources:
-            if not status.unused:
+            if not status.not_in_use:
                 up.add_metric([snap.node, status.name], 1.0 if status.up else 0.0)
                 errors.add_metric([snap.node, status.name], float(status.errors_total))
             for name in SOURCE_STATES:

@@ -74,7 +74,12 @@ def whole(value: Any) -> int | None:
     return value if 0 <= value < MAX_EXACT else None
 
 
-def text(value: Any) -> str:
+def _xid_code(code: Any) -> str | int | None:
+    """An XID code: a whole number, or text such as "other"."""
+    return utf8_text(code) if isinstance(code, str) else whole(code)
+
+
+def utf8_text(value: Any) -> str:
     """A label value: str as it is when it encodes as UTF-8, '' for None.
 
     Lone surrogates become '?'."""
@@ -142,12 +147,12 @@ _RULES: dict[str | type, tuple[_Rule, bool]] = {
     "int | None": (whole, False),
     "float": (real, True),
     "int": (whole, True),
-    "str": (text, False),
+    "str": (utf8_text, False),
     "bool": (bool, False),
-    "tuple[str, ...]": (_items(text), False),
-    "tuple[tuple[str, bool], ...]": (_items(_pair(text, bool)), False),
+    "tuple[str, ...]": (_items(utf8_text), False),
+    "tuple[tuple[str, bool], ...]": (_items(_pair(utf8_text, bool)), False),
     "tuple[tuple[int | str, int], ...]": (
-        _items(_pair(lambda code: text(code) if isinstance(code, str) else whole(code), whole)),
+        _items(_pair(_xid_code, whole)),
         False,
     ),
     "tuple[GpuProcess, ...]": (_items(_nested(GpuProcess)), False),

@@ -45,18 +45,18 @@ class Slot:
     error: str = ""
     errors_total: int = 0
     retry: Retry = field(default_factory=lambda: Retry(MAX_BACKOFF_SECONDS))
-    unused: str = ""  # SourceStatus.unused: "absent" or "standby"
+    not_in_use: str = ""  # SourceStatus.not_in_use: "absent" or "standby"
     last: SourceReading = field(default_factory=SourceReading)
 
     def fail(self, message: str, interval: float, now: float) -> None:
-        self.error, self.unused = message, ""
+        self.error, self.not_in_use = message, ""
         self.errors_total += 1
         self.retry.failed(interval, now)
 
     def absent(self, message: str, interval: float, now: float) -> None:
         """No such hardware here, which is no failure; tried again later, as a driver may load or
         a device appear."""
-        self.error, self.unused = message, "absent"
+        self.error, self.not_in_use = message, "absent"
         self.retry.failed(interval, now)
 
     def start(self, interval: float, now: float) -> None:
@@ -70,7 +70,7 @@ class Slot:
             else:
                 self.fail(start_error(err), interval, now)
             return
-        self.started, self.error, self.unused = True, "", ""
+        self.started, self.error, self.not_in_use = True, "", ""
         self.retry.succeeded()
 
     def read(self, interval: float, now: float) -> SourceReading:
@@ -113,9 +113,8 @@ class Slot:
                 log.warning("stopping source %s: %s", self.name, err)
 
     def status(self) -> SourceStatus:
-        return SourceStatus(
-            self.name, self.started and not self.error, self.error, self.errors_total, self.unused
-        )
+        up = self.started and not self.error
+        return SourceStatus(self.name, up, self.error, self.errors_total, self.not_in_use)
 
 
 def open_slot(name: str, config: Config) -> Slot:
@@ -133,7 +132,7 @@ def build_slots(config: Config) -> list[Slot]:
         for position, name in enumerate(group):
             slot = open_slot(name, config)
             if slot.started or position == len(group) - 1:
-                if slot.unused:
+                if slot.not_in_use:
                     log.info("source %s is absent: %s", name, slot.error)
                 slots.append(slot)
                 break
@@ -151,7 +150,7 @@ def build_slots(config: Config) -> list[Slot]:
                     None,
                     error=slot.error,
                     errors_total=slot.errors_total,
-                    unused=slot.unused or "standby",
+                    not_in_use=slot.not_in_use or "standby",
                 )
             )
     return slots

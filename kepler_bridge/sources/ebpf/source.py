@@ -282,7 +282,7 @@ class EbpfSource(ProcessSource):
             container_id = read_container_id(self.config.procfs, tgid)
             if container_id is None:
                 container_id = self.cgroups.container_id(cgroup_id, now)
-            entry = self.table.begin(tgid, start, _text(comm), container_id, seconds)
+            entry = self.table.begin(tgid, start, _comm_name(comm), container_id, seconds)
         else:
             if cgroup_id != entry.cgroup_id:
                 entry.container_id = (
@@ -300,7 +300,7 @@ class EbpfSource(ProcessSource):
             entry = self.table.begin(
                 tgid,
                 start,
-                _text(comm),
+                _comm_name(comm),
                 self.cgroups.container_id(cgroup_id, now),
                 runtime_ns / 1e9,
             )
@@ -363,9 +363,9 @@ def group_records(
 def _relabel(entry: TrackedProcess, comm: bytes, cgroup_id: int) -> None:
     """Follow exec (a new comm) and cgroup moves of a tracked process."""
     if comm != entry.raw_comm:
-        entry.comm, entry.raw_comm = _text(comm), comm
+        entry.comm, entry.raw_comm = _comm_name(comm), comm
     entry.cgroup_id = cgroup_id
 
 
-def _text(comm: bytes) -> str:
+def _comm_name(comm: bytes) -> str:
     return comm.split(b"\0", 1)[0].decode(errors="replace")
