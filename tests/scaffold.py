@@ -98,3 +98,32 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def stat_line(pid: int, comm: str, utime: int, stime: int, start: int) -> str:
+    """A /proc/<pid>/stat line with these CPU times (clock ticks) and start time."""
+    fields = [
+        "S",
+        "1",
+        str(pid),
+        str(pid),
+        "0",
+        "-1",
+        "4194560",
+        "100",
+        "0",
+        "0",
+        "0",
+        str(utime),
+        str(stime),
+        "0",
+        "0",
+        "20",
+        "0",
+        "1",
+        "0",
+        str(start),
+        "1000000",
+        "100",
+    ]
+    return f"{pid} ({comm}) {' '.join(fields)}\n"

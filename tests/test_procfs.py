@@ -16,37 +16,9 @@ from hypothesis import strategies as st
 from cpu_helpers import Burner
 from kepler_bridge.sources.base import SourceAbsent
 from kepler_bridge.sources.procfs import CLOCK_TICKS, ProcfsSource, parse_stat
-from scaffold import make_config
+from scaffold import make_config, stat_line
 
 ID = "d" * 64
-
-
-def stat_line(pid: int, comm: str, utime: int, stime: int, start: int) -> str:
-    fields = [
-        "S",
-        "1",
-        str(pid),
-        str(pid),
-        "0",
-        "-1",
-        "4194560",
-        "100",
-        "0",
-        "0",
-        "0",
-        str(utime),
-        str(stime),
-        "0",
-        "0",
-        "20",
-        "0",
-        "1",
-        "0",
-        str(start),
-        "1000000",
-        "100",
-    ]
-    return f"{pid} ({comm}) {' '.join(fields)}\n"
 
 
 def test_parse_stat_with_spaces_and_parentheses_in_comm() -> None:

@@ -22,7 +22,7 @@ from kepler_bridge.http.app import WebSettings
 from kepler_bridge.reload import DerivedSettings
 from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.store import SnapshotStore
-from scaffold import make_config, samples
+from scaffold import make_config, samples, stat_line
 
 COMMAND_DEVICE = {
     "devices": [{"uuid": "npu-reloaded", "usedMemory": 1, "totalMemory": 4, "percent": 25}]
@@ -156,40 +156,12 @@ def test_a_worker_that_replaces_a_crashed_one_keeps_the_reloaded_settings(tmp_pa
         )
 
 
-def _stat_line(pid: int, comm: str, start: int) -> str:
-    fields = [
-        "S",
-        "1",
-        str(pid),
-        str(pid),
-        "0",
-        "-1",
-        "0",
-        "0",
-        "0",
-        "0",
-        "0",
-        "30",
-        "10",
-        "0",
-        "0",
-        "20",
-        "0",
-        "1",
-        "0",
-        str(start),
-        "1000000",
-        "100",
-    ]
-    return f"{pid} ({comm}) {' '.join(fields)}\n"
-
-
 def test_a_reloaded_process_grace_reaches_the_cpu_source(tmp_path: Path) -> None:
     """The procfs source drops an ended process by the grace in force, not the start-up one."""
     proc = tmp_path / "proc"
     for pid in (1, 4242):
         (proc / str(pid)).mkdir(parents=True)
-        (proc / str(pid) / "stat").write_text(_stat_line(pid, "worker", 5000))
+        (proc / str(pid) / "stat").write_text(stat_line(pid, "worker", 30, 10, 5000))
         (proc / str(pid) / "cgroup").write_text("0::/init.scope\n")
     (proc / "self").symlink_to("1")
     path = tmp_path / "agent.yaml"
