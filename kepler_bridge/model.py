@@ -116,6 +116,19 @@ class GpuReading:
     # Set by the sampler: the containers the kubelet assigned the device (or a MIG instance,
     # replica, slice) to.
     holders: tuple[Holder, ...] = ()
+    # GPM profiling (NVIDIA Hopper and newer), between the last two samples: ratios 0..1 and bytes
+    # per second; (name, ratio) pairs for the SM pipes and the media engines.
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    graphics_active: float | None = None
+    tensor_active: float | None = None
+    pipe_active: tuple[tuple[str, float], ...] = ()
+    dram_active: float | None = None
+    profiled_pcie_transmit_bytes_per_second: float | None = None
+    profiled_pcie_receive_bytes_per_second: float | None = None
+    profiled_nvlink_transmit_bytes_per_second: float | None = None
+    profiled_nvlink_receive_bytes_per_second: float | None = None
+    engine_active: tuple[tuple[str, float], ...] = ()
 
     @property
     def holder(self) -> Holder | None:

@@ -283,6 +283,8 @@ def full_snapshot() -> Snapshot:
         xid_errors=((79, 1),),
         processes=(GpuProcess(pid=7, comm="python3", memory_used_bytes=1, utilization=0.5),),
         holders=(Holder("c1", owner),),
+        pipe_active=(("tensor_hmma", 0.5),),
+        engine_active=(("nvdec", 0.5),),
     )
     return Snapshot(
         node="n1",

@@ -110,6 +110,30 @@ def test_labelled_families() -> None:
     assert found["gpu_process_utilization_ratio"][0].value == 0.25
 
 
+def test_profiling_families_only_where_gpm_reported() -> None:
+    snap = snapshot(
+        gpu(
+            0,
+            sm_active=0.4,
+            profiled_nvlink_receive_bytes_per_second=2e9,
+            pipe_active=(("tensor_hmma", 0.3), ("fp32", 0.0)),
+            engine_active=(("nvdec", 0.125),),
+        ),
+        gpu(1, utilization=0.5),
+    )
+    found = families(snap)
+    assert [(s.labels["gpu"], s.value) for s in found["gpu_sm_active_ratio"]] == [("0", 0.4)]
+    assert found["gpu_profiled_nvlink_receive_bytes_per_second"][0].value == 2e9
+    assert {s.labels["pipe"]: s.value for s in found["gpu_pipe_active_ratio"]} == {
+        "tensor_hmma": 0.3,
+        "fp32": 0.0,
+    }
+    assert [(s.labels["engine"], s.value) for s in found["gpu_engine_active_ratio"]] == [
+        ("nvdec", 0.125)
+    ]
+    assert "gpu_tensor_active_ratio" not in found and "gpu_sm_occupancy_ratio" not in found
+
+
 HEALTH = {
     "gpu_up",
     "kepler_bridge_source_up",

@@ -837,6 +837,98 @@ def test_register_unsupported_event_type(fake_nvml: FakeNvml, nvml: NvmlProcess)
 
 
 # --------------------------------------------------------------------------
+# GPM
+# --------------------------------------------------------------------------
+
+GPM_PAIR = textwrap.dedent("""
+    def pair(i, pause):
+        s1, s2 = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+        pynvml.nvmlGpmSampleGet(H(i), s1)
+        time.sleep(pause)
+        pynvml.nvmlGpmSampleGet(H(i), s2)
+        return s1, s2
+
+    def metrics(s1, s2, ids):
+        get = pynvml.c_nvmlGpmMetricsGet_t()
+        get.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        get.numMetrics = len(ids)
+        get.sample1, get.sample2 = s1, s2
+        for n, metric in enumerate(ids):
+            get.metrics[n].metricId = metric
+        pynvml.nvmlGpmMetricsGet(get)
+        return {
+            m.metricId: [m.nvmlReturn, m.value, m.metricInfo.unit.decode()]
+            for m in get.metrics[: len(ids)]
+        }
+""")
+
+
+def test_gpm_struct_layouts_match_pynvml() -> None:
+    assert ctypes.sizeof(pynvml.c_nvmlGpmMetric_t) == 40
+    assert pynvml.c_nvmlGpmMetricsGet_t.metrics.offset == 24
+    assert ctypes.sizeof(pynvml.c_nvmlGpmSupport_t) == 8
+
+
+def test_gpm_metrics_between_two_samples_are_the_configured_rates(
+    fake_nvml: FakeNvml, nvml: NvmlProcess
+) -> None:
+    sm, pcie, tensor = (
+        pynvml.NVML_GPM_METRIC_SM_UTIL,
+        pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+        pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    )
+    fake_nvml.gpu(
+        0, gpm_supported=True, gpm_metrics={sm: 42.5, pcie: 1000}, gpm_not_supported=[tensor]
+    )
+    assert nvml.call("nvmlGpmQueryDeviceSupport", H(0))["isSupportedDevice"] == 1
+    assert nvml.call("nvmlGpmQueryDeviceSupport", H(1))["isSupportedDevice"] == 0
+    nvml.exec(GPM_PAIR)
+    found = nvml.exec(
+        f"s1, s2 = pair(0, 0.2); result = metrics(s1, s2, [{sm}, {pcie}, {tensor}, 1])"
+    )
+    assert found[str(sm)][:1] == [0] and found[str(sm)][1] == pytest.approx(42.5)
+    assert found[str(pcie)][1:] == [pytest.approx(1000), "MiB/sec"]
+    assert found[str(tensor)][0] == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert found["1"] == [0, 0.0, "%"]  # a metric with no configured rate: an idle GPU
+    # A rate changed between samples counts from the GPU's previous sample.
+    fake_nvml.gpu(0, gpm_metrics={sm: 10.0})
+    again = nvml.exec(f"s3, s4 = pair(0, 0.1); result = metrics(s3, s4, [{sm}])")
+    assert again[str(sm)][1] == pytest.approx(10.0)
+    nvml.exec("[pynvml.nvmlGpmSampleFree(s) for s in (s1, s2, s3, s4)]")
+    calls = fake_nvml.calls()
+    assert calls["nvmlGpmSampleAlloc"] == calls["nvmlGpmSampleFree"] == 4
+    assert calls["nvmlGpmSampleGet"] == 4 and calls["nvmlGpmMetricsGet"] == 2
+
+
+def test_gpm_faults(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
+    fake_nvml.gpu(0, gpm_supported=True)
+    fake_nvml.gpu(1, gpm_supported=True)
+    nvml.exec(GPM_PAIR + "\ns = pynvml.nvmlGpmSampleAlloc()")
+    unsupported = "pynvml.nvmlGpmSampleGet(H(0), s)"
+    fake_nvml.gpu(0, gpm_supported=False)
+    with pytest.raises(NvmlErr, match="NotSupported"):
+        nvml.exec(unsupported)
+    fake_nvml.gpu(0, gpm_supported=True, errors={"nvmlGpmSampleGet": 999})
+    with pytest.raises(NvmlErr, match="Unknown"):
+        nvml.exec(unsupported)
+    fake_nvml.gpu(0, errors={}, lost=True)
+    with pytest.raises(NvmlErr, match="GpuIsLost"):
+        nvml.exec(unsupported)
+    fake_nvml.gpu(0, lost=False, not_supported=["gpm"])
+    raises(nvml, "NVMLError_NotSupported", "nvmlGpmQueryDeviceSupport", H(0))
+    fake_nvml.gpu(0, not_supported=[])
+    # Samples of two GPUs, or one not taken yet, make no pair.
+    mixed = "a, _ = pair(0, 0.01); b, _ = pair(1, 0.01); metrics(a, b, [1])"
+    with pytest.raises(NvmlErr, match="InvalidArgument"):
+        nvml.exec(mixed)
+    with pytest.raises(NvmlErr, match="InvalidArgument"):
+        nvml.exec("metrics(a, pynvml.nvmlGpmSampleAlloc(), [1])")
+    nvml.exec("pynvml.nvmlGpmSampleFree(s)")
+    with pytest.raises(NvmlErr, match="InvalidArgument"):
+        nvml.exec("pynvml.nvmlGpmSampleFree(s)")  # twice
+
+
+# --------------------------------------------------------------------------
 # call counts and thread safety
 # --------------------------------------------------------------------------
 

@@ -8,12 +8,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import pynvml
 import pytest
 import requests
 
 from agent import KEPLER_BRIDGE, Agent
 from fakenvml import FakeNvml
 from fixtures.sysfs import FakeSysfs
+from kepler_bridge.sources.nvml import gpm
 from scaffold import samples
 
 GIB = 1024**3
@@ -334,3 +336,122 @@ def test_collect_and_doctor_commands(fake_nvml: FakeNvml) -> None:
         line.startswith("no") and "nvml" in line and "does not exist" in line
         for line in missing.stdout.splitlines()
     ), missing.stdout
+
+
+def _gpm_rates(fake: FakeNvml, index: int, not_supported: tuple[int, ...] = ()) -> None:
+    """GPU `index` with GPM, busy at known rates (% and MiB/s), with two NVDECs of eight."""
+    fake.gpu(
+        index,
+        gpm_supported=True,
+        gpm_metrics={
+            pynvml.NVML_GPM_METRIC_SM_UTIL: 80.0,
+            pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 25.0,
+            pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 95.0,
+            pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 60.0,
+            pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: 55.0,
+            pynvml.NVML_GPM_METRIC_FP32_UTIL: 10.0,
+            pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 40.0,
+            pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 100.0,
+            pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 2048.0,
+            pynvml.NVML_GPM_METRIC_NVDEC_0_UTIL: 20.0,
+            pynvml.NVML_GPM_METRIC_NVDEC_1_UTIL: 40.0,
+        },
+        gpm_not_supported=[*range(32, 38), *not_supported],  # NVDEC 2..7: this GPU has two
+    )
+
+
+def _gpm(agent: Agent, name: str, label: str = "") -> dict[str, float]:
+    return {
+        s.labels["gpu"] + (f"/{s.labels[label]}" if label else ""): s.value
+        for s in samples(agent.metrics(), name)
+    }
+
+
+def test_gpm_profiling_metrics_in_contract_units(fake_nvml: FakeNvml) -> None:
+    _gpm_rates(fake_nvml, 0, not_supported=(pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,))
+    with nvml_agent(fake_nvml) as agent:
+        agent.wait_for(lambda: _gpm(agent, "gpu_sm_active_ratio"), what="GPM metrics")
+        approx = pytest.approx
+        assert _gpm(agent, "gpu_sm_active_ratio") == {"0": approx(0.8)}
+        assert _gpm(agent, "gpu_sm_occupancy_ratio") == {"0": approx(0.25)}
+        assert _gpm(agent, "gpu_graphics_active_ratio") == {"0": approx(0.95)}
+        assert _gpm(agent, "gpu_tensor_active_ratio") == {"0": approx(0.6)}
+        pipes = _gpm(agent, "gpu_pipe_active_ratio", "pipe")
+        assert pipes == {
+            "0/tensor_hmma": approx(0.55),
+            "0/tensor_imma": 0.0,
+            "0/tensor_dfma": 0.0,
+            "0/fp64": 0.0,
+            "0/fp32": approx(0.1),
+            "0/fp16": 0.0,
+            "0/integer": 0.0,
+        }
+        engines = _gpm(agent, "gpu_engine_active_ratio", "engine")
+        assert engines == {"0/nvdec": approx(0.3), "0/nvjpg": 0.0, "0/nvofa": 0.0}
+        pcie = _gpm(agent, "gpu_profiled_pcie_transmit_bytes_per_second")
+        assert pcie == {"0": approx(100 * 1024**2)}
+        nvlink = _gpm(agent, "gpu_profiled_nvlink_receive_bytes_per_second")
+        assert nvlink == {"0": approx(2 * GIB)}
+        # A metric GPM does not report is absent, not zero; so is every family on GPU 1.
+        assert _gpm(agent, "gpu_dram_active_ratio") == {}
+        assert _gpm(agent, "gpu_profiled_nvlink_transmit_bytes_per_second") == {"0": 0.0}
+        assert agent.samples("gpu_utilization_ratio") == {"0": 0.5, "1": 0.5}
+    calls = fake_nvml.calls()
+    assert calls["nvmlGpmQueryDeviceSupport"] == 2
+    assert calls["nvmlGpmSampleAlloc"] == calls["nvmlGpmSampleFree"] == 2  # GPU 0's, freed on stop
+    assert calls["nvmlGpmMetricsGet"] == calls["nvmlGpmSampleGet"] - 1
+
+
+def test_gpm_samples_follow_the_gpu_through_loss_and_failures(fake_nvml: FakeNvml) -> None:
+    _gpm_rates(fake_nvml, 0)
+    _gpm_rates(fake_nvml, 1)
+    with nvml_agent(fake_nvml) as agent:
+        both = {"0": pytest.approx(0.8), "1": pytest.approx(0.8)}
+        agent.wait_for(lambda: _gpm(agent, "gpu_sm_active_ratio") == both, what="GPM on both")
+        fake_nvml.gpu(1, lost=True)
+        agent.wait_for(lambda: agent.samples("gpu_up") == {"0": 1.0, "1": 0.0}, what="GPU 1 down")
+        assert set(_gpm(agent, "gpu_sm_active_ratio")) == {"0"}
+        fake_nvml.gpu(1, lost=False)
+        agent.wait_for(
+            lambda: _gpm(agent, "gpu_sm_active_ratio") == both, timeout=15, what="GPM on GPU 1 back"
+        )
+        # Samples failing: GPU 0 stays up without profiling metrics, and they come back.
+        fake_nvml.gpu(0, errors={"nvmlGpmSampleGet": 999})
+        agent.wait_for(lambda: set(_gpm(agent, "gpu_sm_active_ratio")) == {"1"}, what="no GPM")
+        assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
+        fake_nvml.gpu(0, errors={})
+        agent.wait_for(lambda: _gpm(agent, "gpu_sm_active_ratio") == both, what="GPM again")
+    calls = fake_nvml.calls()
+    # Two per GPU at the start, two more for GPU 1 once back; every one freed.
+    assert calls["nvmlGpmSampleAlloc"] == calls["nvmlGpmSampleFree"] == 6
+
+
+def test_doctor_says_why_a_gpu_has_no_profiling_metrics(fake_nvml: FakeNvml) -> None:
+    _gpm_rates(fake_nvml, 0)
+    doctor = subprocess.run(
+        [KEPLER_BRIDGE, "doctor", "--sources", "nvml", "--nvml-library", str(fake_nvml.library)],
+        env={**os.environ, **fake_nvml.env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    (line,) = [line for line in doctor.stdout.splitlines() if "nvml" in line]
+    assert line.startswith("ok") and "GPM profiling on GPU 0" in line, doctor.stdout
+    assert "GPU 1: GPM not supported (needs Hopper or newer)" in line, line
+    calls = fake_nvml.calls()
+    assert calls["nvmlGpmSampleAlloc"] == calls["nvmlGpmSampleFree"] == 2
+
+
+def test_gpm_values_out_of_range_are_dropped() -> None:
+    found = gpm.fields(
+        {
+            pynvml.NVML_GPM_METRIC_SM_UTIL: 250.0,
+            pynvml.NVML_GPM_METRIC_FP64_UTIL: -1.0,
+            pynvml.NVML_GPM_METRIC_FP16_UTIL: 50.0,
+            pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: 1e12,
+            pynvml.NVML_GPM_METRIC_NVOFA_0_UTIL: 10.0,
+        }
+    )
+    assert found["sm_active"] is None and found["profiled_pcie_receive_bytes_per_second"] is None
+    assert found["pipe_active"] == (("fp16", 0.5),)
+    assert found["engine_active"] == (("nvofa", 0.1),)

@@ -46,6 +46,8 @@ NUMERIC = {
     for field in dataclasses.fields(GpuReading)
     if field.type in ("float | None", "int | None")
 }
+# (label, ratio) pairs: each dropped alone when its ratio is unusable.
+RATIOS = ("pipe_active", "engine_active")
 
 numbers = st.one_of(
     st.none(),
@@ -78,6 +80,7 @@ def gpus(draw: st.DrawFn, index: int) -> GpuReading:
         xid_errors=tuple(
             draw(st.lists(st.tuples(numbers | st.just("other"), numbers), max_size=3))
         ),
+        **{name: tuple(draw(st.lists(st.tuples(texts, numbers), max_size=2))) for name in RATIOS},
         **{name: draw(numbers) for name in NUMERIC},
     )
 
@@ -191,6 +194,12 @@ def test_hostile_plugin_readings_reach_the_exporters_clean(
                     assert getattr(gpu, name) == expected(
                         getattr(given_gpu, name), kind == "int | None"
                     ), name
+            for name in RATIOS:
+                assert [value for _, value in getattr(gpu, name)] == [
+                    expected(value, False)
+                    for _, value in getattr(given_gpu, name)
+                    if expected(value, False) is not None
+                ], name
 
 
 def render(snapshot: Snapshot) -> str:

@@ -58,12 +58,72 @@ GPU_GAUGES: dict[str, tuple[str, str]] = {
     "gpu_last_xid_timestamp_seconds": ("last_xid_timestamp", "Unix time of the last XID error."),
 }
 
+# Profiling gauges from GPM (NVIDIA Hopper and newer), over the time between the agent's last two
+# GPM samples: exposed name -> (reading attribute, help).
+PROFILING_GAUGES: dict[str, tuple[str, str]] = {
+    "gpu_sm_active_ratio": (
+        "sm_active",
+        "Fraction of SMs busy (0..1); gpu_utilization_ratio counts the time any kernel ran, "
+        "however few SMs it kept busy.",
+    ),
+    "gpu_sm_occupancy_ratio": (
+        "sm_occupancy",
+        "Resident warps as a fraction of the most the SMs can hold (0..1).",
+    ),
+    "gpu_graphics_active_ratio": (
+        "graphics_active",
+        "Fraction of time the graphics or compute engine was active (0..1); "
+        "GPM's measure of what gpu_utilization_ratio samples.",
+    ),
+    "gpu_tensor_active_ratio": (
+        "tensor_active",
+        "Fraction of time the SMs' tensor cores were busy, any precision (0..1).",
+    ),
+    "gpu_dram_active_ratio": (
+        "dram_active",
+        "Device memory bandwidth used as a fraction of its peak (0..1); "
+        "gpu_memory_utilization_ratio counts the time memory was accessed at all.",
+    ),
+    "gpu_profiled_pcie_transmit_bytes_per_second": (
+        "profiled_pcie_transmit_bytes_per_second",
+        "PCIe traffic from the accelerator, measured by GPM.",
+    ),
+    "gpu_profiled_pcie_receive_bytes_per_second": (
+        "profiled_pcie_receive_bytes_per_second",
+        "PCIe traffic to the accelerator, measured by GPM.",
+    ),
+    "gpu_profiled_nvlink_transmit_bytes_per_second": (
+        "profiled_nvlink_transmit_bytes_per_second",
+        "NVLink traffic sent over all links, measured by GPM.",
+    ),
+    "gpu_profiled_nvlink_receive_bytes_per_second": (
+        "profiled_nvlink_receive_bytes_per_second",
+        "NVLink traffic received over all links, measured by GPM.",
+    ),
+}
+# Profiling gauges with a label of their own: exposed name -> (reading attribute, label, help).
+PROFILING_LABELLED: dict[str, tuple[str, str, str]] = {
+    "gpu_pipe_active_ratio": (
+        "pipe_active",
+        "pipe",
+        "Fraction of time the SMs kept this pipe busy (0..1): tensor_hmma, tensor_imma, "
+        "tensor_dfma, fp64, fp32, fp16 (not tensor) or integer.",
+    ),
+    "gpu_engine_active_ratio": (
+        "engine_active",
+        "engine",
+        "Utilization of a media engine (0..1), averaged over its instances: nvdec, nvjpg, nvofa.",
+    ),
+}
+
 # Every metric this module can emit, with its help text; the README lists exactly these.
 METRICS: dict[str, str] = {
     "gpu_info": "Accelerator metadata; value 1.",
     "gpu_pod_info": "The one container the kubelet assigned the accelerator to; value 1.",
     "gpu_up": "1 when the accelerator is readable, 0 when lost or failing.",
     **{name: help_text for name, (_, help_text) in GPU_GAUGES.items()},
+    **{name: help_text for name, (_, help_text) in PROFILING_GAUGES.items()},
+    **{name: help_text for name, (_, _, help_text) in PROFILING_LABELLED.items()},
     "gpu_energy_joules_total": "Energy consumed by the accelerator.",
     "gpu_throttled": "1 while the clocks are held down for this reason.",
     "gpu_ecc_errors_total": "ECC memory errors since the driver loaded, by kind.",

@@ -21,6 +21,8 @@ from kepler_bridge.exposition.catalogue import (
     METRICS,
     POD_LABELS,
     PROCESS_LABELS,
+    PROFILING_GAUGES,
+    PROFILING_LABELLED,
 )
 from kepler_bridge.model import (
     SOURCE_STATES,
@@ -162,6 +164,11 @@ class _DeviceFamilies:
         self.throttled = _gauge("gpu_throttled", GPU_LABELS + ("reason",))
         self.ecc = _counter("gpu_ecc_errors_total", GPU_LABELS + ("kind",))
         self.xid = _counter("gpu_xid_errors_total", GPU_LABELS + ("xid",))
+        self.profiling = {name: _gauge(name, GPU_LABELS) for name in PROFILING_GAUGES}
+        self.profiling_labelled = {
+            name: _gauge(name, GPU_LABELS + (label,))
+            for name, (_, label, _) in PROFILING_LABELLED.items()
+        }
         self.idle_joules = dict(energy.gpu_idle)
         self.unattributed_joules: dict[str, list[tuple[str, float]]] = {}
         for uuid, reason, joules in energy.gpu_unattributed:
@@ -197,12 +204,24 @@ class _DeviceFamilies:
                 self.ecc.add_metric(labels + [kind], float(count))
         for code, count in gpu.xid_errors:
             self.xid.add_metric(labels + [str(code)], float(count))
+        self._add_profiling(labels, gpu)
+
+    def _add_profiling(self, labels: list[str], gpu: GpuReading) -> None:
+        for name, (attribute, _) in PROFILING_GAUGES.items():
+            value = getattr(gpu, attribute)
+            if value is not None:
+                self.profiling[name].add_metric(labels, float(value))
+        for name, (attribute, _, _) in PROFILING_LABELLED.items():
+            for label, ratio in getattr(gpu, attribute):
+                self.profiling_labelled[name].add_metric(labels + [label], ratio)
 
     def families(self) -> Iterator[Metric]:
         """Every family, in the order of the exposition."""
         yield from (self.info, self.pod_info, self.up)
         yield from self.gauges.values()
         yield from (self.energy, self.idle, self.unattributed, self.throttled, self.ecc, self.xid)
+        yield from self.profiling.values()
+        yield from self.profiling_labelled.values()
 
 
 def _pod_labels(owner: PodRef, names: tuple[str, ...] = POD_LABELS) -> list[str]:

@@ -151,6 +151,7 @@ _RULES: dict[str | type, tuple[_Rule, bool]] = {
     "bool": (bool, False),
     "tuple[str, ...]": (_items(utf8_text), False),
     "tuple[tuple[str, bool], ...]": (_items(_pair(utf8_text, bool)), False),
+    "tuple[tuple[str, float], ...]": (_items(_pair(utf8_text, real)), False),
     "tuple[tuple[int | str, int], ...]": (
         _items(_pair(_xid_code, whole)),
         False,

@@ -14,6 +14,7 @@ Typical use::
     fake.gpu(1, lost=True)                     # GPU 1 -> pynvml.NVMLError_GpuIsLost (15)
     fake.set(fail_all=999)                     # every call -> NVMLError_Unknown
     fake.add_xid(0, 79)                        # delivered by nvmlEventSetWait_v2
+    fake.gpu(0, gpm_supported=True, gpm_metrics={pynvml.NVML_GPM_METRIC_SM_UTIL: 42.5})
     fake.calls()["nvmlDeviceGetFanSpeed"]      # calls made by that process
 
 Load the library in a separate process per scenario: ctypes cannot unload a
@@ -148,6 +149,9 @@ GPU_FIELDS = {
     "ecc_corrected_aggregate": "count, nvmlDeviceGetTotalEccErrors(0, 1)",
     "ecc_uncorrected_aggregate": "count, nvmlDeviceGetTotalEccErrors(1, 1)",
     "supported_event_types": "bitmask, nvmlDeviceGetSupportedEventTypes (0x1F)",
+    "gpm_supported": "bool, nvmlGpmQueryDeviceSupport().isSupportedDevice (Hopper and newer)",
+    "gpm_metrics": "dict {NVML_GPM_METRIC_* id: rate in % or MiB/s} the GPM counters advance by",
+    "gpm_not_supported": "list of NVML_GPM_METRIC_* ids whose metric answers NOT_SUPPORTED",
     "lost": "bool; every call on this device returns GPU_IS_LOST (15)",
     "delay_ms": "extra ms every call on this device sleeps",
     "not_supported": "list of field/alias/function names returning NOT_SUPPORTED (3)",
@@ -209,6 +213,9 @@ def default_gpu(index: int) -> dict[str, Any]:
         "ecc_corrected_aggregate": 0,
         "ecc_uncorrected_aggregate": 0,
         "supported_event_types": 0x1F,
+        "gpm_supported": False,
+        "gpm_metrics": {},
+        "gpm_not_supported": [],
         "lost": False,
         "delay_ms": 0,
         "not_supported": [],
@@ -236,7 +243,9 @@ def _fmt(key: str, value: Any) -> str:
     elif value is None:
         text = ""
     elif isinstance(value, dict):
-        text = ",".join(f"{k}:{int(v)}" for k, v in value.items())
+        text = ",".join(
+            f"{k}:{v!r}" if isinstance(v, float) else f"{k}:{int(v)}" for k, v in value.items()
+        )
     elif isinstance(value, (list, tuple, set, frozenset)):
         text = ",".join(str(v) for v in value)
     else:

@@ -54,6 +54,7 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
 #define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_GPU_IS_LOST 15
+#define NVML_ERROR_MEMORY 20
 #define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 #define NVML_ERROR_UNKNOWN 999
 
@@ -225,7 +226,12 @@ static void sleep_ms(unsigned long long ms)
     X(nvmlDeviceRegisterEvents)                     \
     X(nvmlDeviceGetSupportedEventTypes)             \
     X(nvmlEventSetWait_v2)                          \
-    X(nvmlEventSetFree)
+    X(nvmlEventSetFree)                             \
+    X(nvmlGpmQueryDeviceSupport)                    \
+    X(nvmlGpmSampleAlloc)                           \
+    X(nvmlGpmSampleFree)                            \
+    X(nvmlGpmSampleGet)                             \
+    X(nvmlGpmMetricsGet)
 
 #define X_ENUM(n) F_##n,
 enum fn_id { FN_LIST(X_ENUM) F_COUNT };
@@ -423,6 +429,9 @@ typedef struct {
     unsigned long long ecc_corrected_aggregate;
     unsigned long long ecc_uncorrected_aggregate;
     unsigned long long supported_event_types;
+    unsigned long long gpm_supported;
+    char gpm_metrics[LIST_LEN];       /* "metric id:rate,..." (% or MiB/s) */
+    char gpm_not_supported[LIST_LEN]; /* metric ids answering NOT_SUPPORTED */
     unsigned long long lost;
     unsigned long long delay_ms;
     char not_supported[LIST_LEN];
@@ -486,6 +495,7 @@ static const field_def gpu_fields[] = {
     FU64(ecc_corrected_volatile), FU64(ecc_uncorrected_volatile),
     FU64(ecc_corrected_aggregate), FU64(ecc_uncorrected_aggregate),
     FU64(supported_event_types),
+    FBOOL(gpm_supported), FSTR(gpm_metrics), FSTR(gpm_not_supported),
     FBOOL(lost), FU64(delay_ms),
     FSTR(not_supported), FSTR(errors),
 };
@@ -1590,6 +1600,223 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
             }
             *processSamplesCount = k;
         }
+    }
+    return leave(&c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* GPM (GPU performance monitoring, Hopper and newer)                       */
+/* ------------------------------------------------------------------------ */
+
+/* A sample holds, per metric id, a counter that advances with the GPU's
+ * configured rate (gpu.N.gpm_metrics), and the time it was taken; the metrics
+ * between two samples are the counters' differences over the time between
+ * them, so they equal the rates in force. */
+
+#define NVML_GPM_METRICS_GET_VERSION 1u
+#define NVML_GPM_SUPPORT_VERSION 1u
+#define NVML_GPM_METRIC_MAX 477u /* pynvml's array of metrics */
+#define GPM_IDS 256u             /* ids the fake counts; higher ones are NOT_SUPPORTED */
+#define MAX_GPM_SAMPLES 1024
+#define GPM_SAMPLE_MAGIC 0xFA4E6A70u
+
+struct fake_gpm_sample {
+    unsigned int magic;
+    int gpu;        /* -1 until nvmlGpmSampleGet fills it */
+    long long t_ns; /* CLOCK_MONOTONIC when taken */
+    double counter[GPM_IDS];
+};
+typedef struct fake_gpm_sample *nvmlGpmSample_t;
+
+typedef struct {
+    const char *shortName;
+    const char *longName;
+    const char *unit;
+} nvmlGpmMetricInfo_t;
+
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    nvmlGpmMetricInfo_t metricInfo;
+} nvmlGpmMetric_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    nvmlGpmSample_t sample1;
+    nvmlGpmSample_t sample2;
+    nvmlGpmMetric_t metrics[]; /* pynvml gives NVML_GPM_METRIC_MAX of them */
+} nvmlGpmMetricsGet_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
+_Static_assert(sizeof(nvmlGpmMetric_t) == 40, "nvmlGpmMetric_t layout");
+_Static_assert(offsetof(nvmlGpmMetricsGet_t, metrics) == 24, "nvmlGpmMetricsGet_t layout");
+_Static_assert(sizeof(nvmlGpmSupport_t) == 8, "nvmlGpmSupport_t layout");
+
+static struct fake_gpm_sample *g_gpm_samples[MAX_GPM_SAMPLES];
+static struct {
+    long long t_ns; /* 0: never sampled */
+    double counter[GPM_IDS];
+} g_gpm_acc[MAX_GPUS];
+
+static long long mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int gpm_sample_slot(nvmlGpmSample_t s)
+{
+    for (int i = 0; s && i < MAX_GPM_SAMPLES; i++)
+        if (g_gpm_samples[i] == s)
+            return s->magic == GPM_SAMPLE_MAGIC ? i : -1;
+    return -1;
+}
+
+/* Advance GPU idx's counters to now at the rates of "id:rate,id:rate". */
+static void gpm_advance_locked(int idx, const char *rates)
+{
+    long long now = mono_ns();
+    double dt = g_gpm_acc[idx].t_ns ? (double)(now - g_gpm_acc[idx].t_ns) / 1e9 : 0.0;
+    const char *t = rates;
+    while (t && *t) {
+        char *end = NULL;
+        unsigned long id = strtoul(t, &end, 10);
+        if (end && *end == ':' && id < GPM_IDS)
+            g_gpm_acc[idx].counter[id] += strtod(end + 1, NULL) * dt;
+        t = strchr(t, ',');
+        t = t ? t + 1 : NULL;
+    }
+    g_gpm_acc[idx].t_ns = now;
+}
+
+static const char *gpm_unit(unsigned int id)
+{
+    int bandwidth = id == 20 || id == 21 || (id >= 60 && id <= 159);
+    return bandwidth ? "MiB/sec" : "%";
+}
+
+EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *support)
+{
+    DEV_ENTER(nvmlGpmQueryDeviceSupport, device, "gpm");
+    if (!c.rc) {
+        if (!support)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (support->version != NVML_GPM_SUPPORT_VERSION)
+            c.rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        else
+            support->isSupportedDevice = c.gpu->gpm_supported ? 1u : 0u;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample)
+{
+    SYS_ENTER(nvmlGpmSampleAlloc);
+    if (!c.rc) {
+        int slot = -1;
+        for (int i = 0; i < MAX_GPM_SAMPLES && slot < 0; i++)
+            if (!g_gpm_samples[i])
+                slot = i;
+        struct fake_gpm_sample *s = slot < 0 || !sample ? NULL : calloc(1, sizeof(*s));
+        if (!sample) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (!s) {
+            c.rc = NVML_ERROR_MEMORY;
+        } else {
+            s->magic = GPM_SAMPLE_MAGIC;
+            s->gpu = -1;
+            g_gpm_samples[slot] = s;
+            *sample = s;
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample)
+{
+    SYS_ENTER(nvmlGpmSampleFree);
+    if (!c.rc) {
+        int slot = gpm_sample_slot(sample);
+        if (slot < 0) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            g_gpm_samples[slot] = NULL;
+            sample->magic = 0;
+            free(sample);
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample)
+{
+    DEV_ENTER(nvmlGpmSampleGet, device, "gpm,gpm_sample");
+    if (!c.rc) {
+        if (!c.gpu->gpm_supported) {
+            c.rc = NVML_ERROR_NOT_SUPPORTED;
+        } else if (gpm_sample_slot(sample) < 0) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            gpm_advance_locked(c.idx, c.gpu->gpm_metrics);
+            sample->gpu = c.idx;
+            sample->t_ns = g_gpm_acc[c.idx].t_ns;
+            memcpy(sample->counter, g_gpm_acc[c.idx].counter, sizeof(sample->counter));
+        }
+    }
+    return leave(&c);
+}
+
+/* Both samples valid, of one GPU, the second one later. */
+static nvmlReturn_t gpm_check_pair(const nvmlGpmMetricsGet_t *m)
+{
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m->version != NVML_GPM_METRICS_GET_VERSION)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (m->numMetrics > NVML_GPM_METRIC_MAX || gpm_sample_slot(m->sample1) < 0 ||
+        gpm_sample_slot(m->sample2) < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m->sample1->gpu < 0 || m->sample1->gpu != m->sample2->gpu ||
+        m->sample2->t_ns <= m->sample1->t_ns)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+static void gpm_metric(nvmlGpmMetric_t *out, const nvmlGpmMetricsGet_t *m, const gpu_cfg *g)
+{
+    char id[16];
+    unsigned int n = out->metricId;
+    int len = snprintf(id, sizeof(id), "%u", n);
+    out->metricInfo.shortName = NULL;
+    out->metricInfo.longName = NULL;
+    out->metricInfo.unit = gpm_unit(n);
+    if (n == 0 || n >= GPM_IDS || name_in(g->gpm_not_supported, id, (size_t)len)) {
+        out->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        out->value = 0.0;
+        return;
+    }
+    double seconds = (double)(m->sample2->t_ns - m->sample1->t_ns) / 1e9;
+    out->nvmlReturn = NVML_SUCCESS;
+    out->value = (m->sample2->counter[n] - m->sample1->counter[n]) / seconds;
+}
+
+EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet)
+{
+    SYS_ENTER(nvmlGpmMetricsGet);
+    if (!c.rc)
+        c.rc = gpm_check_pair(metricsGet);
+    if (!c.rc) {
+        const gpu_cfg *g = &c.cfg->gpus[metricsGet->sample1->gpu];
+        c.rc = gpu_field_rc(g, "nvmlGpmMetricsGet", "gpm");
+        for (unsigned int i = 0; !c.rc && i < metricsGet->numMetrics; i++)
+            gpm_metric(&metricsGet->metrics[i], metricsGet, g);
     }
     return leave(&c);
 }

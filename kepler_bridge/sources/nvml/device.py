@@ -8,6 +8,7 @@ from typing import Any, Callable
 import pynvml
 
 from kepler_bridge.sources.base import Retry
+from kepler_bridge.sources.nvml.gpm import Gpm
 
 MAX_DEVICE_BACKOFF_SECONDS = 30.0
 
@@ -39,9 +40,11 @@ class Device:
     retry: Retry = field(default_factory=lambda: Retry(MAX_DEVICE_BACKOFF_SECONDS))
     last_process_sample_us: int = 0
     comms: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (comm, container id)
+    gpm: Gpm = field(default_factory=Gpm)
 
     def fail(self, message: str, interval: float, now: float) -> None:
         self.handle, self.error = None, message
+        self.gpm.close()
         self.retry.failed(interval, now)
 
     def query(self, name: str, call: Callable[[], Any]) -> Any:

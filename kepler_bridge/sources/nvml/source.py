@@ -11,7 +11,7 @@ import pynvml
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading
-from kepler_bridge.sources.nvml import library
+from kepler_bridge.sources.nvml import gpm, library
 from kepler_bridge.sources.nvml.device import Device, decoded
 from kepler_bridge.sources.nvml.events import XidEvents
 from kepler_bridge.sources.nvml.processes import gpu_processes
@@ -72,6 +72,8 @@ class NvmlSource(Source):
 
     def stop(self) -> None:
         self.xids.stop()
+        for device in self.devices:
+            device.gpm.close()
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as err:
@@ -84,7 +86,11 @@ class NvmlSource(Source):
 
     def describe(self, reading: SourceReading) -> str:
         models = sorted({gpu.model for gpu in reading.gpus})
-        return f"{len(reading.gpus)} GPU(s) {', '.join(models)}; driver {self.driver_version}"
+        profiling = gpm.summary([(device.index, device.gpm) for device in self.devices])
+        return (
+            f"{len(reading.gpus)} GPU(s) {', '.join(models)}; driver {self.driver_version}"
+            + profiling
+        )
 
     def _named(self, device: Device) -> GpuReading:
         """The GPU's reading with only what names it: index, uuid, model, driver, PCI bus id."""
@@ -158,6 +164,7 @@ class NvmlSource(Source):
             last_xid_timestamp=last_xid,
             processes=gpu_processes(device, self.config.procfs),
             mig_uuids=_mig_uuids(device),
+            **device.gpm.read(device.handle, device.index),
         )
 
 
@@ -167,6 +174,7 @@ def _acquire(device: Device) -> None:
     device.model = decoded(pynvml.nvmlDeviceGetName(handle))
     device.pci_bus_id = decoded(pynvml.nvmlDeviceGetPciInfo(handle).busId)
     device.unsupported.clear()
+    device.gpm.open(handle)
     device.handle = handle
 
 
