@@ -71,6 +71,16 @@ class SettingsTable:
             "never export metrics with these prefixes",
         )
     )
+    metric_names: str = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_METRIC_NAMES",),
+            parse.one_of("kepler", "dcgm"),
+            "kepler",
+            "expected one of kepler, dcgm",
+            "names of the accelerator series on /metrics: ours, or dcgm-exporter's DCGM_FI_* "
+            "names, units and labels",
+        )
+    )
     procfs: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_PROCFS",),
