@@ -45,7 +45,8 @@ def a100(index: int = 0, **values: object) -> GpuReading:
         xid_errors=((79, 2),),
     )
     readings.update(values)
-    return GpuReading(index, f"GPU-{index}", "nvidia", "NVIDIA A100-SXM4-80GB", **readings)  # type: ignore[arg-type]
+    model = "NVIDIA A100-SXM4-80GB"
+    return GpuReading(index, f"GPU-{index}", "nvidia", model, **readings)  # type: ignore[arg-type]
 
 
 def snapshot(*gpus: GpuReading) -> Snapshot:
