@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
@@ -180,3 +182,10 @@ def test_default_names_are_ours() -> None:
     assert not any(name.startswith("DCGM_") for name in scrape(snap, OURS))
     assert scaffold.make_config().metric_names == "kepler"
     assert RenderSettings.of(scaffold.make_config(metric_names="dcgm")) == DCGM
+
+
+def test_design_lists_exactly_the_fields() -> None:
+    design = (Path(__file__).parent.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    text = design.split("\n## dcgm-exporter names\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| `(DCGM_FI_[A-Z0-9_]+)` \|", text, re.MULTILINE)
+    assert listed == [field.name for field in dcgm.FIELDS]
