@@ -19,6 +19,7 @@ RELOADABLE = frozenset(
         "interval",
         "metrics_allow",
         "metrics_deny",
+        "metric_names",
         "process_metrics",
         "process_grace",
         "baetyl_memory_unit",

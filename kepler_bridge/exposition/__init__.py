@@ -8,24 +8,30 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from kepler_bridge.config import Config
-from kepler_bridge.exposition import baetyl, prometheus
+from kepler_bridge.exposition import baetyl, dcgm, prometheus
 from kepler_bridge.model import Snapshot
 from kepler_bridge.store import SnapshotStore
 
 
 @dataclass(frozen=True)
 class RenderSettings:
-    """What the renderers need: the allow/deny prefixes of /metrics and the memory unit of
-    /v1/collect."""
+    """What the renderers need: the allow/deny prefixes and the metric names of /metrics, and the
+    memory unit of /v1/collect."""
 
     metrics_allow: tuple[str, ...]
     metrics_deny: tuple[str, ...]
     memory_unit: str
+    metric_names: str = "kepler"
 
     @classmethod
     def of(cls, config: Config) -> RenderSettings:
         """The render settings within the agent's settings."""
-        return cls(config.metrics_allow, config.metrics_deny, config.baetyl_memory_unit)
+        return cls(
+            config.metrics_allow,
+            config.metrics_deny,
+            config.baetyl_memory_unit,
+            config.metric_names,
+        )
 
     def metric_allowed(self, name: str) -> bool:
         """Whether a metric name passes the allow/deny prefixes."""
@@ -34,12 +40,16 @@ class RenderSettings:
         return not (self.metrics_deny and name.startswith(self.metrics_deny))
 
 
+def _metrics(snapshot: Snapshot, settings: RenderSettings, openmetrics: bool = False) -> bytes:
+    """/metrics: the accelerator series under our names, or dcgm-exporter's (--metric-names)."""
+    devices = dcgm.families if settings.metric_names == "dcgm" else None
+    return prometheus.render(snapshot, settings.metric_allowed, openmetrics, devices)
+
+
 # Variant name -> renderer; "+gzip" variants are the compressed bytes of the plain one.
 RENDERERS: dict[str, Callable[[Snapshot, RenderSettings], bytes]] = {
-    "text": lambda snap, settings: prometheus.render(snap, settings.metric_allowed),
-    "openmetrics": lambda snap, settings: prometheus.render(
-        snap, settings.metric_allowed, openmetrics=True
-    ),
+    "text": lambda snap, settings: _metrics(snap, settings),
+    "openmetrics": lambda snap, settings: _metrics(snap, settings, openmetrics=True),
     "baetyl": lambda snap, settings: baetyl.render(snap, settings.memory_unit),
 }
 

@@ -54,29 +54,47 @@ def exposed_name(family: Metric) -> str:
     return family.name + suffix
 
 
-class SnapshotCollector(Collector):
-    """Yields the metric families of one snapshot."""
+# Families of a snapshot's accelerators under other names (exposition/dcgm.py).
+DeviceNames = Callable[[Snapshot], Iterable[Metric]]
 
-    def __init__(self, snapshot: Snapshot) -> None:
+
+class SnapshotCollector(Collector):
+    """Yields the metric families of one snapshot; `devices`, when given, names the accelerator
+    series in place of the gpu_* families (gpu_up and the kepler_bridge_* series stay)."""
+
+    def __init__(self, snapshot: Snapshot, devices: DeviceNames | None = None) -> None:
         self.snapshot = snapshot
+        self.devices = devices
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._gpu_families()
+        if self.devices is None:
+            yield from self._gpu_families()
+        else:
+            yield from self.devices(self.snapshot)
+            ours = self._device_families()
+            yield from (ours.up, ours.idle, ours.unattributed)
         yield from self._cpu_families()
         yield from self._energy_families()
         yield from self._agent_families()
 
+    def _device_labels(self, gpu: GpuReading) -> list[str]:
+        return [self.snapshot.node, str(gpu.index), gpu.uuid, gpu.vendor, gpu.model]
+
+    def _device_families(self) -> _DeviceFamilies:
+        devices = _DeviceFamilies(self.snapshot.energy)
+        for gpu in self.snapshot.gpus:
+            devices.add(self._device_labels(gpu), gpu)
+        return devices
+
     def _gpu_families(self) -> Iterator[Metric]:
-        snap = self.snapshot
-        devices = _DeviceFamilies(snap.energy)
-        processes: list[tuple[list[str], GpuProcess]] = []
-        for gpu in snap.gpus:
-            labels = [snap.node, str(gpu.index), gpu.uuid, gpu.vendor, gpu.model]
-            devices.add(labels, gpu)
-            if gpu.up:
-                processes.extend((labels, proc) for proc in gpu.processes)
-        yield from devices.families()
-        yield from _process_gauges(processes, snap.process_limit)
+        processes = [
+            (self._device_labels(gpu), proc)
+            for gpu in self.snapshot.gpus
+            if gpu.up
+            for proc in gpu.processes
+        ]
+        yield from self._device_families().families()
+        yield from _process_gauges(processes, self.snapshot.process_limit)
 
     def _cpu_families(self) -> Iterator[Metric]:
         snap = self.snapshot
@@ -306,10 +324,16 @@ class _Filtered(Collector):
         )
 
 
-def render(snapshot: Snapshot, allowed: Callable[[str], bool], openmetrics: bool = False) -> bytes:
-    """Render a snapshot (plus the agent's own process_* metrics) in text or OpenMetrics format."""
+def render(
+    snapshot: Snapshot,
+    allowed: Callable[[str], bool],
+    openmetrics: bool = False,
+    devices: DeviceNames | None = None,
+) -> bytes:
+    """Render a snapshot (plus the agent's own process_* metrics) in text or OpenMetrics format;
+    `devices`: see SnapshotCollector."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Filtered(SnapshotCollector(snapshot), allowed))
+    registry.register(_Filtered(SnapshotCollector(snapshot, devices), allowed))
     registry.register(
         _Filtered(_NodeLabelled(ProcessCollector(registry=None), snapshot.node), allowed)
     )
