@@ -24,6 +24,7 @@ from kepler_bridge.model import (
     GpuProcess,
     GpuReading,
     Holder,
+    NvLink,
     PodRef,
     ProcessCpu,
     Snapshot,
@@ -283,6 +284,8 @@ def full_snapshot() -> Snapshot:
         xid_errors=((79, 1),),
         processes=(GpuProcess(pid=7, comm="python3", memory_used_bytes=1, utilization=0.5),),
         holders=(Holder("c1", owner),),
+        nvlinks=(NvLink(0, True, 1, 1, (("replay", 1),)),),
+        clock_event_seconds=(("power", 1.0),),
     )
     return Snapshot(
         node="n1",

@@ -22,6 +22,8 @@ from kepler_bridge.exposition.catalogue import (
     POD_LABELS,
     PROCESS_LABELS,
 )
+from kepler_bridge.exposition.reliability import FAMILIES as RELIABILITY
+from kepler_bridge.exposition.reliability import series as reliability_series
 from kepler_bridge.model import (
     SOURCE_STATES,
     Energy,
@@ -162,6 +164,10 @@ class _DeviceFamilies:
         self.throttled = _gauge("gpu_throttled", GPU_LABELS + ("reason",))
         self.ecc = _counter("gpu_ecc_errors_total", GPU_LABELS + ("kind",))
         self.xid = _counter("gpu_xid_errors_total", GPU_LABELS + ("xid",))
+        self.reliability = {
+            name: (_gauge if kind == "gauge" else _counter)(name, GPU_LABELS + labels)
+            for name, (kind, labels) in RELIABILITY.items()
+        }
         self.idle_joules = dict(energy.gpu_idle)
         self.unattributed_joules: dict[str, list[tuple[str, float]]] = {}
         for uuid, reason, joules in energy.gpu_unattributed:
@@ -197,12 +203,15 @@ class _DeviceFamilies:
                 self.ecc.add_metric(labels + [kind], float(count))
         for code, count in gpu.xid_errors:
             self.xid.add_metric(labels + [str(code)], float(count))
+        for name, more, value in reliability_series(gpu):
+            self.reliability[name].add_metric(labels + more, value)
 
     def families(self) -> Iterator[Metric]:
         """Every family, in the order of the exposition."""
         yield from (self.info, self.pod_info, self.up)
         yield from self.gauges.values()
         yield from (self.energy, self.idle, self.unattributed, self.throttled, self.ecc, self.xid)
+        yield from self.reliability.values()
 
 
 def _pod_labels(owner: PodRef, names: tuple[str, ...] = POD_LABELS) -> list[str]:
