@@ -68,6 +68,18 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class NvLink:
+    """One NVLink of a GPU: whether it is up, and its counters since the driver loaded (absent
+    while it is down)."""
+
+    link: int
+    up: bool
+    transmit_bytes: int | None = None
+    receive_bytes: int | None = None
+    errors: tuple[tuple[str, int], ...] = ()  # (kind, count): crc_flit, crc_data, replay, recovery
+
+
+@dataclass(frozen=True)
 class GpuReading:
     """One accelerator as a source read it; ``index`` is the source-local order."""
 
@@ -129,6 +141,19 @@ class GpuReading:
     profiled_nvlink_transmit_bytes_per_second: float | None = None
     profiled_nvlink_receive_bytes_per_second: float | None = None
     engine_active: tuple[tuple[str, float], ...] = ()
+    # Reliability and links (NVML): counters since the driver loaded, flags 0/1.
+    nvlinks: tuple[NvLink, ...] = ()
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    retired_pages_single_bit: int | None = None
+    retired_pages_double_bit: int | None = None
+    retired_pages_pending: bool | None = None
+    pcie_replays: int | None = None
+    memory_reserved_bytes: int | None = None
+    # (reason, seconds the clocks were held down for it): power, thermal, sync_boost, ...
+    clock_event_seconds: tuple[tuple[str, float], ...] = ()
 
     @property
     def holder(self) -> Holder | None:

@@ -24,6 +24,7 @@ from kepler_bridge.model import (
     GpuProcess,
     GpuReading,
     Holder,
+    NvLink,
     PodRef,
     ProcessCpu,
     Snapshot,
@@ -285,6 +286,8 @@ def full_snapshot() -> Snapshot:
         holders=(Holder("c1", owner),),
         pipe_active=(("tensor_hmma", 0.5),),
         engine_active=(("nvdec", 0.5),),
+        nvlinks=(NvLink(0, True, 1, 1, (("replay", 1),)),),
+        clock_event_seconds=(("power", 1.0),),
     )
     return Snapshot(
         node="n1",

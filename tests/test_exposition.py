@@ -14,6 +14,7 @@ from kepler_bridge.model import (
     GpuProcess,
     GpuReading,
     Holder,
+    NvLink,
     PodRef,
     ProcessCpu,
     Snapshot,
@@ -267,6 +268,65 @@ def test_counters_never_decrease_across_resets() -> None:
     energy = [v.energy_joules for v in values]
     assert energy == [100.0, 150.0, 160.0, 170.0]
     assert [v.xid_errors[0][1] for v in values] == [1, 2, 3, 3]
+
+
+def test_reliability_and_link_counters_never_decrease_across_resets() -> None:
+    guard = MonotonicCounters()
+
+    def reading(raw: int) -> GpuReading:
+        return gpu(
+            0,
+            remapped_rows_uncorrectable=raw,
+            retired_pages_double_bit=raw,
+            pcie_replays=raw,
+            nvlinks=(NvLink(1, True, raw * 1024, raw, (("replay", raw),)), NvLink(2, False)),
+            clock_event_seconds=(("power", raw / 2),),
+        )
+
+    values = [guard.gpu(reading(raw)) for raw in (5, 8, 2, 3)]
+    assert [v.remapped_rows_uncorrectable for v in values] == [5, 8, 10, 11]
+    assert [v.retired_pages_double_bit for v in values] == [5, 8, 10, 11]
+    assert [v.pcie_replays for v in values] == [5, 8, 10, 11]
+    assert [v.nvlinks[0].transmit_bytes for v in values] == [5120, 8192, 10240, 11264]
+    assert [v.nvlinks[0].receive_bytes for v in values] == [5, 8, 10, 11]
+    assert [v.nvlinks[0].errors for v in values][-1] == (("replay", 11),)
+    assert values[-1].nvlinks[1] == NvLink(2, False)
+    assert [v.clock_event_seconds for v in values][-1] == (("power", 5.5),)
+
+
+def test_reliability_and_link_families() -> None:
+    found = families(
+        snapshot(
+            gpu(
+                0,
+                memory_reserved_bytes=GIB,
+                row_remap_pending=False,
+                row_remap_failed=True,
+                remapped_rows_correctable=3,
+                nvlinks=(NvLink(0, True, 10, 20, (("crc_flit", 1),)), NvLink(1, False)),
+                pcie_replays=4,
+                clock_event_seconds=(("thermal", 1.5),),
+            ),
+            gpu(1),
+        )
+    )
+    assert [(s.labels["link"], s.value) for s in found["gpu_nvlink_up"]] == [("0", 1.0), ("1", 0.0)]
+    assert [s.labels["link"] for s in found["gpu_nvlink_transmit_bytes"]] == ["0"]
+    ((errors),) = found["gpu_nvlink_errors"]
+    assert (errors.labels["link"], errors.labels["kind"], errors.value) == ("0", "crc_flit", 1.0)
+    assert [(s.labels["cause"], s.value) for s in found["gpu_remapped_rows"]] == [
+        ("correctable", 3.0)
+    ]
+    assert [s.value for s in found["gpu_row_remap_pending"]] == [0.0]
+    assert [s.value for s in found["gpu_row_remap_failed"]] == [1.0]
+    assert [s.value for s in found["gpu_memory_reserved_bytes"]] == [GIB]
+    assert [s.value for s in found["gpu_pcie_replays"]] == [4.0]
+    assert [(s.labels["reason"], s.value) for s in found["gpu_clock_event_seconds"]] == [
+        ("thermal", 1.5)
+    ]
+    # what the GPUs cannot report is absent, never zero
+    assert "gpu_retired_pages" not in found and "gpu_retired_pages_pending" not in found
+    assert {s.labels["gpu"] for s in found["gpu_nvlink_up"]} == {"0"}
 
 
 def test_container_totals_survive_processes_leaving() -> None:

@@ -240,6 +240,7 @@ def test_struct_sizes_match_pynvml() -> None:
     assert ctypes.sizeof(pynvml.c_nvmlProcessInfo_v3_t) == 24
     assert ctypes.sizeof(pynvml.c_nvmlProcessUtilizationSample_t) == 32
     assert ctypes.sizeof(pynvml.c_nvmlEventData_t) == 32
+    assert ctypes.sizeof(pynvml.c_nvmlViolationTime_t) == 16
 
 
 # --------------------------------------------------------------------------
@@ -1035,3 +1036,126 @@ def test_concurrent_calls_while_config_changes(fake_nvml: FakeNvml, nvml: NvmlPr
     """)
     assert result["bad"] == [] and result["errors"] == []
     assert result["seen"] > 1 and result["last"] == 199
+
+
+# --------------------------------------------------------------------------
+# reliability and links
+# --------------------------------------------------------------------------
+
+
+def test_nvlinks_per_link(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
+    fake_nvml.gpu(
+        0,
+        nvlink_count=3,
+        nvlink_down=[1],
+        nvlink_tx_kib=[100, 200, 2**40],
+        nvlink_rx_kib=[7],
+        nvlink_replay=[1, 2, 3],
+        nvlink_recovery=[0, 0, 4],
+        nvlink_crc_flit=[5],
+        nvlink_crc_data=[0, 6],
+    )
+    h = H(0)
+    count = nvml.call("nvmlDeviceGetFieldValues", h, [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])[0]
+    assert count["nvmlReturn"] == 0 and count["value"]["uiVal"] == 3
+    assert [nvml.call("nvmlDeviceGetNvLinkState", h, link) for link in range(3)] == [1, 0, 1]
+    raises(nvml, "NVMLError_InvalidArgument", "nvmlDeviceGetNvLinkState", h, 3)
+    tx, rx = (
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    )
+    ids = [[field, link] for link in range(4) for field in (tx, rx)]
+    values = nvml.call("nvmlDeviceGetFieldValues", h, ids)
+    assert [(v["fieldId"], v["scopeId"]) for v in values] == [tuple(i) for i in ids]
+    assert [v["value"]["ullVal"] for v in values[:6]] == [100, 7, 200, 0, 2**40, 0]
+    assert all(v["valueType"] == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG for v in values)
+    assert [v["nvmlReturn"] for v in values] == [0] * 6 + [pynvml.NVML_ERROR_INVALID_ARGUMENT] * 2
+    counters = {
+        (link, counter): nvml.call("nvmlDeviceGetNvLinkErrorCounter", h, link, counter)
+        for link in range(3)
+        for counter in range(4)
+    }
+    assert [counters[link, pynvml.NVML_NVLINK_ERROR_DL_REPLAY] for link in range(3)] == [1, 2, 3]
+    assert counters[2, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY] == 4
+    assert counters[0, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT] == 5
+    assert counters[1, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA] == 6
+    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetNvLinkErrorCounter", h, 0, 4)
+    # the other GPU has no NVLink
+    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetNvLinkState", H(1), 0)
+    count = nvml.call("nvmlDeviceGetFieldValues", H(1), [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])[0]
+    assert count["nvmlReturn"] == pynvml.NVML_ERROR_NOT_SUPPORTED
+    # a link going down, and injected faults
+    fake_nvml.gpu(0, nvlink_down=[0, 2], not_supported=["nvlink_errors", "nvlink_tx_kib"])
+    assert [nvml.call("nvmlDeviceGetNvLinkState", h, link) for link in range(3)] == [0, 1, 0]
+    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetNvLinkErrorCounter", h, 0, 0)
+    values = nvml.call("nvmlDeviceGetFieldValues", h, [[tx, 0], [rx, 0]])
+    assert [v["nvmlReturn"] for v in values] == [pynvml.NVML_ERROR_NOT_SUPPORTED, 0]
+    fake_nvml.gpu(0, not_supported=["nvlink"])
+    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetNvLinkState", h, 0)
+
+
+def test_reliability_counters(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
+    fake_nvml.gpu(
+        0,
+        remapped_rows_correctable=3,
+        remapped_rows_uncorrectable=1,
+        remapped_rows_pending=1,
+        remapped_rows_failure=0,
+        retired_pages_single_bit=2,
+        retired_pages_double_bit=5,
+        retired_pages_pending=1,
+        pcie_replay_counter=42,
+        violation_power=1_500_000_000,
+        violation_thermal=2,
+        violation_sync_boost=3,
+        violation_board_limit=4,
+        violation_low_utilization=5,
+        violation_reliability=6,
+    )
+    h = H(0)
+    assert nvml.call("nvmlDeviceGetRemappedRows", h) == [3, 1, 1, 0]
+    single = nvml.call(
+        "nvmlDeviceGetRetiredPages",
+        h,
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+    )
+    double = nvml.call(
+        "nvmlDeviceGetRetiredPages", h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+    )
+    assert len(single) == 2 and len(double) == 5 and not set(single) & set(double)
+    assert nvml.call("nvmlDeviceGetRetiredPages", H(1), 0) == []
+    assert nvml.call("nvmlDeviceGetRetiredPagesPendingStatus", h) == pynvml.NVML_FEATURE_ENABLED
+    assert nvml.call("nvmlDeviceGetPcieReplayCounter", h) == 42
+    policies = (
+        pynvml.NVML_PERF_POLICY_POWER,
+        pynvml.NVML_PERF_POLICY_THERMAL,
+        pynvml.NVML_PERF_POLICY_SYNC_BOOST,
+        pynvml.NVML_PERF_POLICY_BOARD_LIMIT,
+        pynvml.NVML_PERF_POLICY_LOW_UTILIZATION,
+        pynvml.NVML_PERF_POLICY_RELIABILITY,
+    )
+    times = [nvml.call("nvmlDeviceGetViolationStatus", h, policy) for policy in policies]
+    assert [t["violationTime"] for t in times] == [1_500_000_000, 2, 3, 4, 5, 6]
+    assert all(t["referenceTime"] > 1_600_000_000 * 10**6 for t in times)  # µs since the epoch
+    raises(
+        nvml,
+        "NVMLError_NotSupported",
+        "nvmlDeviceGetViolationStatus",
+        h,
+        pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS,
+    )
+    fake_nvml.gpu(
+        0,
+        not_supported=[
+            "remapped_rows",
+            "retired_pages",
+            "pcie_replay_counter",
+            "violation_thermal",
+        ],
+    )
+    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetRemappedRows", h)
+    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetRetiredPages", h, 0)
+    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetRetiredPagesPendingStatus", h)
+    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetPcieReplayCounter", h)
+    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetViolationStatus", h, 1)
+    assert nvml.call("nvmlDeviceGetViolationStatus", h, 0)["violationTime"] == 1_500_000_000

@@ -455,3 +455,175 @@ def test_gpm_values_out_of_range_are_dropped() -> None:
     assert found["sm_active"] is None and found["profiled_pcie_receive_bytes_per_second"] is None
     assert found["pipe_active"] == (("fp16", 0.5),)
     assert found["engine_active"] == (("nvofa", 0.1),)
+
+
+def _by_labels(text: str, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+    """Values of one metric of GPU 0, keyed by the given labels."""
+    return {
+        tuple(s.labels[label] for label in labels): s.value
+        for s in samples(text, name)
+        if s.labels["gpu"] == "0"
+    }
+
+
+def test_reliability_and_links_arrive_in_contract_units(fake_nvml: FakeNvml) -> None:
+    fake_nvml.gpu(
+        0,
+        nvlink_count=2,
+        nvlink_tx_kib=[1, 2],
+        nvlink_rx_kib=[3, 4],
+        nvlink_crc_flit=[5, 0],
+        nvlink_crc_data=[0, 6],
+        nvlink_replay=[7, 0],
+        nvlink_recovery=[0, 8],
+        remapped_rows_correctable=2,
+        remapped_rows_uncorrectable=1,
+        remapped_rows_pending=1,
+        retired_pages_single_bit=3,
+        retired_pages_double_bit=1,
+        pcie_replay_counter=9,
+        violation_power=2_500_000_000,
+        violation_reliability=1_000,
+    )
+    with nvml_agent(fake_nvml) as agent:
+        text = agent.metrics()
+        assert _by_labels(text, "gpu_nvlink_up", "link") == {("0",): 1.0, ("1",): 1.0}
+        assert _by_labels(text, "gpu_nvlink_transmit_bytes_total", "link") == {
+            ("0",): 1024.0,
+            ("1",): 2048.0,
+        }
+        assert _by_labels(text, "gpu_nvlink_receive_bytes_total", "link") == {
+            ("0",): 3072.0,
+            ("1",): 4096.0,
+        }
+        assert _by_labels(text, "gpu_nvlink_errors_total", "link", "kind") == {
+            ("0", "crc_flit"): 5.0,
+            ("0", "crc_data"): 0.0,
+            ("0", "replay"): 7.0,
+            ("0", "recovery"): 0.0,
+            ("1", "crc_flit"): 0.0,
+            ("1", "crc_data"): 6.0,
+            ("1", "replay"): 0.0,
+            ("1", "recovery"): 8.0,
+        }
+        assert _by_labels(text, "gpu_remapped_rows_total", "cause") == {
+            ("correctable",): 2.0,
+            ("uncorrectable",): 1.0,
+        }
+        assert agent.samples("gpu_row_remap_pending") == {"0": 1.0, "1": 0.0}
+        assert agent.samples("gpu_row_remap_failed") == {"0": 0.0, "1": 0.0}
+        assert _by_labels(text, "gpu_retired_pages_total", "cause") == {
+            ("single_bit",): 3.0,
+            ("double_bit",): 1.0,
+        }
+        assert agent.samples("gpu_retired_pages_pending") == {"0": 0.0, "1": 0.0}
+        assert agent.samples("gpu_pcie_replays_total") == {"0": 9.0, "1": 0.0}
+        assert agent.samples("gpu_memory_reserved_bytes") == {"0": 512 * 2**20, "1": 512 * 2**20}
+        assert _by_labels(text, "gpu_clock_event_seconds_total", "reason") == {
+            ("power",): 2.5,
+            ("thermal",): 0.0,
+            ("sync_boost",): 0.0,
+            ("board_limit",): 0.0,
+            ("low_utilization",): 0.0,
+            ("reliability",): 1e-6,
+        }
+        # GPU 1 has no NVLink: no link series at all, never zeros
+        assert {s.labels["gpu"] for s in samples(text, "gpu_nvlink_up")} == {"0"}
+
+
+def test_reliability_not_supported_is_absent_and_not_asked_again(fake_nvml: FakeNvml) -> None:
+    fake_nvml.gpu(
+        0,
+        nvlink_count=2,
+        not_supported=[
+            "remapped_rows",
+            "retired_pages",
+            "pcie_replay_counter",
+            "violation_thermal",
+            "nvlink_errors",
+        ],
+    )
+    fake_nvml.gpu(1, memory_v2=False)
+    with nvml_agent(fake_nvml) as agent:
+        agent.wait_for(
+            lambda: fake_nvml.calls().get("nvmlDeviceGetPcieReplayCounter", 0) >= 6,
+            what="6 PCIe replay reads",
+        )
+        text = agent.metrics()
+        for name in (
+            "gpu_remapped_rows_total",
+            "gpu_row_remap_pending",
+            "gpu_row_remap_failed",
+            "gpu_retired_pages_total",
+            "gpu_retired_pages_pending",
+            "gpu_pcie_replays_total",
+        ):
+            assert {s.labels["gpu"] for s in samples(text, name)} == {"1"}, name
+        assert set(_by_labels(text, "gpu_clock_event_seconds_total", "reason")) == {
+            ("power",),
+            ("sync_boost",),
+            ("board_limit",),
+            ("low_utilization",),
+            ("reliability",),
+        }
+        assert _by_labels(text, "gpu_nvlink_up", "link") == {("0",): 1.0, ("1",): 1.0}
+        assert not samples(text, "gpu_nvlink_errors_total")
+        # memory through the v1 call has no reserved part
+        assert agent.samples("gpu_memory_reserved_bytes") == {"0": 512 * 2**20}
+    calls = fake_nvml.calls()
+    # GPU 1 is asked once per sample; GPU 0 only once, ever.
+    assert (
+        calls["nvmlDeviceGetRemappedRows"]
+        == calls["nvmlDeviceGetPcieReplayCounter"]
+        == calls["nvmlDeviceGetRetiredPagesPendingStatus"]
+    )
+    # 4 counters of 2 links asked once; GPU 1, without NVLink, never
+    assert calls["nvmlDeviceGetNvLinkErrorCounter"] == 8
+
+
+def test_an_nvlink_going_down_keeps_its_counters_monotonic(fake_nvml: FakeNvml) -> None:
+    fake_nvml.gpu(0, nvlink_count=2, nvlink_tx_kib=[10, 10], nvlink_replay=[4, 4])
+    with nvml_agent(fake_nvml) as agent:
+        agent.wait_for(
+            lambda: _by_labels(agent.metrics(), "gpu_nvlink_up", "link") == {("0",): 1, ("1",): 1},
+            what="both links up",
+        )
+        fake_nvml.gpu(0, nvlink_down=[1])
+        down = agent.wait_for(
+            lambda: (
+                (text := agent.metrics())
+                and _by_labels(text, "gpu_nvlink_up", "link") == {("0",): 1.0, ("1",): 0.0}
+                and text
+            ),
+            what="link 1 down",
+        )
+        assert set(_by_labels(down, "gpu_nvlink_transmit_bytes_total", "link")) == {("0",)}
+        assert {k[0] for k in _by_labels(down, "gpu_nvlink_errors_total", "link", "kind")} == {"0"}
+        # the link comes back after a reset: its raw counters restarted lower
+        fake_nvml.gpu(0, nvlink_down=[], nvlink_tx_kib=[12, 1], nvlink_replay=[5, 1])
+        back = agent.wait_for(
+            lambda: (
+                (text := agent.metrics())
+                and ("1",) in _by_labels(text, "gpu_nvlink_transmit_bytes_total", "link")
+                and text
+            ),
+            what="link 1 back",
+        )
+        assert _by_labels(back, "gpu_nvlink_transmit_bytes_total", "link") == {
+            ("0",): 12 * 1024.0,
+            ("1",): 11 * 1024.0,
+        }
+        assert _by_labels(back, "gpu_nvlink_errors_total", "link", "kind")[("1", "replay")] == 5
+        # a GPU whose uncorrectable remapped rows rise, then reset to zero, never counts down
+        fake_nvml.gpu(0, remapped_rows_uncorrectable=3)
+        agent.wait_for(
+            lambda: (
+                _by_labels(agent.metrics(), "gpu_remapped_rows_total", "cause")[("uncorrectable",)]
+                == 3
+            ),
+            what="3 uncorrectable rows",
+        )
+        fake_nvml.gpu(0, remapped_rows_uncorrectable=1, remapped_rows_failure=1)
+        agent.wait_for(lambda: agent.samples("gpu_row_remap_failed")["0"] == 1, what="failure")
+        rows = _by_labels(agent.metrics(), "gpu_remapped_rows_total", "cause")
+        assert rows[("uncorrectable",)] == 4

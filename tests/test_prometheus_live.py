@@ -104,8 +104,10 @@ def _inject_gpu_faults(fake: FakeNvml, workload_pid: int) -> None:
         memory_used=used,
         memory_free=total - used - 2**20,
         memory_reserved=2**20,
-        clocks_event_reasons=0x20 | 0x40,
-    )  # sw_thermal_slowdown | hw_thermal_slowdown
+        clocks_event_reasons=0x20 | 0x40,  # sw_thermal_slowdown | hw_thermal_slowdown
+        remapped_rows_failure=1,
+        nvlink_count=2,
+    )
     fake.processes(0, [default_process(workload_pid)])
 
 
@@ -219,8 +221,14 @@ def stack(fakenvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             "Prometheus to record ECC counters",
         )
         # 5 kJ more on GPU 0's energy counter: shared by its only process, the container workload.
+        # Rows remapped and NVLink replays as the ECC count grows.
         healthy_nvml.gpu(
-            0, ecc_uncorrected_volatile=3, ecc_uncorrected_aggregate=3, total_energy=1_005_000_000
+            0,
+            ecc_uncorrected_volatile=3,
+            ecc_uncorrected_aggregate=3,
+            total_energy=1_005_000_000,
+            remapped_rows_uncorrectable=1,
+            nvlink_replay=[0, 3],
         )
         hung_nvml.set(delay_ms=HUNG_DRIVER_MS)
         workload.burn(0.2)

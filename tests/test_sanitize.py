@@ -25,6 +25,7 @@ from kepler_bridge.model import (
     CpuTimes,
     GpuProcess,
     GpuReading,
+    NvLink,
     ProcessCpu,
     RaplZone,
     Snapshot,
@@ -40,7 +41,16 @@ from scaffold import make_config, samples
 GO_UINT64 = 2**64
 # Counters go through the sampler's monotonic guard;
 # every other number must arrive as the source gave it.
-COUNTERS = {"energy_joules", "ecc_corrected_total", "ecc_uncorrected_total"}
+COUNTERS = {
+    "energy_joules",
+    "ecc_corrected_total",
+    "ecc_uncorrected_total",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "retired_pages_single_bit",
+    "retired_pages_double_bit",
+    "pcie_replays",
+}
 NUMERIC = {
     field.name: field.type
     for field in dataclasses.fields(GpuReading)
@@ -48,6 +58,7 @@ NUMERIC = {
 }
 # (label, ratio) pairs: each dropped alone when its ratio is unusable.
 RATIOS = ("pipe_active", "engine_active")
+FLAGS = [field.name for field in dataclasses.fields(GpuReading) if field.type == "bool | None"]
 
 numbers = st.one_of(
     st.none(),
@@ -81,6 +92,23 @@ def gpus(draw: st.DrawFn, index: int) -> GpuReading:
             draw(st.lists(st.tuples(numbers | st.just("other"), numbers), max_size=3))
         ),
         **{name: tuple(draw(st.lists(st.tuples(texts, numbers), max_size=2))) for name in RATIOS},
+        nvlinks=tuple(
+            draw(
+                st.lists(
+                    st.builds(
+                        NvLink,
+                        link=numbers,
+                        up=st.booleans(),
+                        transmit_bytes=numbers,
+                        receive_bytes=numbers,
+                        errors=st.lists(st.tuples(texts, numbers), max_size=2).map(tuple),
+                    ),
+                    max_size=2,
+                )
+            )
+        ),
+        clock_event_seconds=tuple(draw(st.lists(st.tuples(texts, numbers), max_size=2))),
+        **{name: draw(st.none() | st.booleans() | numbers) for name in FLAGS},
         **{name: draw(numbers) for name in NUMERIC},
     )
 
@@ -200,6 +228,14 @@ def test_hostile_plugin_readings_reach_the_exporters_clean(
                     for _, value in getattr(given_gpu, name)
                     if expected(value, False) is not None
                 ], name
+            for name in FLAGS:
+                flag = getattr(given_gpu, name)
+                assert getattr(gpu, name) is (flag if isinstance(flag, bool) else None), name
+            assert [link.link for link in gpu.nvlinks] == [
+                math.floor(link.link)
+                for link in given_gpu.nvlinks
+                if expected(link.link, whole=True) is not None
+            ]
 
 
 def render(snapshot: Snapshot) -> str:

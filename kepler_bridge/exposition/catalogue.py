@@ -36,6 +36,22 @@ GPU_GAUGES: dict[str, tuple[str, str]] = {
     "gpu_memory_used_bytes": ("memory_used_bytes", "Device memory in use."),
     "gpu_memory_total_bytes": ("memory_total_bytes", "Device memory size."),
     "gpu_memory_free_bytes": ("memory_free_bytes", "Device memory free."),
+    "gpu_memory_reserved_bytes": (
+        "memory_reserved_bytes",
+        "Device memory the driver reserves for itself, not usable by processes.",
+    ),
+    "gpu_row_remap_pending": (
+        "row_remap_pending",
+        "1 while a memory row remap waits for a GPU reset to take effect.",
+    ),
+    "gpu_row_remap_failed": (
+        "row_remap_failed",
+        "1 once a memory row remap failed: the GPU needs servicing.",
+    ),
+    "gpu_retired_pages_pending": (
+        "retired_pages_pending",
+        "1 while a page retirement waits for a GPU reset or reboot to take effect.",
+    ),
     "gpu_temperature_celsius": ("temperature_celsius", "Accelerator core temperature."),
     "gpu_memory_temperature_celsius": (
         "memory_temperature_celsius",
@@ -128,6 +144,24 @@ METRICS: dict[str, str] = {
     "gpu_throttled": "1 while the clocks are held down for this reason.",
     "gpu_ecc_errors_total": "ECC memory errors since the driver loaded, by kind.",
     "gpu_xid_errors_total": "XID errors reported by the driver, by XID code.",
+    "gpu_nvlink_up": "1 while the NVLink is active, 0 while it is down.",
+    "gpu_nvlink_transmit_bytes_total": "Data bytes sent over the NVLink since the driver loaded.",
+    "gpu_nvlink_receive_bytes_total": (
+        "Data bytes received over the NVLink since the driver loaded."
+    ),
+    "gpu_nvlink_errors_total": (
+        "NVLink data-link errors by kind: crc_flit, crc_data, replay, recovery."
+    ),
+    "gpu_remapped_rows_total": (
+        "Memory rows remapped to spare rows, by the cause: correctable or uncorrectable errors."
+    ),
+    "gpu_retired_pages_total": (
+        "Memory pages retired, by cause: single_bit (repeated single-bit ECC errors) or double_bit."
+    ),
+    "gpu_pcie_replays_total": "PCIe replays: packets resent after link errors.",
+    "gpu_clock_event_seconds_total": (
+        "Time the clocks were held below the requested ones, by reason, since the driver loaded."
+    ),
     "gpu_process_memory_used_bytes": "Device memory used by a process.",
     "gpu_process_utilization_ratio": "SM utilization of a process on the accelerator (0..1).",
     "kepler_bridge_process_cpu_seconds_total": "CPU time used by a process.",

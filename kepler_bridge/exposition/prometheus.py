@@ -24,6 +24,8 @@ from kepler_bridge.exposition.catalogue import (
     PROFILING_GAUGES,
     PROFILING_LABELLED,
 )
+from kepler_bridge.exposition.reliability import FAMILIES as RELIABILITY
+from kepler_bridge.exposition.reliability import series as reliability_series
 from kepler_bridge.model import (
     SOURCE_STATES,
     Energy,
@@ -187,6 +189,10 @@ class _DeviceFamilies:
             name: _gauge(name, GPU_LABELS + (label,))
             for name, (_, label, _) in PROFILING_LABELLED.items()
         }
+        self.reliability = {
+            name: (_gauge if kind == "gauge" else _counter)(name, GPU_LABELS + labels)
+            for name, (kind, labels) in RELIABILITY.items()
+        }
         self.idle_joules = dict(energy.gpu_idle)
         self.unattributed_joules: dict[str, list[tuple[str, float]]] = {}
         for uuid, reason, joules in energy.gpu_unattributed:
@@ -223,6 +229,8 @@ class _DeviceFamilies:
         for code, count in gpu.xid_errors:
             self.xid.add_metric(labels + [str(code)], float(count))
         self._add_profiling(labels, gpu)
+        for name, more, value in reliability_series(gpu):
+            self.reliability[name].add_metric(labels + more, value)
 
     def _add_profiling(self, labels: list[str], gpu: GpuReading) -> None:
         for name, (attribute, _) in PROFILING_GAUGES.items():
@@ -240,6 +248,7 @@ class _DeviceFamilies:
         yield from (self.energy, self.idle, self.unattributed, self.throttled, self.ecc, self.xid)
         yield from self.profiling.values()
         yield from self.profiling_labelled.values()
+        yield from self.reliability.values()
 
 
 def _pod_labels(owner: PodRef, names: tuple[str, ...] = POD_LABELS) -> list[str]:

@@ -4,9 +4,9 @@ process churn."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping, TypeVar
+from typing import Any, Iterable, Mapping, TypeVar
 
-from kepler_bridge.model import GpuReading, ProcessCpu, ProcessKey
+from kepler_bridge.model import GpuReading, NvLink, ProcessCpu, ProcessKey
 from kepler_bridge.sampling.top import TopCounter
 
 Number = TypeVar("Number", int, float)
@@ -79,6 +79,43 @@ class MonotonicCounters:
                 uuid, "ecc_uncorrected_total", reading.ecc_uncorrected_total
             ),
             xid_errors=self._xids(uuid, xids) if xids else xids,
+            **self._reliability(reading),
+        )
+
+    def _reliability(self, reading: GpuReading) -> dict[str, Any]:
+        """The reliability and link counters of a reading, made monotonic."""
+        uuid = reading.uuid
+        counters = {
+            name: self._counter(uuid, name, getattr(reading, name))
+            for name in (
+                "remapped_rows_correctable",
+                "remapped_rows_uncorrectable",
+                "retired_pages_single_bit",
+                "retired_pages_double_bit",
+                "pcie_replays",
+            )
+        }
+        return {
+            **counters,
+            "nvlinks": tuple(self._nvlink(uuid, link) for link in reading.nvlinks),
+            "clock_event_seconds": self._named(uuid, "clock_event", reading.clock_event_seconds),
+        }
+
+    def _nvlink(self, uuid: str, link: NvLink) -> NvLink:
+        name = f"nvlink{link.link}"
+        return dataclasses.replace(
+            link,
+            transmit_bytes=self._counter(uuid, f"{name}_transmit", link.transmit_bytes),
+            receive_bytes=self._counter(uuid, f"{name}_receive", link.receive_bytes),
+            errors=self._named(uuid, f"{name}_errors", link.errors),
+        )
+
+    def _named(
+        self, uuid: str, prefix: str, counts: tuple[tuple[str, Number], ...]
+    ) -> tuple[tuple[str, Number], ...]:
+        """Counters labelled by name (a reason, an error kind), each made monotonic."""
+        return tuple(
+            (name, type(raw)(self._value(uuid, f"{prefix}:{name}", raw))) for name, raw in counts
         )
 
     def _counter(self, uuid: str, name: str, raw: Number | None) -> Number | None:

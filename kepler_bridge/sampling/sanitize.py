@@ -20,6 +20,7 @@ from kepler_bridge.model import (
     CpuTimes,
     GpuProcess,
     GpuReading,
+    NvLink,
     ProcessCpu,
     RaplZone,
     SourceReading,
@@ -72,6 +73,11 @@ def whole(value: Any) -> int | None:
             return None if number is None else int(number)
         value = int(value)
     return value if 0 <= value < MAX_EXACT else None
+
+
+def flag(value: Any) -> bool | None:
+    """A yes/no value: a bool as it is, else None."""
+    return value if isinstance(value, bool) else None
 
 
 def _xid_code(code: Any) -> str | int | None:
@@ -160,6 +166,9 @@ _RULES: dict[str | type, tuple[_Rule, bool]] = {
     "tuple[GpuReading, ...]": (_items(_nested(GpuReading)), False),
     "tuple[ProcessCpu, ...]": (_items(_nested(ProcessCpu)), False),
     "tuple[RaplZone, ...]": (_items(_nested(RaplZone)), False),
+    "bool | None": (flag, False),
+    "tuple[tuple[str, int], ...]": (_items(_pair(utf8_text, whole)), False),
+    "tuple[NvLink, ...]": (_items(_nested(NvLink)), False),
     "CpuTimes | None": (_optional(CpuTimes), False),
     # Kubernetes owners, which the sampler joins after this check:
     # what a source put there is dropped.
@@ -184,5 +193,5 @@ def _plan(cls: type[DataclassInstance]) -> _Plan:
 
 _PLANS: dict[type[DataclassInstance], _Plan] = {
     cls: _plan(cls)
-    for cls in (SourceReading, GpuReading, GpuProcess, ProcessCpu, RaplZone, CpuTimes)
+    for cls in (SourceReading, GpuReading, GpuProcess, ProcessCpu, RaplZone, CpuTimes, NvLink)
 }

@@ -59,7 +59,14 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_UNKNOWN 999
 
 #define NVML_VALUE_TYPE_UNSIGNED_INT 1
+#define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
 #define NVML_FI_DEV_MEMORY_TEMP 82
+#define NVML_FI_DEV_NVLINK_LINK_COUNT 91
+#define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX 138 /* KiB since the driver loaded; scopeId = link */
+#define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX 139
+#define NVML_NVLINK_ERROR_DL_ECC_DATA 4 /* the counters below it come from the config */
+#define NVML_PERF_POLICY_RELIABILITY 5  /* policies 0..5 come from the config */
+#define NVML_PERF_POLICY_COUNT 12
 #define NVML_EVENT_TYPE_XID_CRITICAL_ERROR 0x8ULL
 #define NVML_MEMORY_V2_VERSION 0x02000028u /* pynvml.nvmlMemory_v2 */
 #define NVML_NO_INSTANCE 0xFFFFFFFFu       /* gpu/compute instance id: not MIG */
@@ -142,6 +149,11 @@ typedef struct {
     unsigned int computeInstanceId;
 } nvmlEventData_t;
 
+typedef struct {
+    unsigned long long referenceTime; /* µs since the epoch */
+    unsigned long long violationTime; /* ns since the driver loaded */
+} nvmlViolationTime_t;
+
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
 _Static_assert(sizeof(nvmlUtilization_t) == 8, "nvmlUtilization_t layout");
 _Static_assert(sizeof(nvmlMemory_t) == 24, "nvmlMemory_t layout");
@@ -150,6 +162,7 @@ _Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t layout");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
 _Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "sample layout");
 _Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t layout");
+_Static_assert(sizeof(nvmlViolationTime_t) == 16, "nvmlViolationTime_t layout");
 
 /* ------------------------------------------------------------------------ */
 /* Time                                                                     */
@@ -219,6 +232,13 @@ static void sleep_ms(unsigned long long ms)
     X(nvmlDeviceGetCurrentClocksEventReasons)       \
     X(nvmlDeviceGetCurrentClocksThrottleReasons)    \
     X(nvmlDeviceGetTotalEccErrors)                  \
+    X(nvmlDeviceGetNvLinkState)                     \
+    X(nvmlDeviceGetNvLinkErrorCounter)              \
+    X(nvmlDeviceGetRemappedRows)                    \
+    X(nvmlDeviceGetRetiredPages)                    \
+    X(nvmlDeviceGetRetiredPagesPendingStatus)       \
+    X(nvmlDeviceGetPcieReplayCounter)               \
+    X(nvmlDeviceGetViolationStatus)                 \
     X(nvmlDeviceGetComputeRunningProcesses_v3)      \
     X(nvmlDeviceGetGraphicsRunningProcesses_v3)     \
     X(nvmlDeviceGetProcessUtilization)              \
@@ -392,6 +412,7 @@ EXPORT void fakenvml_reset_counts(void)
 
 #define MAX_GPUS 64
 #define LIST_LEN 1024
+#define LINK_LIST_LEN 512 /* a value per NVLink: "v0,v1,..." */
 
 enum proc_type { PROC_COMPUTE = 1, PROC_GRAPHICS = 2, PROC_BOTH = 3 };
 
@@ -432,6 +453,23 @@ typedef struct {
     unsigned long long gpm_supported;
     char gpm_metrics[LIST_LEN];       /* "metric id:rate,..." (% or MiB/s) */
     char gpm_not_supported[LIST_LEN]; /* metric ids answering NOT_SUPPORTED */
+    unsigned long long nvlink_count;
+    char nvlink_down[LINK_LIST_LEN];
+    char nvlink_tx_kib[LINK_LIST_LEN];
+    char nvlink_rx_kib[LINK_LIST_LEN];
+    char nvlink_replay[LINK_LIST_LEN];
+    char nvlink_recovery[LINK_LIST_LEN];
+    char nvlink_crc_flit[LINK_LIST_LEN];
+    char nvlink_crc_data[LINK_LIST_LEN];
+    unsigned long long remapped_rows_correctable;
+    unsigned long long remapped_rows_uncorrectable;
+    unsigned long long remapped_rows_pending;
+    unsigned long long remapped_rows_failure;
+    unsigned long long retired_pages_single_bit;
+    unsigned long long retired_pages_double_bit;
+    unsigned long long retired_pages_pending;
+    unsigned long long pcie_replay_counter;
+    unsigned long long violation[NVML_PERF_POLICY_RELIABILITY + 1]; /* ns, by policy */
     unsigned long long lost;
     unsigned long long delay_ms;
     char not_supported[LIST_LEN];
@@ -479,6 +517,7 @@ typedef struct {
 #define FSTR(n) {#n, T_STR, offsetof(gpu_cfg, n), sizeof(((gpu_cfg *)0)->n)}
 #define FU64(n) {#n, T_U64, offsetof(gpu_cfg, n), 0}
 #define FBOOL(n) {#n, T_BOOL, offsetof(gpu_cfg, n), 0}
+#define FVIOL(key, policy) {key, T_U64, offsetof(gpu_cfg, violation) + (policy) * sizeof(unsigned long long), 0}
 
 static const field_def gpu_fields[] = {
     FSTR(name), FSTR(uuid), FSTR(pci_bus_id),
@@ -496,6 +535,15 @@ static const field_def gpu_fields[] = {
     FU64(ecc_corrected_aggregate), FU64(ecc_uncorrected_aggregate),
     FU64(supported_event_types),
     FBOOL(gpm_supported), FSTR(gpm_metrics), FSTR(gpm_not_supported),
+    FU64(nvlink_count), FSTR(nvlink_down), FSTR(nvlink_tx_kib), FSTR(nvlink_rx_kib),
+    FSTR(nvlink_replay), FSTR(nvlink_recovery), FSTR(nvlink_crc_flit), FSTR(nvlink_crc_data),
+    FU64(remapped_rows_correctable), FU64(remapped_rows_uncorrectable),
+    FU64(remapped_rows_pending), FU64(remapped_rows_failure),
+    FU64(retired_pages_single_bit), FU64(retired_pages_double_bit), FU64(retired_pages_pending),
+    FU64(pcie_replay_counter),
+    FVIOL("violation_power", 0), FVIOL("violation_thermal", 1), FVIOL("violation_sync_boost", 2),
+    FVIOL("violation_board_limit", 3), FVIOL("violation_low_utilization", 4),
+    FVIOL("violation_reliability", 5),
     FBOOL(lost), FU64(delay_ms),
     FSTR(not_supported), FSTR(errors),
 };
@@ -1330,6 +1378,78 @@ EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int s
     return leave(&c);
 }
 
+/* ------------------------------------------------------------------------ */
+/* NVLink                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* The `link`-th number of a "v0,v1,..." list; 0 where the list is shorter. */
+static unsigned long long link_value(const char *list, unsigned int link)
+{
+    const char *p = list;
+    for (unsigned int k = 0; k < link && p; k++) {
+        p = strchr(p, ',');
+        if (p)
+            p++;
+    }
+    return (p && *p && *p != ',') ? parse_u64(p) : 0;
+}
+
+/* Is `link` one of the numbers of a "1,3" list? */
+static int link_listed(const char *list, unsigned int link)
+{
+    for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+        if (*p != ',' && parse_u64(p) == link)
+            return 1;
+    }
+    return 0;
+}
+
+/* A GPU without NVLinks cannot report them; a link beyond its count is a bad argument. */
+static nvmlReturn_t nvlink_rc(const gpu_cfg *g, unsigned int link, const char *aliases)
+{
+    if (!g->nvlink_count)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= g->nvlink_count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return gpu_field_rc(g, "", aliases);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                             unsigned int *isActive)
+{
+    DEV_ENTER(nvmlDeviceGetNvLinkState, device, "nvlink,nvlink_state");
+    if (!c.rc)
+        c.rc = isActive ? nvlink_rc(c.gpu, link, "") : NVML_ERROR_INVALID_ARGUMENT;
+    if (!c.rc)
+        *isActive = !link_listed(c.gpu->nvlink_down, link);
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
+                                                    unsigned int counter,
+                                                    unsigned long long *value)
+{
+    static const char *const aliases[] = {
+        "nvlink,nvlink_errors,nvlink_replay", "nvlink,nvlink_errors,nvlink_recovery",
+        "nvlink,nvlink_errors,nvlink_crc_flit", "nvlink,nvlink_errors,nvlink_crc_data"};
+    DEV_ENTER(nvmlDeviceGetNvLinkErrorCounter, device,
+              counter < NVML_NVLINK_ERROR_DL_ECC_DATA ? aliases[counter] : "nvlink,nvlink_errors");
+    if (!c.rc) {
+        if (!value || counter > NVML_NVLINK_ERROR_DL_ECC_DATA)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (counter == NVML_NVLINK_ERROR_DL_ECC_DATA) /* Hopper and newer only */
+            c.rc = NVML_ERROR_NOT_SUPPORTED;
+        else
+            c.rc = nvlink_rc(c.gpu, link, "");
+    }
+    if (!c.rc) {
+        const char *const lists[] = {c.gpu->nvlink_replay, c.gpu->nvlink_recovery,
+                                     c.gpu->nvlink_crc_flit, c.gpu->nvlink_crc_data};
+        *value = link_value(lists[counter], link);
+    }
+    return leave(&c);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
                                              nvmlFieldValue_t *values)
 {
@@ -1349,6 +1469,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
                     v->nvmlReturn = gpu_field_rc(c.gpu, "", "memory_temperature");
                     if (!v->nvmlReturn)
                         v->value.uiVal = (unsigned int)c.gpu->memory_temperature;
+                } else if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT) {
+                    v->nvmlReturn = nvlink_rc(c.gpu, 0, "nvlink,nvlink_count");
+                    if (!v->nvmlReturn)
+                        v->value.uiVal = (unsigned int)c.gpu->nvlink_count;
+                } else if (v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ||
+                           v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) {
+                    int tx = v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX;
+                    v->nvmlReturn = nvlink_rc(c.gpu, v->scopeId,
+                                              tx ? "nvlink,nvlink_throughput,nvlink_tx_kib"
+                                                 : "nvlink,nvlink_throughput,nvlink_rx_kib");
+                    v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+                    if (!v->nvmlReturn)
+                        v->value.ullVal =
+                            link_value(tx ? c.gpu->nvlink_tx_kib : c.gpu->nvlink_rx_kib, v->scopeId);
                 } else {
                     v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
                 }
@@ -1495,6 +1629,107 @@ EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, unsigned in
                 {c.gpu->ecc_corrected_volatile, c.gpu->ecc_corrected_aggregate},
                 {c.gpu->ecc_uncorrected_volatile, c.gpu->ecc_uncorrected_aggregate}};
             *eccCounts = v[errorType][counterType];
+        }
+    }
+    return leave(&c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reliability: remapped rows, retired pages, PCIe replays, violation time  */
+/* ------------------------------------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows,
+                                              unsigned int *uncRows, unsigned int *isPending,
+                                              unsigned int *failureOccurred)
+{
+    DEV_ENTER(nvmlDeviceGetRemappedRows, device, "remapped_rows");
+    if (!c.rc) {
+        if (!corrRows || !uncRows || !isPending || !failureOccurred) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            *corrRows = (unsigned int)c.gpu->remapped_rows_correctable;
+            *uncRows = (unsigned int)c.gpu->remapped_rows_uncorrectable;
+            *isPending = (unsigned int)c.gpu->remapped_rows_pending;
+            *failureOccurred = (unsigned int)c.gpu->remapped_rows_failure;
+        }
+    }
+    return leave(&c);
+}
+
+/* NVML's protocol: *pageCount too small (0 to ask) -> INSUFFICIENT_SIZE with the count needed;
+ * else the addresses (made up: 4 KiB pages from 0x100000000) and their count. */
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, unsigned int cause,
+                                              unsigned int *pageCount,
+                                              unsigned long long *addresses)
+{
+    DEV_ENTER(nvmlDeviceGetRetiredPages, device,
+              cause == 0   ? "retired_pages,retired_pages_single_bit"
+              : cause == 1 ? "retired_pages,retired_pages_double_bit"
+                           : "retired_pages");
+    if (!c.rc) {
+        if (!pageCount || cause > 1) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            unsigned int n = (unsigned int)(cause == 0 ? c.gpu->retired_pages_single_bit
+                                                       : c.gpu->retired_pages_double_bit);
+            if (n > 0 && (!addresses || *pageCount < n)) {
+                c.rc = NVML_ERROR_INSUFFICIENT_SIZE;
+            } else {
+                for (unsigned int i = 0; i < n; i++)
+                    addresses[i] = 0x100000000ull + ((unsigned long long)cause << 24) + i * 4096ull;
+            }
+            *pageCount = n;
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device,
+                                                           unsigned int *isPending)
+{
+    DEV_ENTER(nvmlDeviceGetRetiredPagesPendingStatus, device,
+              "retired_pages,retired_pages_pending");
+    if (!c.rc) {
+        if (!isPending)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *isPending = c.gpu->retired_pages_pending ? 1u : 0u;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value)
+{
+    DEV_ENTER(nvmlDeviceGetPcieReplayCounter, device, "pcie_replay_counter");
+    if (!c.rc) {
+        if (!value)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *value = (unsigned int)c.gpu->pcie_replay_counter;
+    }
+    return leave(&c);
+}
+
+/* Policies 0..5 (power, thermal, sync boost, board limit, low utilization, reliability) come
+ * from the config; the total-clocks policies are NOT_SUPPORTED, others a bad argument. */
+EXPORT nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, unsigned int perfPolicyType,
+                                                 nvmlViolationTime_t *violTime)
+{
+    static const char *const aliases[] = {
+        "violation,violation_power",       "violation,violation_thermal",
+        "violation,violation_sync_boost",  "violation,violation_board_limit",
+        "violation,violation_low_utilization", "violation,violation_reliability"};
+    DEV_ENTER(nvmlDeviceGetViolationStatus, device,
+              perfPolicyType <= NVML_PERF_POLICY_RELIABILITY ? aliases[perfPolicyType]
+                                                             : "violation");
+    if (!c.rc) {
+        if (!violTime || perfPolicyType >= NVML_PERF_POLICY_COUNT) {
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (perfPolicyType > NVML_PERF_POLICY_RELIABILITY) {
+            c.rc = NVML_ERROR_NOT_SUPPORTED;
+        } else {
+            violTime->referenceTime = now_us();
+            violTime->violationTime = c.gpu->violation[perfPolicyType];
         }
     }
     return leave(&c);

@@ -15,6 +15,7 @@ from kepler_bridge.sources.nvml import gpm, library
 from kepler_bridge.sources.nvml.device import Device, decoded
 from kepler_bridge.sources.nvml.events import XidEvents
 from kepler_bridge.sources.nvml.processes import gpu_processes
+from kepler_bridge.sources.nvml.reliability import with_reliability
 from kepler_bridge.sources.sysfs import on_pci_bus
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ class NvmlSource(Source):
                 device.fail(str(err), self.config.interval, now)
                 return self._down(device)
         try:
-            reading = self._values(device)
+            reading = with_reliability(device, self._values(device))
         except pynvml.NVMLError as err:
             log.warning(
                 "GPU %d: %s; retrying in %.0fs", device.index, err, max(device.retry.delay * 2, 1)
@@ -130,7 +131,6 @@ class NvmlSource(Source):
     def _values(self, device: Device) -> GpuReading:
         """Every value of one GPU, each checked against its physical range."""
         utilization, memory_utilization, encoder, decoder = _utilization(device)
-        used, total, free = _memory(device)
         power, limit, energy = _power(device)
         sm_clock, memory_clock = _clocks(device)
         fan = device.query("fan", lambda: pynvml.nvmlDeviceGetFanSpeed(device.handle))
@@ -138,14 +138,11 @@ class NvmlSource(Source):
         pstate = device.query("pstate", lambda: pynvml.nvmlDeviceGetPerformanceState(device.handle))
         xids, last_xid = self.xids.counter.of(device.index)
         return dataclasses.replace(
-            self._named(device),
+            _with_memory(device, self._named(device)),
             utilization=utilization,
             memory_utilization=memory_utilization,
             encoder_utilization=encoder,
             decoder_utilization=decoder,
-            memory_used_bytes=used,
-            memory_total_bytes=total,
-            memory_free_bytes=free,
             temperature_celsius=_temperature(device),
             memory_temperature_celsius=_memory_temperature(device),
             power_watts=power,
@@ -192,25 +189,29 @@ def _utilization(device: Device) -> tuple[float | None, float | None, float | No
     )
 
 
-def _memory(device: Device) -> tuple[int | None, int | None, int | None]:
-    """Used, total and free memory bytes; used and free only where they fit in the total."""
+def _with_memory(device: Device, reading: GpuReading) -> GpuReading:
+    """The reading with total, used, free and reserved memory bytes (reserved from the v2 call
+    only); each but the total only where it fits in the total."""
     h = device.handle
     info = device.query(
         "memory_v2", lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
     )
     if info is None:
         info = device.query("memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(h))
-    if info is None:
-        return None, None, None
-    total = ranges.byte_count(info.total)
-    used = ranges.byte_count(info.used)
-    free = ranges.byte_count(info.free)
-    if total is None:
-        return None, None, None
-    return (
-        used if used is not None and used <= total else None,
-        total,
-        free if free is not None and free <= total else None,
+    total = None if info is None else ranges.byte_count(info.total)
+    if info is None or total is None:
+        return reading
+
+    def part(value: int | None) -> int | None:
+        count = ranges.byte_count(value)
+        return count if count is not None and count <= total else None
+
+    return dataclasses.replace(
+        reading,
+        memory_used_bytes=part(info.used),
+        memory_total_bytes=total,
+        memory_free_bytes=part(info.free),
+        memory_reserved_bytes=part(getattr(info, "reserved", None)),
     )
 
 
