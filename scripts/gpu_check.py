@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.request
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import gpu_check_report as report
@@ -50,11 +50,13 @@ def smi(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
 
 @dataclass
 class Smi:
-    """nvidia-smi's view, with the fields this nvidia-smi knows."""
+    """nvidia-smi's view, with the fields this nvidia-smi knows.
+
+    The remapped rows are read once: they change rarely, and every nvidia-smi call costs
+    a round trip to the driver that would widen the window around our reads."""
 
     known: set[str]
-    remapped_rows: bool
-    reads: list[dict[str, dict[str, str]]] = field(default_factory=list)
+    remapped: dict[str, dict[str, str]]
 
     @classmethod
     def find(cls) -> Smi:
@@ -72,11 +74,14 @@ class Smi:
         wanted = {name for entry in FIELDS for name in entry.smi} | set(SMI_ONLY)
         known = set(re.findall(r'"([\w.\[\]]+)"', helped.stdout)) & wanted or wanted
         remap = smi(f"--query-remapped-rows=gpu_uuid,{','.join(REMAPPED_ROWS)}", _CSV)
-        return cls(known - set(REMAPPED_ROWS), remap.returncode == 0)
+        remapped = (
+            parse_smi_csv(remap.stdout, ["uuid", *REMAPPED_ROWS]) if not remap.returncode else {}
+        )
+        return cls(known - set(REMAPPED_ROWS), remapped)
 
     def asked(self) -> list[str]:
         """Every field asked of nvidia-smi, the remapped rows' included where it has them."""
-        return self.names() + (list(REMAPPED_ROWS) if self.remapped_rows else [])
+        return self.names() + (list(REMAPPED_ROWS) if self.remapped else [])
 
     def names(self) -> list[str]:
         """The --query-gpu names asked: the first known name of each field, and SMI_ONLY."""
@@ -84,16 +89,12 @@ class Smi:
         return sorted({name for name in chosen if name} | (set(SMI_ONLY) & self.known))
 
     def read(self) -> dict[str, dict[str, str]]:
-        """One read of every known field, by GPU uuid; kept in `reads`."""
+        """One read of every known field, by GPU uuid."""
         names = ["uuid", *self.names()]
         done = smi(f"--query-gpu={','.join(names)}", _CSV)
         rows = parse_smi_csv(done.stdout, names) if done.returncode == 0 else {}
-        if self.remapped_rows:
-            remap_names = ["uuid", *REMAPPED_ROWS]
-            remap = smi(f"--query-remapped-rows=gpu_uuid,{','.join(REMAPPED_ROWS)}", _CSV)
-            for uuid, values in parse_smi_csv(remap.stdout, remap_names).items():
-                rows.setdefault(uuid, {}).update(values)
-        self.reads.append(rows)
+        for uuid, values in self.remapped.items():
+            rows.setdefault(uuid, {}).update(values)
         return rows
 
 
@@ -174,12 +175,12 @@ AGENT_ARGS = ("--sources", "nvml", "--node-name", "gpu-check")
 
 def collect(agent: Agent, nvidia: Smi) -> report.Reading:
     """One `kepler-bridge collect` between two nvidia-smi reads."""
-    before = nvidia.read()
+    start, before = time.monotonic(), nvidia.read()
     done = agent.run("collect", "--prometheus", *AGENT_ARGS)
     after = nvidia.read()
     if done.returncode != 0:
         raise report.Failed(f"kepler-bridge collect exited {done.returncode}: {done.stderr}")
-    return report.Reading(parse_metrics(done.stdout), before, after)
+    return report.Reading(parse_metrics(done.stdout), before, after, time.monotonic() - start)
 
 
 def get(url: str) -> str:
@@ -199,9 +200,11 @@ def serve(agent: Agent, nvidia: Smi, seconds: float, scrapes: int) -> list[repor
         start, readings = time.monotonic(), []
         for number in range(1, scrapes + 1):
             time.sleep(max(0.0, start + number * seconds / scrapes - time.monotonic()))
-            before = nvidia.read()
+            began, before = time.monotonic(), nvidia.read()
             text = get(f"{url}/metrics")
-            readings.append(report.Reading(parse_metrics(text), before, nvidia.read()))
+            after = nvidia.read()
+            span = time.monotonic() - began
+            readings.append(report.Reading(parse_metrics(text), before, after, span))
         return readings
     finally:
         process.terminate()

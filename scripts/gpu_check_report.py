@@ -38,6 +38,7 @@ class Reading:
     scrape: Scrape
     before: dict[str, dict[str, str]]
     after: dict[str, dict[str, str]]
+    seconds: float  # from the read before to the read after
 
 
 def header(version: str, doctor: subprocess.CompletedProcess[str]) -> str:
@@ -200,8 +201,10 @@ def render(head: str, asked: list[str], once: Reading, served: list[Reading]) ->
     problems += [f"kepler-bridge reports {uuid}, nvidia-smi does not" for uuid in ours_only]
     parts += [f"problem: {problem}" for problem in problems]
     ok = disagree == 0 and not problems and bool(uuids)
+    window = max(reading.seconds for reading in [once, *served])
     parts.append(
         f"\ngpu-check: {len(uuids)} GPU(s), {disagree} row(s) disagree, {len(problems)} "
-        f"problem(s), {len(served)} scrape(s) of serve: {'AGREE' if ok else 'DISAGREE'}"
+        f"problem(s), collect and {len(served)} scrape(s) of serve, each within {window:.1f} s "
+        f"of nvidia-smi reads: {'AGREE' if ok else 'DISAGREE'}"
     )
     return "\n".join(parts), ok

@@ -3,7 +3,8 @@
 It knows the fields of `--help-query-gpu` below, prints `[N/A]` for a field whose config key is
 in the GPU's `not_supported`, and fails like nvidia-smi without a driver when FAKE_NVML_CONFIG
 is unset. FAKE_SMI_OVERRIDE="field=value,..." makes it print other values than the fake NVML
-has, to test a disagreement.
+has, to test a disagreement. `--query-remapped-rows` answers only where FAKE_SMI_REMAPPED_ROWS
+gives the four values (correctable, uncorrectable, pending, failure) for every GPU.
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ def main(args: list[str]) -> int:
     if args == ["--help-query-gpu"]:
         print('List of valid properties to query for the switch "--query-gpu=":\n')
         print("\n\n".join(f'"{name}"\nThe fake value of {name}.' for name in known))
+        return 0
+    remapped = os.environ.get("FAKE_SMI_REMAPPED_ROWS")
+    if remapped and any(arg.startswith("--query-remapped-rows=") for arg in args):
+        values = config()
+        for index in range(int(values.get("device_count", "0"))):
+            print(", ".join([values[f"gpu.{index}.uuid"], *remapped.split(",")]))
         return 0
     queries = [arg.split("=", 1)[1] for arg in args if arg.startswith("--query-gpu=")]
     if not queries:

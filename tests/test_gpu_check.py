@@ -84,7 +84,12 @@ def test_equal_values_agree_in_collect_and_serve(fake_nvml: FakeNvml, tmp_path: 
 @pytest.mark.e2e
 def test_a_different_value_disagrees(fake_nvml: FakeNvml, tmp_path: Path) -> None:
     fake_nvml.gpu(0, not_supported=["fan_speed"])
-    env = _environment(fake_nvml, tmp_path, FAKE_SMI_OVERRIDE="temperature.gpu=75")
+    env = _environment(
+        fake_nvml,
+        tmp_path,
+        FAKE_SMI_OVERRIDE="temperature.gpu=75",
+        FAKE_SMI_REMAPPED_ROWS="0,0,0,0",
+    )
     done = _run(env, "--serve-seconds", "0")
     assert done.returncode == 1, done.stdout + done.stderr
     temperature = _row(done.stdout, "gpu_temperature_celsius")
@@ -93,6 +98,8 @@ def test_a_different_value_disagrees(fake_nvml: FakeNvml, tmp_path: Path) -> Non
     # Unsupported on both sides: absent from our output, [N/A] in nvidia-smi's.
     assert _row(done.stdout, "gpu_fan_speed_ratio")[2:6] == ["-", "-", "yes", "neither"]
     assert "DISAGREE" in done.stdout
+    remapped = _row(done.stdout, 'gpu_remapped_rows_total{cause="correctable"}')
+    assert remapped[1] == "remapped_rows.correctable" and remapped[3] == "0", remapped
 
 
 def test_a_machine_without_nvidia_smi_is_told_so(tmp_path: Path) -> None:
