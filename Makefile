@@ -6,7 +6,7 @@ LISTEN ?= 0.0.0.0:30060
 SIMULATE ?= 0
 IS_ROOT := $(shell [ "$$(id -u)" -eq 0 ] && echo yes)
 
-.PHONY: run test test-fast lint deps deps-run deps-test bench clean
+.PHONY: run test test-fast lint deps deps-run deps-test bench clean gpu-check gpu-check-bundle
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,15 @@ bench: deps-test
 	$(BIN)/python benchmarks/agent_http.py
 	$(BIN)/python benchmarks/slow_clients.py
 	$(BIN)/python benchmarks/bpf_overhead.py
+
+# On a machine with an NVIDIA GPU: kepler-bridge against nvidia-smi, read-only (README "Check on a
+# real GPU"). It needs no venv: $(PYTHON) with the wheels of dist/gpu-check, built where PyPI is
+# reachable by gpu-check-bundle (carry that folder to the GPU machine: it runs on its own too).
+gpu-check:
+	PYTHON=$(PYTHON) bash scripts/gpu-check.sh
+
+gpu-check-bundle: $(VENV)/.installed
+	PYTHON=$(BIN)/python bash scripts/gpu-check-bundle.sh dist/gpu-check
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
