@@ -68,6 +68,22 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """One MIG device of a GPU in MIG mode: compute instance `compute_instance` of GPU instance
+    `gpu_instance`; memory and compute slices are its GPU instance's."""
+
+    gpu_instance: int
+    compute_instance: int
+    uuid: str
+    profile: str = ""  # the GPU instance profile, e.g. 1g.10gb
+    slices: int | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    pids: tuple[int, ...] = ()  # its processes, each also one of the GPU's processes
+    holders: tuple[Holder, ...] = ()  # set by the sampler: the containers assigned this device
+
+
+@dataclass(frozen=True)
 class GpuReading:
     """One accelerator as a source read it; ``index`` is the source-local order."""
 
@@ -116,6 +132,8 @@ class GpuReading:
     # Set by the sampler: the containers the kubelet assigned the device (or a MIG instance,
     # replica, slice) to.
     holders: tuple[Holder, ...] = ()
+    # MIG: the MIG devices of a GPU in MIG mode, in NVML's order; () when not in MIG mode.
+    mig_instances: tuple[MigInstance, ...] = ()
 
     @property
     def holder(self) -> Holder | None:

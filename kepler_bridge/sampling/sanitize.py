@@ -20,6 +20,7 @@ from kepler_bridge.model import (
     CpuTimes,
     GpuProcess,
     GpuReading,
+    MigInstance,
     ProcessCpu,
     RaplZone,
     SourceReading,
@@ -159,6 +160,8 @@ _RULES: dict[str | type, tuple[_Rule, bool]] = {
     "tuple[GpuReading, ...]": (_items(_nested(GpuReading)), False),
     "tuple[ProcessCpu, ...]": (_items(_nested(ProcessCpu)), False),
     "tuple[RaplZone, ...]": (_items(_nested(RaplZone)), False),
+    "tuple[int, ...]": (_items(whole), False),
+    "tuple[MigInstance, ...]": (_items(_nested(MigInstance)), False),
     "CpuTimes | None": (_optional(CpuTimes), False),
     # Kubernetes owners, which the sampler joins after this check:
     # what a source put there is dropped.
@@ -183,5 +186,5 @@ def _plan(cls: type[DataclassInstance]) -> _Plan:
 
 _PLANS: dict[type[DataclassInstance], _Plan] = {
     cls: _plan(cls)
-    for cls in (SourceReading, GpuReading, GpuProcess, ProcessCpu, RaplZone, CpuTimes)
+    for cls in (SourceReading, GpuReading, GpuProcess, MigInstance, ProcessCpu, RaplZone, CpuTimes)
 }

@@ -39,6 +39,7 @@ class Device:
     retry: Retry = field(default_factory=lambda: Retry(MAX_DEVICE_BACKOFF_SECONDS))
     last_process_sample_us: int = 0
     comms: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (comm, container id)
+    mig_profiles: dict[int, Any] | None = None  # mig.py's GPU instance profiles, asked once
 
     def fail(self, message: str, interval: float, now: float) -> None:
         self.handle, self.error = None, message
