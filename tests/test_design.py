@@ -24,6 +24,7 @@ from kepler_bridge.model import (
     GpuProcess,
     GpuReading,
     Holder,
+    MigInstance,
     PodRef,
     ProcessCpu,
     Snapshot,
@@ -283,6 +284,19 @@ def full_snapshot() -> Snapshot:
         xid_errors=((79, 1),),
         processes=(GpuProcess(pid=7, comm="python3", memory_used_bytes=1, utilization=0.5),),
         holders=(Holder("c1", owner),),
+        mig_instances=(
+            MigInstance(
+                gpu_instance=1,
+                compute_instance=0,
+                uuid="MIG-0",
+                profile="1g.10gb",
+                slices=1,
+                memory_used_bytes=1,
+                memory_total_bytes=2,
+                pids=(7,),
+                holders=(Holder("c1", owner),),
+            ),
+        ),
     )
     return Snapshot(
         node="n1",
