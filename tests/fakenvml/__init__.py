@@ -250,6 +250,8 @@ def default_process(pid: int, n: int = 0) -> dict[str, Any]:
         "dec_util": 0,
         "type": "compute",
         "timestamp": 0,
+        "gpu_instance": NO_INSTANCE,
+        "compute_instance": NO_INSTANCE,
     }
 
 
