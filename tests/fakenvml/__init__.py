@@ -189,6 +189,7 @@ def mig_uuid(gpu: int, gpu_instance: int, compute_instance: int) -> str:
     """The default uuid of a MIG device (as the C library makes it)."""
     return f"MIG-fa4e0000-{gpu:04x}-4000-8000-{gpu_instance:06x}{compute_instance:06x}"
 
+
 _GiB = 1024**3
 _MiB = 1024**2
 
