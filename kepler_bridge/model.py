@@ -80,6 +80,22 @@ class NvLink:
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """One MIG device of a GPU in MIG mode: compute instance `compute_instance` of GPU instance
+    `gpu_instance`; memory and compute slices are its GPU instance's."""
+
+    gpu_instance: int
+    compute_instance: int
+    uuid: str
+    profile: str = ""  # the GPU instance profile, e.g. 1g.10gb
+    slices: int | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    pids: tuple[int, ...] = ()  # its processes, each also one of the GPU's processes
+    holders: tuple[Holder, ...] = ()  # set by the sampler: the containers assigned this device
+
+
+@dataclass(frozen=True)
 class GpuReading:
     """One accelerator as a source read it; ``index`` is the source-local order."""
 
@@ -154,6 +170,8 @@ class GpuReading:
     memory_reserved_bytes: int | None = None
     # (reason, seconds the clocks were held down for it): power, thermal, sync_boost, ...
     clock_event_seconds: tuple[tuple[str, float], ...] = ()
+    # MIG: the MIG devices of a GPU in MIG mode, in NVML's order; () when not in MIG mode.
+    mig_instances: tuple[MigInstance, ...] = ()
 
     @property
     def holder(self) -> Holder | None:

@@ -24,6 +24,7 @@ from kepler_bridge.model import (
     GpuProcess,
     GpuReading,
     Holder,
+    MigInstance,
     NvLink,
     PodRef,
     ProcessCpu,
@@ -288,6 +289,19 @@ def full_snapshot() -> Snapshot:
         engine_active=(("nvdec", 0.5),),
         nvlinks=(NvLink(0, True, 1, 1, (("replay", 1),)),),
         clock_event_seconds=(("power", 1.0),),
+        mig_instances=(
+            MigInstance(
+                gpu_instance=1,
+                compute_instance=0,
+                uuid="MIG-0",
+                profile="1g.10gb",
+                slices=1,
+                memory_used_bytes=1,
+                memory_total_bytes=2,
+                pids=(7,),
+                holders=(Holder("c1", owner),),
+            ),
+        ),
     )
     return Snapshot(
         node="n1",

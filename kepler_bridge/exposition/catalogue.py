@@ -5,6 +5,9 @@ from __future__ import annotations
 GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
 POD_LABELS = ("namespace", "pod", "container")
 PROCESS_LABELS = GPU_LABELS + ("pid", "comm") + POD_LABELS
+# A MIG device (compute instance of a GPU instance), and a GPU instance with its profile.
+MIG_DEVICE_LABELS = GPU_LABELS + ("gpu_instance", "compute_instance", "mig_uuid")
+MIG_INSTANCE_LABELS = GPU_LABELS + ("gpu_instance", "profile")
 # Labels of the energy levels: WorkloadEnergy's own attribute names, then its owner's (PodRef).
 ENERGY_LEVELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "process": (("pid", "comm", "container_id"), POD_LABELS),
@@ -164,6 +167,10 @@ METRICS: dict[str, str] = {
     ),
     "gpu_process_memory_used_bytes": "Device memory used by a process.",
     "gpu_process_utilization_ratio": "SM utilization of a process on the accelerator (0..1).",
+    "gpu_mig_info": "A MIG device of a GPU in MIG mode, with its GPU instance profile; value 1.",
+    "gpu_mig_pod_info": "The one container the kubelet assigned the MIG device to; value 1.",
+    "gpu_mig_memory_used_bytes": "Device memory in use in a MIG GPU instance.",
+    "gpu_mig_memory_total_bytes": "Device memory size of a MIG GPU instance.",
     "kepler_bridge_process_cpu_seconds_total": "CPU time used by a process.",
     "kepler_bridge_container_cpu_seconds_total": "CPU time used by the processes of a container.",
     "kepler_bridge_node_cpu_joules_total": (

@@ -19,6 +19,8 @@ from kepler_bridge.exposition.catalogue import (
     GPU_LABELS,
     HEALTH,
     METRICS,
+    MIG_DEVICE_LABELS,
+    MIG_INSTANCE_LABELS,
     POD_LABELS,
     PROCESS_LABELS,
     PROFILING_GAUGES,
@@ -95,8 +97,13 @@ class SnapshotCollector(Collector):
             if gpu.up
             for proc in gpu.processes
         ]
+        mig = _MigFamilies()
+        for gpu in self.snapshot.gpus:
+            if gpu.up:
+                mig.add(self._device_labels(gpu), gpu)
         yield from self._device_families().families()
         yield from _process_gauges(processes, self.snapshot.process_limit)
+        yield from mig.families()
 
     def _cpu_families(self) -> Iterator[Metric]:
         snap = self.snapshot
@@ -249,6 +256,38 @@ class _DeviceFamilies:
         yield from self.profiling.values()
         yield from self.profiling_labelled.values()
         yield from self.reliability.values()
+
+
+class _MigFamilies:
+    """The MIG families: one series per MIG device, and memory per GPU instance."""
+
+    def __init__(self) -> None:
+        self.info = _info("gpu_mig_info", MIG_DEVICE_LABELS)
+        self.pod_info = _info("gpu_mig_pod_info", MIG_DEVICE_LABELS)
+        self.used = _gauge("gpu_mig_memory_used_bytes", MIG_INSTANCE_LABELS)
+        self.total = _gauge("gpu_mig_memory_total_bytes", MIG_INSTANCE_LABELS)
+
+    def add(self, labels: list[str], gpu: GpuReading) -> None:
+        """The series of a GPU's MIG devices; a GPU instance's memory once, from its first."""
+        seen: set[int] = set()
+        for instance in gpu.mig_instances:
+            ids = [str(instance.gpu_instance), str(instance.compute_instance), instance.uuid]
+            self.info.add_metric(labels + ids, {"profile": instance.profile})
+            if len(instance.holders) == 1:
+                owner = dict(zip(POD_LABELS, _pod_labels(instance.holders[0].owner)))
+                self.pod_info.add_metric(labels + ids, owner)
+            if instance.gpu_instance in seen:
+                continue
+            seen.add(instance.gpu_instance)
+            gpu_instance = labels + [str(instance.gpu_instance), instance.profile]
+            if instance.memory_used_bytes is not None:
+                self.used.add_metric(gpu_instance, float(instance.memory_used_bytes))
+            if instance.memory_total_bytes is not None:
+                self.total.add_metric(gpu_instance, float(instance.memory_total_bytes))
+
+    def families(self) -> Iterator[Metric]:
+        """Every MIG family, in the order of the exposition."""
+        yield from (self.info, self.pod_info, self.used, self.total)
 
 
 def _pod_labels(owner: PodRef, names: tuple[str, ...] = POD_LABELS) -> list[str]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Mapping
 
-from kepler_bridge.model import GpuReading, Holder, PodRef
+from kepler_bridge.model import GpuReading, Holder, MigInstance, PodRef
 
 _PCI = re.compile(r"^(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
 _INTEL_REPLICA = re.compile(r"^(card\d+)-\d+$")
@@ -63,18 +63,28 @@ class KubeView:
     def gpu_owners(self, gpu: GpuReading) -> tuple[PodRef, ...]:
         """The containers the kubelet assigned this GPU, or a MIG instance, replica or slice of it,
         to."""
-        if not self.devices:
-            return ()
-        owners: dict[PodRef, None] = {}
-        for name in (gpu.uuid, *gpu.mig_uuids, gpu.pci_bus_id, *gpu.device_ids):
-            if name:
-                owners.update(dict.fromkeys(self.devices.get(device_key(name), ())))
-        return tuple(owners)
+        return self._owners((gpu.uuid, *gpu.mig_uuids, gpu.pci_bus_id, *gpu.device_ids))
 
     def holders(self, gpu: GpuReading) -> tuple[Holder, ...]:
         """The containers holding this GPU (`gpu_owners`), each with its id where the pod list
         names it."""
-        return tuple(Holder(self._ids.get(owner, ""), owner) for owner in self.gpu_owners(gpu))
+        return self._held(self.gpu_owners(gpu))
+
+    def mig_holders(self, instance: MigInstance) -> tuple[Holder, ...]:
+        """The containers the kubelet assigned this MIG device to (`nvidia.com/mig-*` resources)."""
+        return self._held(self._owners((instance.uuid,)))
+
+    def _owners(self, names: Iterable[str]) -> tuple[PodRef, ...]:
+        if not self.devices:
+            return ()
+        owners: dict[PodRef, None] = {}
+        for name in names:
+            if name:
+                owners.update(dict.fromkeys(self.devices.get(device_key(name), ())))
+        return tuple(owners)
+
+    def _held(self, owners: tuple[PodRef, ...]) -> tuple[Holder, ...]:
+        return tuple(Holder(self._ids.get(owner, ""), owner) for owner in owners)
 
     @cached_property
     def _ids(self) -> dict[PodRef, str]:

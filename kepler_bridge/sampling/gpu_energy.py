@@ -9,13 +9,22 @@ only process (which covers NVML's exclusive-process compute mode). A device
 whose source cannot list processes keeps the idle part too; its active rest
 goes to the one container the kubelet assigned it to, else to the device's
 unattributed energy with reason ``shared`` (several owners) or ``no_owner``.
+
+A GPU in MIG mode reports no per-process utilization. Its active energy is
+split over its GPU instances that have processes, by their compute slices
+(a 3g instance weighs three times a 1g one), and within a GPU instance over
+its processes by device memory used, equally where memory is unknown.
+Processes the MIG devices do not list get nothing; when none lists any,
+the rule above applies. Per-instance GPM activity (nvmlGpmMigSampleGet),
+once the readings carry it, is the weight in place of slices
+(`instance_weights`).
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
-from kepler_bridge.model import GpuProcess, GpuReading, Holder, ProcessKey
+from kepler_bridge.model import GpuProcess, GpuReading, Holder, MigInstance, ProcessKey
 from kepler_bridge.sampling.counters import increase
 
 # Why a device's active energy went to no container: several hold it, or none does.
@@ -31,6 +40,44 @@ def gpu_shares(processes: tuple[GpuProcess, ...]) -> list[float]:
     if total > 0:
         return [value / total for value in utilization]
     return [1.0 / len(processes)] * len(processes)
+
+
+def mig_shares(gpu: GpuReading) -> list[float] | None:
+    """Each process's share of a MIG GPU's active energy, in `gpu.processes` order (module note);
+    None when no process of the GPU runs in one of its MIG devices."""
+    by_pid = {proc.pid: proc for proc in gpu.processes}
+    members: dict[int, set[int]] = {}  # GPU instance id -> pids
+    for instance in gpu.mig_instances:
+        pids = members.setdefault(instance.gpu_instance, set())
+        pids.update(pid for pid in instance.pids if pid in by_pid)
+    busy = {gi: sorted(found) for gi, found in members.items() if found}
+    if not busy:
+        return None
+    weights = instance_weights(gpu.mig_instances, busy)
+    shares: dict[int, float] = {}
+    for gi, members_pids in busy.items():
+        for pid, part in zip(members_pids, _by_memory([by_pid[pid] for pid in members_pids])):
+            shares[pid] = shares.get(pid, 0.0) + weights[gi] * part
+    return [shares.get(proc.pid, 0.0) for proc in gpu.processes]
+
+
+def instance_weights(instances: tuple[MigInstance, ...], busy: Iterable[int]) -> dict[int, float]:
+    """Each busy GPU instance's share of the GPU: by compute slices, equal where any is unknown."""
+    slices = {instance.gpu_instance: instance.slices for instance in instances}
+    chosen = {gpu_instance: slices.get(gpu_instance) for gpu_instance in busy}
+    if any(not count for count in chosen.values()):
+        return {gpu_instance: 1.0 / len(chosen) for gpu_instance in chosen}
+    total = sum(count or 0 for count in chosen.values())
+    return {gpu_instance: (count or 0) / total for gpu_instance, count in chosen.items()}
+
+
+def _by_memory(processes: list[GpuProcess]) -> list[float]:
+    """Shares by device memory used; equal when any is unknown or all are zero."""
+    memory = [proc.memory_used_bytes for proc in processes]
+    total = sum(used or 0 for used in memory)
+    if None in memory or total <= 0:
+        return [1.0 / len(processes)] * len(processes)
+    return [(used or 0) / total for used in memory]
 
 
 class GpuEnergy:
@@ -57,7 +104,8 @@ class GpuEnergy:
             active = self._active(gpu, seconds) if gpu.up else None
             if active is None:
                 continue
-            for proc, share in zip(gpu.processes, gpu_shares(gpu.processes)):
+            shares = mig_shares(gpu) if gpu.mig_instances else None
+            for proc, share in zip(gpu.processes, shares or gpu_shares(gpu.processes)):
                 processes[proc.key] = processes.get(proc.key, 0.0) + active * share
             if not gpu.processes and not gpu.lists_processes:
                 self._share_unlisted(gpu.uuid, active, gpu.holders, owned)

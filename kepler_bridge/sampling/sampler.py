@@ -16,6 +16,7 @@ from kepler_bridge.model import (
     NO_POD,
     ContainerCpu,
     GpuReading,
+    PodRef,
     ProcessKey,
     Snapshot,
     SourceReading,
@@ -222,16 +223,32 @@ def _attribution_settings(config: Config) -> dict[str, Any]:
 
 
 def join_owners(gpu: GpuReading, kube: KubeView) -> GpuReading:
-    """The reading with the containers holding it and each process's owner."""
-    held = dataclasses.replace(gpu, holders=kube.holders(gpu))
-    fallback = held.holder.owner if held.holder is not None else NO_POD
+    """The reading with the containers holding it (and each MIG device) and each process's
+    owner."""
+    instances = tuple(
+        dataclasses.replace(instance, holders=kube.mig_holders(instance))
+        for instance in gpu.mig_instances
+    )
+    held = dataclasses.replace(gpu, holders=kube.holders(gpu), mig_instances=instances)
+    fallbacks = _single_holders(held)
     processes = []
     for proc in gpu.processes:
         # A process's own container decides. One in a container the pod list does not name, or
-        # one the agent cannot see in /proc (no comm: another pid namespace), gets the GPU's one
-        # holder; a host process none.
+        # one the agent cannot see in /proc (no comm: another pid namespace), gets the one holder
+        # of its MIG device, else of the GPU; a host process none.
         owner = kube.containers.get(proc.container_id) if proc.container_id else None
-        if owner is None:
-            owner = fallback if proc.container_id or not proc.comm else NO_POD
-        processes.append(dataclasses.replace(proc, owner=owner))
+        if owner is None and (proc.container_id or not proc.comm):
+            owner = fallbacks.get(proc.pid, fallbacks.get(None))
+        processes.append(dataclasses.replace(proc, owner=NO_POD if owner is None else owner))
     return dataclasses.replace(held, processes=tuple(processes))
+
+
+def _single_holders(gpu: GpuReading) -> dict[int | None, PodRef]:
+    """pid -> the one holder of the MIG device it runs in; None -> the GPU's one holder."""
+    found: dict[int | None, PodRef] = {}
+    if gpu.holder is not None:
+        found[None] = gpu.holder.owner
+    for instance in gpu.mig_instances:
+        if len(instance.holders) == 1:
+            found.update(dict.fromkeys(instance.pids, instance.holders[0].owner))
+    return found

@@ -20,6 +20,7 @@ from kepler_bridge.model import (
     CpuTimes,
     GpuProcess,
     GpuReading,
+    MigInstance,
     NvLink,
     ProcessCpu,
     RaplZone,
@@ -169,6 +170,8 @@ _RULES: dict[str | type, tuple[_Rule, bool]] = {
     "bool | None": (flag, False),
     "tuple[tuple[str, int], ...]": (_items(_pair(utf8_text, whole)), False),
     "tuple[NvLink, ...]": (_items(_nested(NvLink)), False),
+    "tuple[int, ...]": (_items(whole), False),
+    "tuple[MigInstance, ...]": (_items(_nested(MigInstance)), False),
     "CpuTimes | None": (_optional(CpuTimes), False),
     # Kubernetes owners, which the sampler joins after this check:
     # what a source put there is dropped.
@@ -193,5 +196,14 @@ def _plan(cls: type[DataclassInstance]) -> _Plan:
 
 _PLANS: dict[type[DataclassInstance], _Plan] = {
     cls: _plan(cls)
-    for cls in (SourceReading, GpuReading, GpuProcess, ProcessCpu, RaplZone, CpuTimes, NvLink)
+    for cls in (
+        SourceReading,
+        GpuReading,
+        GpuProcess,
+        ProcessCpu,
+        RaplZone,
+        CpuTimes,
+        NvLink,
+        MigInstance,
+    )
 }

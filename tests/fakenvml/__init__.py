@@ -46,6 +46,9 @@ __all__ = [
     "GLOBAL_FIELDS",
     "GPU_FIELDS",
     "PROCESS_FIELDS",
+    "MIG_FIELDS",
+    "NO_INSTANCE",
+    "mig_uuid",
     "default_gpu",
     "default_process",
 ]
@@ -190,7 +193,28 @@ PROCESS_FIELDS = {
     "dec_util": "%",
     "type": "'compute' | 'graphics' | 'both'",
     "timestamp": "µs since the epoch of the utilization sample; 0 = the time of the call",
+    "gpu_instance": "MIG: id of the GPU instance it runs in (NO_INSTANCE: none)",
+    "compute_instance": "MIG: id of its compute instance in that GPU instance",
 }
+
+#: gpu/compute instance id of a process outside MIG (NVML's 0xFFFFFFFF)
+NO_INSTANCE = 0xFFFFFFFF
+
+#: keys of one MIG device dict given to FakeNvml.mig()
+MIG_FIELDS = {
+    "gpu_instance": "int 0..15, required",
+    "compute_instance": "int 0..7, required",
+    "profile": "GPU instance profile: 1g.10gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb, 1g.20gb, "
+    "1g.10gb+me (an A100 80GB's)",
+    "memory_used": "bytes used in its GPU instance (the first device of the instance counts)",
+    "uuid": "str; default mig_uuid(gpu, gpu_instance, compute_instance)",
+}
+
+
+def mig_uuid(gpu: int, gpu_instance: int, compute_instance: int) -> str:
+    """The default uuid of a MIG device (as the C library makes it)."""
+    return f"MIG-fa4e0000-{gpu:04x}-4000-8000-{gpu_instance:06x}{compute_instance:06x}"
+
 
 _GiB = 1024**3
 _MiB = 1024**2
@@ -278,6 +302,8 @@ def default_process(pid: int, n: int = 0) -> dict[str, Any]:
         "dec_util": 0,
         "type": "compute",
         "timestamp": 0,
+        "gpu_instance": NO_INSTANCE,
+        "compute_instance": NO_INSTANCE,
     }
 
 
@@ -347,6 +373,7 @@ class FakeNvml:
                 self.procs[i].append(default_process(pid, n))
                 pid += 1
         self.xids: list[tuple[int, int]] = []
+        self.migs: dict[int, tuple[bool, bool, list[dict[str, Any]]]] = {}
         self._write()
 
     # -- environment -----------------------------------------------------
@@ -417,6 +444,7 @@ class FakeNvml:
                 raise TypeError("fakenvml: a process needs a pid")
             full = {k: 0 for k in PROCESS_FIELDS}
             full["type"] = "compute"
+            full["gpu_instance"] = full["compute_instance"] = NO_INSTANCE
             full.update(p)
             if full["type"] not in ("compute", "graphics", "both"):
                 raise ValueError(
@@ -425,6 +453,23 @@ class FakeNvml:
             cleaned.append(full)
         with self._lock:
             self.procs[index] = cleaned
+            self._write()
+
+    def mig(
+        self,
+        index: int,
+        devices: list[dict[str, Any]],
+        mode: bool = True,
+        pending: bool | None = None,
+    ) -> None:
+        """Put GPU ``index`` in MIG mode (``mode``; ``pending`` defaults to it) with these MIG
+        devices (see MIG_FIELDS), replacing the previous ones; a device left out is destroyed."""
+        for device in devices:
+            unknown = set(device) - set(MIG_FIELDS)
+            if unknown:
+                raise TypeError(f"fakenvml: unknown MIG device field(s) {sorted(unknown)}")
+        with self._lock:
+            self.migs[index] = (mode, mode if pending is None else pending, list(devices))
             self._write()
 
     def add_xid(self, index: int, xid: int) -> None:
@@ -496,11 +541,26 @@ class FakeNvml:
                         p["dec_util"],
                         p["type"],
                         p["timestamp"],
+                        p["gpu_instance"],
+                        p["compute_instance"],
                     ]
                     lines.append(f"gpu.{i}.process={_fmt('process', cols)}")
+                lines.extend(self._mig_lines(i))
             for gpu, xid in self.xids:
                 lines.append(f"xid={gpu},{xid}")
             return "\n".join(lines) + "\n"
+
+    def _mig_lines(self, i: int) -> list[str]:
+        if i not in self.migs:
+            return []
+        mode, pending, devices = self.migs[i]
+        lines = [f"gpu.{i}.mig_mode={int(mode)}", f"gpu.{i}.mig_pending_mode={int(pending)}"]
+        for d in devices:
+            gi, ci = d["gpu_instance"], d["compute_instance"]
+            cols = [gi, ci, d.get("profile", "1g.10gb"), d.get("memory_used", 0)]
+            cols.append(d.get("uuid", mig_uuid(i, gi, ci)))
+            lines.append(f"gpu.{i}.mig={_fmt('mig', cols)}")
+        return lines
 
     def _write(self) -> None:
         with self._lock:

@@ -73,6 +73,8 @@ typedef int nvmlReturn_t;
 
 struct fake_device;
 struct fake_event_set;
+struct fake_mig;            /* a MIG device handle (section "MIG") */
+struct fake_gpu_instance;   /* a GPU instance handle (section "MIG") */
 typedef struct fake_device *nvmlDevice_t;
 typedef struct fake_event_set *nvmlEventSet_t;
 
@@ -202,6 +204,21 @@ static void sleep_ms(unsigned long long ms)
 /* Call counters                                                            */
 /* ------------------------------------------------------------------------ */
 
+/* The MIG calls (section "MIG" below). */
+#define MIG_FN_LIST(X)                              \
+    X(nvmlDeviceGetMigMode)                         \
+    X(nvmlDeviceGetMaxMigDeviceCount)               \
+    X(nvmlDeviceGetMigDeviceHandleByIndex)          \
+    X(nvmlDeviceIsMigDeviceHandle)                  \
+    X(nvmlDeviceGetGpuInstanceId)                   \
+    X(nvmlDeviceGetComputeInstanceId)               \
+    X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle) \
+    X(nvmlDeviceGetGpuInstanceProfileInfo)          \
+    X(nvmlDeviceGetGpuInstanceProfileInfoV)         \
+    X(nvmlDeviceGetGpuInstances)                    \
+    X(nvmlDeviceGetGpuInstanceById)                 \
+    X(nvmlGpuInstanceGetInfo)
+
 #define FN_LIST(X)                                  \
     X(nvmlInitWithFlags)                            \
     X(nvmlInit_v2)                                  \
@@ -242,6 +259,7 @@ static void sleep_ms(unsigned long long ms)
     X(nvmlDeviceGetComputeRunningProcesses_v3)      \
     X(nvmlDeviceGetGraphicsRunningProcesses_v3)     \
     X(nvmlDeviceGetProcessUtilization)              \
+    MIG_FN_LIST(X)                                  \
     X(nvmlEventSetCreate)                           \
     X(nvmlDeviceRegisterEvents)                     \
     X(nvmlDeviceGetSupportedEventTypes)             \
@@ -483,12 +501,16 @@ typedef struct {
     unsigned int sm_util, mem_util, enc_util, dec_util;
     int type;
     unsigned long long timestamp_us; /* 0: "now" */
+    unsigned int gpu_instance, compute_instance; /* MIG: the instance it runs in */
 } proc_cfg;
 
 typedef struct {
     int gpu;
     unsigned long long xid;
 } xid_cfg;
+
+struct mig_config;
+static void mig_config_free(struct mig_config *m);
 
 typedef struct {
     char driver_version[80];
@@ -503,7 +525,10 @@ typedef struct {
     size_t nprocs;
     xid_cfg *xids;
     size_t nxids;
+    struct mig_config *mig; /* section "MIG" */
 } config_t;
+
+static int mig_apply_key(config_t *c, unsigned int gpu, const char *field, const char *val);
 
 enum ftype { T_STR, T_U64, T_BOOL };
 
@@ -622,6 +647,7 @@ static void config_free(config_t *c)
         return;
     free(c->procs);
     free(c->xids);
+    mig_config_free(c->mig);
     free(c);
 }
 
@@ -635,6 +661,7 @@ static int parse_process(const char *v, int gpu, proc_cfg *p)
     memset(p, 0, sizeof(*p));
     p->gpu = gpu;
     p->type = PROC_COMPUTE;
+    p->gpu_instance = p->compute_instance = NVML_NO_INSTANCE;
     copy_str(buf, sizeof(buf), v);
     for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), col++) {
         while (*tok == ' ')
@@ -655,6 +682,8 @@ static int parse_process(const char *v, int gpu, proc_cfg *p)
                 p->type = PROC_COMPUTE;
             break;
         case 7: p->timestamp_us = parse_u64(tok); break;
+        case 8: p->gpu_instance = (unsigned int)parse_u64(tok); break;
+        case 9: p->compute_instance = (unsigned int)parse_u64(tok); break;
         default: break;
         }
     }
@@ -680,6 +709,8 @@ static void apply_gpu_key(config_t *c, unsigned int idx, const char *field, cons
                           size_t *proc_cap)
 {
     gpu_cfg *g = &c->gpus[idx];
+    if (mig_apply_key(c, idx, field, val))
+        return;
     if (!strcmp(field, "process")) {
         proc_cfg p;
         if (parse_process(val, (int)idx, &p))
@@ -1192,6 +1223,14 @@ EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
     return leave(&c);
 }
 
+/* The MIG section (at the end) answers these calls for MIG device handles. */
+static int is_mig_handle(nvmlDevice_t d);
+static int mig_enabled(const config_t *cfg, int gpu);
+static nvmlReturn_t mig_uuid(nvmlDevice_t d, char *uuid, unsigned int length);
+static nvmlReturn_t mig_memory(nvmlDevice_t d, nvmlMemory_t *m);
+static nvmlReturn_t mig_compute_processes(nvmlDevice_t d, unsigned int *count,
+                                          nvmlProcessInfo_t *infos);
+
 /* ------------------------------------------------------------------------ */
 /* Devices                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -1250,6 +1289,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned 
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
+    if (is_mig_handle(device))
+        return mig_uuid(device, uuid, length);
     DEV_ENTER(nvmlDeviceGetUUID, device, "uuid");
     if (!c.rc)
         c.rc = copy_out_str(uuid, length, c.gpu->uuid);
@@ -1285,6 +1326,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *u)
 {
     DEV_ENTER(nvmlDeviceGetUtilizationRates, device, "utilization,utilization_gpu,utilization_memory");
+    if (!c.rc && mig_enabled(c.cfg, c.idx))
+        c.rc = NVML_ERROR_NOT_SUPPORTED; /* as on a real GPU in MIG mode */
     if (!c.rc) {
         if (!u) {
             c.rc = NVML_ERROR_INVALID_ARGUMENT;
@@ -1332,6 +1375,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigne
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m)
 {
+    if (is_mig_handle(device))
+        return mig_memory(device, m);
     DEV_ENTER(nvmlDeviceGetMemoryInfo, device, MEMORY_ALIASES);
     if (!c.rc) {
         if (!m) {
@@ -1738,15 +1783,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, unsigned i
 /* The INSUFFICIENT_SIZE protocol pynvml expects: with infos == NULL (or a too
  * small *count) set *count to the number of processes and return
  * INSUFFICIENT_SIZE (SUCCESS when there are none); else fill and succeed. */
+static int in_instance(const proc_cfg *p, const struct fake_mig *only);
+
+/* only: a MIG device, whose processes alone are listed; NULL: all of the GPU's. */
 static nvmlReturn_t running_processes(const call_t *c, int type_mask, unsigned int *count,
-                                      nvmlProcessInfo_t *infos)
+                                      nvmlProcessInfo_t *infos, const struct fake_mig *only)
 {
     unsigned int n = 0, k = 0;
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     for (size_t i = 0; i < c->cfg->nprocs; i++) {
         const proc_cfg *p = &c->cfg->procs[i];
-        if (p->gpu == c->idx && (p->type & type_mask))
+        if (p->gpu == c->idx && (p->type & type_mask) && in_instance(p, only))
             n++;
     }
     if (n == 0) {
@@ -1759,12 +1807,12 @@ static nvmlReturn_t running_processes(const call_t *c, int type_mask, unsigned i
     }
     for (size_t i = 0; i < c->cfg->nprocs; i++) {
         const proc_cfg *p = &c->cfg->procs[i];
-        if (p->gpu != c->idx || !(p->type & type_mask))
+        if (p->gpu != c->idx || !(p->type & type_mask) || !in_instance(p, only))
             continue;
         infos[k].pid = p->pid;
         infos[k].usedGpuMemory = p->used_memory;
-        infos[k].gpuInstanceId = NVML_NO_INSTANCE;
-        infos[k].computeInstanceId = NVML_NO_INSTANCE;
+        infos[k].gpuInstanceId = p->gpu_instance;
+        infos[k].computeInstanceId = p->compute_instance;
         k++;
     }
     *count = k;
@@ -1775,9 +1823,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
                                                             unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos)
 {
+    if (is_mig_handle(device))
+        return mig_compute_processes(device, infoCount, infos);
     DEV_ENTER(nvmlDeviceGetComputeRunningProcesses_v3, device, "processes,compute_processes");
     if (!c.rc)
-        c.rc = running_processes(&c, PROC_COMPUTE, infoCount, infos);
+        c.rc = running_processes(&c, PROC_COMPUTE, infoCount, infos, NULL);
     return leave(&c);
 }
 
@@ -1787,7 +1837,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device
 {
     DEV_ENTER(nvmlDeviceGetGraphicsRunningProcesses_v3, device, "processes,graphics_processes");
     if (!c.rc)
-        c.rc = running_processes(&c, PROC_GRAPHICS, infoCount, infos);
+        c.rc = running_processes(&c, PROC_GRAPHICS, infoCount, infos, NULL);
     return leave(&c);
 }
 
@@ -1800,6 +1850,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                     unsigned long long lastSeenTimeStamp)
 {
     DEV_ENTER(nvmlDeviceGetProcessUtilization, device, "process_utilization");
+    if (!c.rc && mig_enabled(c.cfg, c.idx))
+        c.rc = NVML_ERROR_NOT_SUPPORTED; /* as on a real GPU in MIG mode */
     if (!c.rc) {
         unsigned long long now = now_us();
         unsigned int n = 0, k = 0;
@@ -2183,6 +2235,498 @@ EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
                 break;
             }
         }
+    }
+    return leave(&c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* MIG                                                                      */
+/* ------------------------------------------------------------------------ */
+/*
+ * Per GPU: gpu.N.mig_mode=1 (current and pending), gpu.N.mig_pending_mode=M,
+ * and one gpu.N.mig=gi,ci,profile,memory_used[,uuid] line per MIG device (a
+ * compute instance `ci` of GPU instance `gi`; memory belongs to the GPU
+ * instance, so its first line's memory_used counts). Profiles are an A100
+ * 80GB's (mig_profiles). A MIG device whose line is gone (destroyed) answers
+ * NOT_FOUND through handles taken before. Per-instance GPM goes with the GPM
+ * section (nvmlGpmMigSampleGet takes the parent and a GPU instance id).
+ */
+
+#define MIG_MAX_GI 16     /* GPU instance ids 0..15 */
+#define MIG_MAX_CI 8      /* compute instance ids 0..7 */
+#define MIG_MAX_DEVICES 7 /* nvmlDeviceGetMaxMigDeviceCount in MIG mode */
+#define MIG_MAGIC 0xFA4E0319u
+#define GI_MAGIC 0xFA4E061Au
+#define MIB 1048576ull
+
+typedef struct fake_gpu_instance *nvmlGpuInstance_t;
+
+typedef struct {
+    unsigned int id;
+    unsigned int isP2pSupported;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int copyEngineCount;
+    unsigned int decoderCount;
+    unsigned int encoderCount;
+    unsigned int jpegCount;
+    unsigned int ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id;
+    unsigned int isP2pSupported;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int copyEngineCount;
+    unsigned int decoderCount;
+    unsigned int encoderCount;
+    unsigned int jpegCount;
+    unsigned int ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} nvmlGpuInstanceProfileInfo_v2_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id;
+    unsigned int profileId;
+    struct {
+        unsigned int start;
+        unsigned int size;
+    } placement;
+} nvmlGpuInstanceInfo_t;
+
+#define NVML_GPU_INSTANCE_PROFILE_INFO_V2 0x02000098u /* pynvml.nvmlGpuInstanceProfileInfo_v2 */
+
+_Static_assert(sizeof(nvmlGpuInstanceProfileInfo_t) == 48, "profile info v1 layout");
+_Static_assert(sizeof(nvmlGpuInstanceProfileInfo_v2_t) == 152, "profile info v2 layout");
+_Static_assert(sizeof(nvmlGpuInstanceInfo_t) == 24, "nvmlGpuInstanceInfo_t layout");
+
+typedef struct {
+    unsigned int index, id, slices, instances, sms;
+    unsigned long long memory_mb;
+    const char *name;
+} mig_profile;
+
+/* By profile index (NVML_GPU_INSTANCE_PROFILE_*); other indexes are NOT_SUPPORTED. */
+static const mig_profile mig_profiles[] = {
+    {0, 19, 1, 7, 14, 9856, "1g.10gb"},  {1, 14, 2, 3, 28, 19968, "2g.20gb"},
+    {2, 9, 3, 2, 42, 40192, "3g.40gb"},  {3, 5, 4, 1, 56, 40192, "4g.40gb"},
+    {4, 0, 7, 1, 98, 80384, "7g.80gb"},  {7, 15, 1, 4, 14, 19968, "1g.20gb"},
+    {9, 20, 1, 1, 14, 9856, "1g.10gb+me"},
+};
+#define N_MIG_PROFILES (sizeof(mig_profiles) / sizeof(mig_profiles[0]))
+
+typedef struct {
+    int gpu;
+    unsigned int gi, ci;
+    const mig_profile *profile;
+    unsigned long long memory_used;
+    char uuid[96];
+} mig_dev_cfg;
+
+struct mig_config {
+    unsigned long long mode[MAX_GPUS], pending[MAX_GPUS];
+    mig_dev_cfg *devs;
+    size_t ndevs, cap;
+};
+
+struct fake_mig {
+    unsigned int magic;
+    int gpu;
+    unsigned int gi, ci;
+};
+
+struct fake_gpu_instance {
+    unsigned int magic;
+    int gpu;
+    unsigned int gi;
+};
+
+static struct fake_mig g_mig[MAX_GPUS][MIG_MAX_GI][MIG_MAX_CI];
+static struct fake_gpu_instance g_gis[MAX_GPUS][MIG_MAX_GI];
+
+static void mig_config_free(struct mig_config *m)
+{
+    if (m)
+        free(m->devs);
+    free(m);
+}
+
+static const mig_profile *mig_profile_named(const char *name)
+{
+    for (size_t i = 0; i < N_MIG_PROFILES; i++)
+        if (!strcmp(mig_profiles[i].name, name))
+            return &mig_profiles[i];
+    return NULL;
+}
+
+/* "gi,ci,profile,memory_used[,uuid]" */
+static int mig_parse_device(const char *v, unsigned int gpu, mig_dev_cfg *d)
+{
+    char buf[256], *save = NULL, *tok;
+    int col = 0;
+    memset(d, 0, sizeof(*d));
+    d->gpu = (int)gpu;
+    copy_str(buf, sizeof(buf), v);
+    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), col++) {
+        while (*tok == ' ')
+            tok++;
+        switch (col) {
+        case 0: d->gi = (unsigned int)parse_u64(tok); break;
+        case 1: d->ci = (unsigned int)parse_u64(tok); break;
+        case 2: d->profile = mig_profile_named(tok); break;
+        case 3: d->memory_used = parse_u64(tok); break;
+        case 4: copy_str(d->uuid, sizeof(d->uuid), tok); break;
+        default: break;
+        }
+    }
+    if (col < 3 || !d->profile || d->gi >= MIG_MAX_GI || d->ci >= MIG_MAX_CI)
+        return 0;
+    if (!d->uuid[0])
+        snprintf(d->uuid, sizeof(d->uuid), "MIG-fa4e0000-%04x-4000-8000-%06x%06x", gpu, d->gi,
+                 d->ci);
+    return 1;
+}
+
+/* A gpu.N.<field> key of this section: applied, returns 1; else 0. */
+static int mig_apply_key(config_t *c, unsigned int gpu, const char *field, const char *val)
+{
+    int is_mode = !strcmp(field, "mig_mode"), is_pending = !strcmp(field, "mig_pending_mode");
+    if (!is_mode && !is_pending && strcmp(field, "mig"))
+        return 0;
+    if (!c->mig && !(c->mig = calloc(1, sizeof(*c->mig))))
+        return 1;
+    if (is_mode) {
+        c->mig->mode[gpu] = c->mig->pending[gpu] = parse_bool(val);
+    } else if (is_pending) {
+        c->mig->pending[gpu] = parse_bool(val);
+    } else {
+        mig_dev_cfg d;
+        if (mig_parse_device(val, gpu, &d))
+            push((void **)&c->mig->devs, &c->mig->ndevs, &c->mig->cap, sizeof(d), &d);
+    }
+    return 1;
+}
+
+static int mig_enabled(const config_t *cfg, int gpu)
+{
+    return cfg && cfg->mig && gpu >= 0 && gpu < MAX_GPUS && cfg->mig->mode[gpu];
+}
+
+static const mig_dev_cfg *mig_find(const config_t *cfg, int gpu, unsigned int gi, int ci)
+{
+    if (!mig_enabled(cfg, gpu))
+        return NULL;
+    for (size_t i = 0; i < cfg->mig->ndevs; i++) {
+        const mig_dev_cfg *d = &cfg->mig->devs[i];
+        if (d->gpu == gpu && d->gi == gi && (ci < 0 || d->ci == (unsigned int)ci))
+            return d;
+    }
+    return NULL;
+}
+
+static int is_mig_handle(nvmlDevice_t d)
+{
+    uintptr_t p = (uintptr_t)d, base = (uintptr_t)&g_mig[0][0][0];
+    if (!d || p < base || p >= base + sizeof(g_mig) || (p - base) % sizeof(g_mig[0][0][0]))
+        return 0;
+    return ((const struct fake_mig *)(const void *)d)->magic == MIG_MAGIC;
+}
+
+static int in_instance(const proc_cfg *p, const struct fake_mig *only)
+{
+    return !only || (p->gpu_instance == only->gi && p->compute_instance == only->ci);
+}
+
+/* enter() for a call on a MIG device handle: the parent's checks, then the instance must still
+ * exist (NOT_FOUND once destroyed); *dev is its config line. */
+static call_t mig_enter(enum fn_id id, nvmlDevice_t d, const mig_dev_cfg **dev)
+{
+    const struct fake_mig *m = is_mig_handle(d) ? (const struct fake_mig *)(const void *)d : NULL;
+    call_t c = enter(id, 1, m ? &g_dev[m->gpu] : NULL, "mig");
+    *dev = NULL;
+    if (!c.rc) {
+        *dev = mig_find(c.cfg, m->gpu, m->gi, (int)m->ci);
+        if (!*dev)
+            c.rc = NVML_ERROR_NOT_FOUND;
+    }
+    return c;
+}
+
+static void mig_handles_init(void)
+{
+    for (int g = 0; g < MAX_GPUS; g++) {
+        for (unsigned int gi = 0; gi < MIG_MAX_GI; gi++) {
+            g_gis[g][gi] = (struct fake_gpu_instance){GI_MAGIC, g, gi};
+            for (unsigned int ci = 0; ci < MIG_MAX_CI; ci++)
+                g_mig[g][gi][ci] = (struct fake_mig){MIG_MAGIC, g, gi, ci};
+        }
+    }
+}
+
+static pthread_once_t g_mig_once = PTHREAD_ONCE_INIT;
+
+static nvmlDevice_t mig_handle(const mig_dev_cfg *d)
+{
+    pthread_once(&g_mig_once, mig_handles_init);
+    return (nvmlDevice_t)(void *)&g_mig[d->gpu][d->gi][d->ci];
+}
+
+static nvmlReturn_t mig_uuid(nvmlDevice_t d, char *uuid, unsigned int length)
+{
+    const mig_dev_cfg *dev;
+    call_t c = mig_enter(F_nvmlDeviceGetUUID, d, &dev);
+    if (!c.rc)
+        c.rc = copy_out_str(uuid, length, dev->uuid);
+    return leave(&c);
+}
+
+/* A MIG device's memory is its GPU instance's. */
+static nvmlReturn_t mig_memory(nvmlDevice_t d, nvmlMemory_t *m)
+{
+    const mig_dev_cfg *dev;
+    call_t c = mig_enter(F_nvmlDeviceGetMemoryInfo, d, &dev);
+    if (!c.rc && !m)
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!c.rc) {
+        const mig_dev_cfg *first = mig_find(c.cfg, dev->gpu, dev->gi, -1);
+        m->total = first->profile->memory_mb * MIB;
+        m->used = first->memory_used;
+        m->free = m->used < m->total ? m->total - m->used : 0;
+    }
+    return leave(&c);
+}
+
+static nvmlReturn_t mig_compute_processes(nvmlDevice_t d, unsigned int *count,
+                                          nvmlProcessInfo_t *infos)
+{
+    const mig_dev_cfg *dev;
+    call_t c = mig_enter(F_nvmlDeviceGetComputeRunningProcesses_v3, d, &dev);
+    if (!c.rc)
+        c.rc = running_processes(&c, PROC_COMPUTE, count, infos,
+                                 (const struct fake_mig *)(const void *)d);
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,
+                                         unsigned int *pending)
+{
+    DEV_ENTER(nvmlDeviceGetMigMode, device, "mig,mig_mode");
+    if (!c.rc && (!current || !pending)) {
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    } else if (!c.rc) {
+        *current = c.cfg->mig ? (unsigned int)c.cfg->mig->mode[c.idx] : 0;
+        *pending = c.cfg->mig ? (unsigned int)c.cfg->mig->pending[c.idx] : 0;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    DEV_ENTER(nvmlDeviceGetMaxMigDeviceCount, device, "mig");
+    if (!c.rc && !count)
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!c.rc)
+        *count = mig_enabled(c.cfg, c.idx) ? MIG_MAX_DEVICES : 0;
+    return leave(&c);
+}
+
+/* The index-th configured MIG device of the GPU; NOT_FOUND past the last one. */
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                        nvmlDevice_t *migDevice)
+{
+    DEV_ENTER(nvmlDeviceGetMigDeviceHandleByIndex, device, "mig");
+    if (!c.rc && (!migDevice || index >= MIG_MAX_DEVICES))
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!c.rc) {
+        unsigned int k = 0;
+        c.rc = NVML_ERROR_NOT_FOUND;
+        for (size_t i = 0; mig_enabled(c.cfg, c.idx) && i < c.cfg->mig->ndevs; i++) {
+            const mig_dev_cfg *d = &c.cfg->mig->devs[i];
+            if (d->gpu == c.idx && k++ == index) {
+                *migDevice = mig_handle(d);
+                c.rc = NVML_SUCCESS;
+                break;
+            }
+        }
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
+{
+    SYS_ENTER(nvmlDeviceIsMigDeviceHandle);
+    if (!c.rc && !isMigDevice)
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!c.rc)
+        *isMigDevice = (unsigned int)is_mig_handle(device);
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    const mig_dev_cfg *dev;
+    call_t c = mig_enter(F_nvmlDeviceGetGpuInstanceId, device, &dev);
+    if (!c.rc && !id)
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!c.rc)
+        *id = dev->gi;
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    const mig_dev_cfg *dev;
+    call_t c = mig_enter(F_nvmlDeviceGetComputeInstanceId, device, &dev);
+    if (!c.rc && !id)
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!c.rc)
+        *id = dev->ci;
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
+                                                                 nvmlDevice_t *device)
+{
+    const mig_dev_cfg *dev;
+    call_t c = mig_enter(F_nvmlDeviceGetDeviceHandleFromMigDeviceHandle, migDevice, &dev);
+    if (!c.rc && !device)
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!c.rc)
+        *device = &g_dev[dev->gpu];
+    return leave(&c);
+}
+
+/* The profile at `index` of a GPU in MIG mode, else NULL with *rc set. */
+static const mig_profile *mig_profile_at(const call_t *c, unsigned int index, nvmlReturn_t *rc)
+{
+    *rc = NVML_ERROR_NOT_SUPPORTED;
+    if (!mig_enabled(c->cfg, c->idx))
+        return NULL;
+    for (size_t i = 0; i < N_MIG_PROFILES; i++) {
+        if (mig_profiles[i].index == index) {
+            *rc = NVML_SUCCESS;
+            return &mig_profiles[i];
+        }
+    }
+    *rc = index < 0x12 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    return NULL;
+}
+
+static void mig_profile_fill(const mig_profile *p, nvmlGpuInstanceProfileInfo_t *info)
+{
+    memset(info, 0, sizeof(*info));
+    info->id = p->id;
+    info->sliceCount = p->slices;
+    info->instanceCount = p->instances;
+    info->multiprocessorCount = p->sms;
+    info->copyEngineCount = p->slices;
+    info->memorySizeMB = p->memory_mb;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                        nvmlGpuInstanceProfileInfo_t *info)
+{
+    DEV_ENTER(nvmlDeviceGetGpuInstanceProfileInfo, device, "mig,mig_profiles");
+    if (!c.rc && !info)
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (!c.rc) {
+        const mig_profile *p = mig_profile_at(&c, profile, &c.rc);
+        if (p)
+            mig_profile_fill(p, info);
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
+                                                         nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    DEV_ENTER(nvmlDeviceGetGpuInstanceProfileInfoV, device, "mig,mig_profiles");
+    if (!c.rc && !info)
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!c.rc && info->version != NVML_GPU_INSTANCE_PROFILE_INFO_V2)
+        c.rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (!c.rc) {
+        const mig_profile *p = mig_profile_at(&c, profile, &c.rc);
+        if (p) {
+            nvmlGpuInstanceProfileInfo_t v1;
+            mig_profile_fill(p, &v1);
+            memcpy(&info->id, &v1, offsetof(nvmlGpuInstanceProfileInfo_t, memorySizeMB));
+            info->memorySizeMB = v1.memorySizeMB;
+            snprintf(info->name, sizeof(info->name), "MIG %s", p->name);
+        }
+    }
+    return leave(&c);
+}
+
+/* The GPU instances of one profile id, in id order (the array holds the profile's instanceCount). */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
+                                              nvmlGpuInstance_t *instances, unsigned int *count)
+{
+    DEV_ENTER(nvmlDeviceGetGpuInstances, device, "mig");
+    if (!c.rc && (!instances || !count))
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!c.rc && !mig_enabled(c.cfg, c.idx))
+        c.rc = NVML_ERROR_NOT_SUPPORTED;
+    if (!c.rc) {
+        unsigned int n = 0;
+        pthread_once(&g_mig_once, mig_handles_init);
+        for (unsigned int gi = 0; gi < MIG_MAX_GI; gi++) {
+            const mig_dev_cfg *d = mig_find(c.cfg, c.idx, gi, -1);
+            if (d && d->profile->id == profileId && n < d->profile->instances)
+                instances[n++] = &g_gis[c.idx][gi];
+        }
+        *count = n;
+    }
+    return leave(&c);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                                 nvmlGpuInstance_t *instance)
+{
+    DEV_ENTER(nvmlDeviceGetGpuInstanceById, device, "mig");
+    if (!c.rc && !instance)
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!c.rc && !mig_enabled(c.cfg, c.idx))
+        c.rc = NVML_ERROR_NOT_SUPPORTED;
+    else if (!c.rc && (id >= MIG_MAX_GI || !mig_find(c.cfg, c.idx, id, -1)))
+        c.rc = NVML_ERROR_NOT_FOUND;
+    if (!c.rc) {
+        pthread_once(&g_mig_once, mig_handles_init);
+        *instance = &g_gis[c.idx][id];
+    }
+    return leave(&c);
+}
+
+static int gpu_instance_valid(nvmlGpuInstance_t g)
+{
+    uintptr_t p = (uintptr_t)g, base = (uintptr_t)&g_gis[0][0];
+    return g && p >= base && p < base + sizeof(g_gis) && !((p - base) % sizeof(g_gis[0][0])) &&
+           g->magic == GI_MAGIC;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance,
+                                           nvmlGpuInstanceInfo_t *info)
+{
+    int valid = gpu_instance_valid(gpuInstance);
+    call_t c = enter(F_nvmlGpuInstanceGetInfo, 1, valid ? &g_dev[gpuInstance->gpu] : NULL, "mig");
+    const mig_dev_cfg *d = c.rc ? NULL : mig_find(c.cfg, c.idx, gpuInstance->gi, -1);
+    if (!c.rc && !info)
+        c.rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (!c.rc && !d)
+        c.rc = NVML_ERROR_NOT_FOUND; /* destroyed */
+    if (!c.rc) {
+        info->device = &g_dev[c.idx];
+        info->id = d->gi;
+        info->profileId = d->profile->id;
+        info->placement.start = 0;
+        info->placement.size = d->profile->slices;
     }
     return leave(&c);
 }

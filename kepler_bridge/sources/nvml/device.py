@@ -41,6 +41,7 @@ class Device:
     last_process_sample_us: int = 0
     comms: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (comm, container id)
     gpm: Gpm = field(default_factory=Gpm)
+    mig_profiles: dict[int, Any] | None = None  # mig.py's GPU instance profiles, asked once
 
     def fail(self, message: str, interval: float, now: float) -> None:
         self.handle, self.error = None, message

@@ -14,6 +14,7 @@ from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, 
 from kepler_bridge.sources.nvml import gpm, library
 from kepler_bridge.sources.nvml.device import Device, decoded
 from kepler_bridge.sources.nvml.events import XidEvents
+from kepler_bridge.sources.nvml.mig import with_mig
 from kepler_bridge.sources.nvml.processes import gpu_processes
 from kepler_bridge.sources.nvml.reliability import with_reliability
 from kepler_bridge.sources.sysfs import on_pci_bus
@@ -137,7 +138,7 @@ class NvmlSource(Source):
         transmit, receive = _pcie(device)
         pstate = device.query("pstate", lambda: pynvml.nvmlDeviceGetPerformanceState(device.handle))
         xids, last_xid = self.xids.counter.of(device.index)
-        return dataclasses.replace(
+        values = dataclasses.replace(
             _with_memory(device, self._named(device)),
             utilization=utilization,
             memory_utilization=memory_utilization,
@@ -160,9 +161,9 @@ class NvmlSource(Source):
             xid_errors=xids,
             last_xid_timestamp=last_xid,
             processes=gpu_processes(device, self.config.procfs),
-            mig_uuids=_mig_uuids(device),
             **device.gpm.read(device.handle, device.index),
         )
+        return with_mig(device, values)
 
 
 def _acquire(device: Device) -> None:
@@ -298,24 +299,3 @@ def _ecc(device: Device, kind: int) -> int | None:
         lambda: pynvml.nvmlDeviceGetTotalEccErrors(device.handle, kind, pynvml.NVML_VOLATILE_ECC),
     )
     return count if count is not None and count < 2**63 else None
-
-
-def _mig_uuids(device: Device) -> tuple[str, ...]:
-    """UUIDs of the MIG instances of a GPU in MIG mode: the ids the kubelet assigns to pods."""
-    h = device.handle
-    mode = device.query("mig_mode", lambda: pynvml.nvmlDeviceGetMigMode(h))
-    if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
-        return ()
-    uuids = []
-    for index in range(
-        device.query("mig_count", lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(h)) or 0
-    ):
-        try:
-            uuids.append(
-                decoded(
-                    pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index))
-                )
-            )
-        except pynvml.NVMLError:  # an empty slot answers NOT_FOUND
-            continue
-    return tuple(uuids)

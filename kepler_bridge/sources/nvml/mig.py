@@ -1,0 +1,124 @@
+"""MIG: the GPU instances and compute instances of a GPU in MIG mode, read through MIG handles.
+
+Each MIG device (a compute instance of a GPU instance, the unit the kubelet assigns) gives its
+ids, uuid, memory (its GPU instance's) and processes; the GPU instance's profile names it
+(`1g.10gb`). A MIG device destroyed between samples is simply not listed; one destroyed while it
+is read is skipped. Per-instance GPM (`nvmlGpmMigSampleGet`, by GPU instance id) belongs to the
+GPM reader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import pynvml
+
+from kepler_bridge.model import GpuReading, MigInstance
+from kepler_bridge.sources import ranges
+from kepler_bridge.sources.nvml.device import UNSUPPORTED, Device, decoded
+
+# A MIG slot that holds no device, or a device destroyed since its handle was taken.
+GONE = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+
+class Profile(NamedTuple):
+    """A GPU instance profile: its name without NVML's "MIG " prefix, and its compute slices."""
+
+    name: str
+    slices: int | None
+
+
+def with_mig(device: Device, reading: GpuReading) -> GpuReading:
+    """The reading with its MIG devices when the GPU is in MIG mode.
+
+    A MIG parent reports no utilization (absent, never zero), and memory summed over its GPU
+    instances where the parent cannot report its own."""
+    mode = device.query("mig_mode", lambda: pynvml.nvmlDeviceGetMigMode(device.handle))
+    if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+        return reading
+    instances = _instances(device)
+    used, total = reading.memory_used_bytes, reading.memory_total_bytes
+    if total is None:
+        used, total = _summed(instances)
+    return dataclasses.replace(
+        reading,
+        utilization=None,
+        memory_used_bytes=used,
+        memory_total_bytes=total,
+        mig_uuids=tuple(instance.uuid for instance in instances),
+        mig_instances=instances,
+    )
+
+
+def _instances(device: Device) -> tuple[MigInstance, ...]:
+    h = device.handle
+    count = device.query("mig_count", lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(h)) or 0
+    found = []
+    for index in range(count):
+        try:
+            found.append(_instance(device, pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index)))
+        except pynvml.NVMLError as err:
+            if err.value not in GONE:
+                raise
+    return tuple(found)
+
+
+def _instance(device: Device, mig: Any) -> MigInstance:
+    """One MIG device by its handle; raises NVMLError (GONE) when it was destroyed meanwhile."""
+    gpu_instance = pynvml.nvmlDeviceGetGpuInstanceId(mig)
+    memory = pynvml.nvmlDeviceGetMemoryInfo(mig)
+    total = ranges.byte_count(memory.total)
+    used = ranges.byte_count(memory.used)
+    if used is not None and (total is None or used > total):
+        used = None
+    profile = _profile(device, gpu_instance)
+    return MigInstance(
+        gpu_instance=gpu_instance,
+        compute_instance=pynvml.nvmlDeviceGetComputeInstanceId(mig),
+        uuid=decoded(pynvml.nvmlDeviceGetUUID(mig)),
+        profile=profile.name,
+        slices=profile.slices,
+        memory_used_bytes=used,
+        memory_total_bytes=total,
+        pids=tuple(sorted({p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(mig)})),
+    )
+
+
+def _profile(device: Device, gpu_instance: int) -> Profile:
+    """The profile of a GPU instance; unnamed where NVML cannot tell (no permission, old driver)."""
+    h = device.handle
+    instance = device.query(
+        "mig_gpu_instance", lambda: pynvml.nvmlDeviceGetGpuInstanceById(h, gpu_instance)
+    )
+    if instance is None:
+        return Profile("", None)
+    info = pynvml.nvmlGpuInstanceGetInfo(instance)
+    return _profiles(device).get(info.profileId, Profile("", None))
+
+
+def _profiles(device: Device) -> dict[int, Profile]:
+    """Profile id -> profile, asked once per GPU handle (the table is the GPU model's)."""
+    if device.mig_profiles is None:
+        table = {}
+        for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(device.handle, index)
+            except pynvml.NVMLError as err:
+                if err.value in UNSUPPORTED:  # a profile this GPU lacks, or an old driver
+                    continue
+                raise
+            name = decoded(info.name).removeprefix("MIG ")
+            table[info.id] = Profile(name, info.sliceCount or None)
+        device.mig_profiles = table
+    return device.mig_profiles
+
+
+def _summed(instances: tuple[MigInstance, ...]) -> tuple[int | None, int | None]:
+    """Used and total memory over the GPU instances, each counted once."""
+    per_instance = {i.gpu_instance: i for i in instances if i.memory_total_bytes is not None}
+    if not per_instance:
+        return None, None
+    total = sum(i.memory_total_bytes or 0 for i in per_instance.values())
+    used = [i.memory_used_bytes for i in per_instance.values()]
+    return (None if None in used else sum(u or 0 for u in used)), total

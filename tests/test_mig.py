@@ -1,0 +1,254 @@
+"""MIG: the fake's MIG devices through the real pynvml, the agent's MIG series, ownership of
+processes in MIG devices assigned by pod-resources, and the energy split over GPU instances."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent import Agent
+from fakenvml import FakeNvml, mig_uuid
+from kepler_bridge.kube.view import Assignment, KubeView, device_owners
+from kepler_bridge.model import GpuProcess, GpuReading, MigInstance, PodRef
+from kepler_bridge.sampling.gpu_energy import mig_shares
+from kepler_bridge.sampling.sampler import join_owners
+from kubefakes import FakePodResources, list_response
+from scaffold import by_name
+
+GIB = 1024**3
+MIB = 1024**2
+TRAIN = PodRef("ml", "train-0", "main")
+INFER = PodRef("ml", "infer-0", "server")
+
+
+def two_instances(fake: FakeNvml) -> None:
+    """GPU 0 in MIG mode: a 3g.40gb instance with pid 999001, a 1g.10gb one with pid 999002."""
+    fake.processes(
+        0,
+        [
+            {"pid": 999001, "used_memory": 3 * GIB, "gpu_instance": 1, "compute_instance": 0},
+            {"pid": 999002, "used_memory": GIB, "gpu_instance": 2, "compute_instance": 0},
+        ],
+    )
+    fake.mig(0, [mig_device(1, "3g.40gb", 3 * GIB), mig_device(2, "1g.10gb", GIB)])
+
+
+def mig_device(gpu_instance: int, profile: str, used: int) -> dict:
+    return {
+        "gpu_instance": gpu_instance,
+        "compute_instance": 0,
+        "profile": profile,
+        "memory_used": used,
+    }
+
+
+def test_mig_devices_through_pynvml_and_a_destroyed_one_answers_not_found(
+    fake_nvml: FakeNvml,
+) -> None:
+    two_instances(fake_nvml)
+    script = textwrap.dedent(
+        """
+        import ctypes, json, sys
+        import pynvml
+        pynvml.nvmlLib = ctypes.CDLL(sys.argv[1])
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        out = {"mode": pynvml.nvmlDeviceGetMigMode(h), "devices": []}
+        try:
+            pynvml.nvmlDeviceGetUtilizationRates(h)
+        except pynvml.NVMLError as err:
+            out["utilization"] = err.value
+        handles = []
+        for i in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                handles.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i))
+            except pynvml.NVMLError_NotFound:
+                pass
+        for m in handles:
+            gi = pynvml.nvmlDeviceGetGpuInstanceId(m)
+            info = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(h, gi))
+            parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m)
+            out["devices"].append([
+                pynvml.nvmlDeviceGetUUID(m), gi, pynvml.nvmlDeviceGetComputeInstanceId(m),
+                pynvml.nvmlDeviceGetMemoryInfo(m).total, info.profileId,
+                [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(m)],
+                pynvml.nvmlDeviceGetUUID(parent),
+            ])
+        profile = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, 0)
+        out["profile"] = [profile.id, profile.sliceCount, profile.name]
+        sys.stdout.write(json.dumps(out) + "\\n")
+        sys.stdout.flush()
+        sys.stdin.readline()  # the test destroys GPU instance 1 meanwhile
+        try:
+            pynvml.nvmlDeviceGetUUID(handles[0])
+        except pynvml.NVMLError as err:
+            print(err.value)
+        """
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(fake_nvml.library)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**fake_nvml.env(), "PATH": "/usr/bin:/bin"},
+    ) as child:
+        assert child.stdout is not None and child.stdin is not None
+        first = json.loads(child.stdout.readline())
+        fake_nvml.mig(0, [fake_nvml.migs[0][2][1]])
+        child.stdin.write("\n")
+        child.stdin.flush()
+        stale = child.stdout.readline().strip()
+    parent = fake_nvml.gpus[0]["uuid"]
+    assert first["mode"] == [1, 1] and first["utilization"] == 3  # NOT_SUPPORTED
+    assert first["devices"] == [
+        [mig_uuid(0, 1, 0), 1, 0, 40192 * MIB, 9, [999001], parent],
+        [mig_uuid(0, 2, 0), 2, 0, 9856 * MIB, 19, [999002], parent],
+    ]
+    assert first["profile"] == [19, 1, "MIG 1g.10gb"]
+    assert stale == "6"  # NOT_FOUND
+
+
+def assigned() -> bytes:
+    return list_response(
+        [
+            ("ml", "train-0", [("main", [("nvidia.com/mig-3g.40gb", [mig_uuid(0, 1, 0)])])]),
+            ("ml", "infer-0", [("server", [("nvidia.com/mig-1g.10gb", [mig_uuid(0, 2, 0)])])]),
+        ]
+    )
+
+
+@pytest.mark.e2e
+def test_agent_reports_mig_instances_their_pods_and_a_destroyed_one_goes(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    two_instances(fake_nvml)
+    socket = tmp_path / "kubelet.sock"
+    with (
+        FakePodResources(socket, assigned()),
+        Agent(
+            "--sources",
+            "nvml",
+            "--nvml-library",
+            str(fake_nvml.library),
+            "--interval",
+            "200ms",
+            "--kube-source",
+            "off",
+            "--pod-resources-socket",
+            str(socket),
+            "--process-metrics",
+            "all",
+            env=fake_nvml.env(),
+        ) as agent,
+    ):
+        found = agent.wait_for(
+            lambda: (lambda f: f if "gpu_mig_pod_info" in f else {})(by_name(agent.metrics())),
+            what="gpu_mig_pod_info",
+        )
+        collect = agent.get("/v1/collect").json()
+        fake_nvml.mig(0, [fake_nvml.migs[0][2][1]])  # GPU instance 1 destroyed
+        after = agent.wait_for(
+            lambda: (lambda f: f if len(f["gpu_mig_info"]) == 1 else {})(by_name(agent.metrics())),
+            what="the destroyed MIG device gone",
+        )
+    info = {
+        (labels["gpu"], labels["gpu_instance"], labels["compute_instance"]): (
+            labels["profile"],
+            labels["mig_uuid"],
+        )
+        for labels, _ in found["gpu_mig_info"]
+    }
+    assert info == {
+        ("0", "1", "0"): ("3g.40gb", mig_uuid(0, 1, 0)),
+        ("0", "2", "0"): ("1g.10gb", mig_uuid(0, 2, 0)),
+    }
+    memory = {
+        (labels["gpu_instance"], labels["profile"]): value
+        for labels, value in found["gpu_mig_memory_total_bytes"]
+    }
+    assert memory == {("1", "3g.40gb"): 40192 * MIB, ("2", "1g.10gb"): 9856 * MIB}
+    used = {labels["gpu_instance"]: value for labels, value in found["gpu_mig_memory_used_bytes"]}
+    assert used == {"1": 3 * GIB, "2": GIB}
+    pods = {labels["gpu_instance"]: labels["pod"] for labels, _ in found["gpu_mig_pod_info"]}
+    assert pods == {"1": "train-0", "2": "infer-0"}
+    # The MIG parent has no utilization (absent, not 0); GPU 1, not in MIG mode, has.
+    assert {labels["gpu"] for labels, _ in found["gpu_utilization_ratio"]} == {"1"}
+    assert {labels["gpu"] for labels, _ in found["gpu_memory_used_bytes"]} == {"0", "1"}
+    # Processes in MIG devices stay the parent's rows; each gets its MIG device's one holder.
+    owners = {
+        labels["pid"]: (labels["gpu"], labels["pod"])
+        for labels, _ in found["gpu_process_memory_used_bytes"]
+        if labels["gpu"] == "0"
+    }
+    assert owners == {"999001": ("0", "train-0"), "999002": ("0", "infer-0")}
+    assert "gpu_pod_info" not in found  # two pods share the card
+    # /v1/collect: one entry per physical card, the parent's memory.
+    devices = collect["test-node"]["devices"]
+    assert len(devices) == 2 and devices[0]["usedMemory"] == fake_nvml.gpus[0]["memory_used"]
+    assert {labels["gpu_instance"] for labels, _ in after["gpu_mig_info"]} == {"2"}
+    assert {labels["gpu_instance"] for labels, _ in after["gpu_mig_memory_used_bytes"]} == {"2"}
+
+
+def mig_gpu(processes: tuple[GpuProcess, ...], *instances: MigInstance) -> GpuReading:
+    return GpuReading(
+        index=0,
+        uuid="GPU-0",
+        vendor="nvidia",
+        model="A100",
+        processes=processes,
+        mig_uuids=tuple(i.uuid for i in instances),
+        mig_instances=instances,
+    )
+
+
+def test_energy_goes_to_busy_gpu_instances_by_slices_then_to_processes_by_memory() -> None:
+    processes = (
+        GpuProcess(pid=1, memory_used_bytes=3 * GIB),
+        GpuProcess(pid=2, memory_used_bytes=GIB),
+        GpuProcess(pid=3, memory_used_bytes=GIB),
+        GpuProcess(pid=4),  # listed by no MIG device: nothing
+    )
+    gpu = mig_gpu(
+        processes,
+        MigInstance(1, 0, "MIG-a", "3g.40gb", 3, pids=(1, 2)),
+        MigInstance(2, 0, "MIG-b", "1g.10gb", 1, pids=(3,)),
+        MigInstance(3, 0, "MIG-c", "2g.20gb", 2),  # idle: no share
+    )
+    shares = mig_shares(gpu)
+    assert shares == pytest.approx([0.75 * 0.75, 0.75 * 0.25, 0.25, 0.0])
+    unknown = mig_gpu(
+        (GpuProcess(pid=1), GpuProcess(pid=3)),
+        MigInstance(1, 0, "MIG-a", pids=(1,)),
+        MigInstance(2, 0, "MIG-b", pids=(3,)),
+    )
+    assert mig_shares(unknown) == pytest.approx([0.5, 0.5])  # slices unknown: equal
+    assert mig_shares(mig_gpu(processes, MigInstance(1, 0, "MIG-a", slices=3))) is None
+
+
+def test_processes_get_the_one_holder_of_their_mig_device() -> None:
+    gpu = mig_gpu(
+        (
+            GpuProcess(pid=1),  # another pid namespace: no comm, no container
+            GpuProcess(pid=2),
+            GpuProcess(pid=3, comm="python3"),  # a host process: nobody's
+        ),
+        MigInstance(1, 0, "MIG-a", pids=(1, 3)),
+        MigInstance(2, 0, "MIG-b", pids=(2,)),
+    )
+    view = KubeView(
+        devices=device_owners(
+            [
+                Assignment("MIG-a", "nvidia.com/mig-3g.40gb", TRAIN),
+                Assignment("MIG-b", "nvidia.com/mig-1g.10gb", INFER),
+            ]
+        )
+    )
+    joined = join_owners(gpu, view)
+    assert [proc.owner for proc in joined.processes] == [TRAIN, INFER, PodRef()]
+    assert [i.holders[0].owner for i in joined.mig_instances] == [TRAIN, INFER]
+    assert joined.holder is None  # the card is shared
