@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 import scaffold
-from kepler_bridge.exposition import RENDERERS, RenderSettings, dcgm
+from kepler_bridge.exposition import RENDERERS, RenderSettings, dcgm, dcgm_fields
 from kepler_bridge.exposition.catalogue import HEALTH
 from kepler_bridge.model import Energy, GpuReading, Holder, PodRef, Snapshot, SourceStatus
 
@@ -145,7 +145,7 @@ def test_unreported_values_and_lost_gpus_have_no_series() -> None:
 def test_last_xid_only_where_the_reading_tells_which_came_last(
     xids: tuple, last: float | None
 ) -> None:
-    assert dcgm.last_xid(a100(xid_errors=xids)) == last
+    assert dcgm_fields.last_xid(a100(xid_errors=xids)) == last
 
 
 def test_gpu_families_give_way_and_the_agents_own_series_stay() -> None:
