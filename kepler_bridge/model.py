@@ -154,6 +154,8 @@ class GpuReading:
     memory_reserved_bytes: int | None = None
     # (reason, seconds the clocks were held down for it): power, thermal, sync_boost, ...
     clock_event_seconds: tuple[tuple[str, float], ...] = ()
+    # The code of the last XID the driver reported (DCGM_FI_DEV_XID_ERRORS); None before any.
+    last_xid_code: int | None = None
 
     @property
     def holder(self) -> Holder | None:

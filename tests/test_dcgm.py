@@ -6,11 +6,10 @@ import dataclasses
 import re
 from pathlib import Path
 
-import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 import scaffold
-from kepler_bridge.exposition import RENDERERS, RenderSettings, dcgm, dcgm_fields
+from kepler_bridge.exposition import RENDERERS, RenderSettings, dcgm
 from kepler_bridge.exposition.catalogue import HEALTH
 from kepler_bridge.model import Energy, GpuReading, Holder, PodRef, Snapshot, SourceStatus
 
@@ -45,6 +44,7 @@ def a100(index: int = 0, **values: object) -> GpuReading:
         ecc_corrected_total=4,
         ecc_uncorrected_total=1,
         xid_errors=((79, 2),),
+        last_xid_code=79,
     )
     readings.update(values)
     model = "NVIDIA A100-SXM4-80GB"
@@ -138,14 +138,10 @@ def test_unreported_values_and_lost_gpus_have_no_series() -> None:
     assert {s.labels["gpu"]: s.value for s in found["gpu_up"]} == {"0": 1.0, "1": 0.0}
 
 
-@pytest.mark.parametrize(
-    "xids,last",
-    [((), None), (((79, 2),), 79.0), (((48, 1), (79, 1)), None), ((("other", 3),), None)],
-)
-def test_last_xid_only_where_the_reading_tells_which_came_last(
-    xids: tuple, last: float | None
-) -> None:
-    assert dcgm_fields.last_xid(a100(xid_errors=xids)) == last
+def test_xid_errors_is_the_last_code_whatever_the_counts() -> None:
+    several = a100(0, xid_errors=((48, 1), (79, 3)), last_xid_code=48)
+    found = scrape(snapshot(several, a100(1, xid_errors=(), last_xid_code=None)))
+    assert {s.labels["gpu"]: s.value for s in found["DCGM_FI_DEV_XID_ERRORS"]} == {"0": 48}
 
 
 def test_gpu_families_give_way_and_the_agents_own_series_stay() -> None:

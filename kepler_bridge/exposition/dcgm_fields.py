@@ -44,15 +44,6 @@ def scaled(attribute: str, scale: float = 1.0, whole: Rounding | None = round) -
     return read
 
 
-def last_xid(gpu: GpuReading) -> float | None:
-    """The code of the last XID, where the reading tells it: it counts per code, so with one code
-    seen that code is the last one; with several it does not keep which came last (absent)."""
-    codes = [code for code, _ in gpu.xid_errors]
-    if len(codes) == 1 and isinstance(codes[0], int):
-        return float(codes[0])
-    return None
-
-
 # In the order of the exposition. A new reading field gets one row here (and one in docs/design.md,
 # "dcgm-exporter names").
 FIELDS: tuple[Field, ...] = (
@@ -167,5 +158,10 @@ FIELDS: tuple[Field, ...] = (
         "Double-bit (uncorrected) volatile ECC errors.",
         scaled("ecc_uncorrected_total"),
     ),
-    Field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error seen.", last_xid),
+    Field(
+        "DCGM_FI_DEV_XID_ERRORS",
+        "gauge",
+        "Value of the last XID error seen.",
+        scaled("last_xid_code"),
+    ),
 )
