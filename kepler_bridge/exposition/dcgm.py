@@ -13,8 +13,12 @@ from typing import Iterator
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
-from kepler_bridge.exposition.dcgm_fields import FIELDS
+from kepler_bridge.exposition.dcgm_fields import DEVICE, Field
+from kepler_bridge.exposition.dcgm_profiling import PROFILING
 from kepler_bridge.model import GpuReading, Snapshot
+
+# Every field, in the order of the exposition.
+FIELDS: tuple[Field, ...] = DEVICE + PROFILING
 
 
 def labels(node: str, gpu: GpuReading) -> dict[str, str]:
