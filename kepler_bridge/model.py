@@ -172,6 +172,8 @@ class GpuReading:
     clock_event_seconds: tuple[tuple[str, float], ...] = ()
     # MIG: the MIG devices of a GPU in MIG mode, in NVML's order; () when not in MIG mode.
     mig_instances: tuple[MigInstance, ...] = ()
+    # The code of the last XID the driver reported (DCGM_FI_DEV_XID_ERRORS); None before any.
+    last_xid_code: int | None = None
 
     @property
     def holder(self) -> Holder | None:

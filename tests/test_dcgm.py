@@ -6,13 +6,20 @@ import dataclasses
 import re
 from pathlib import Path
 
-import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 import scaffold
 from kepler_bridge.exposition import RENDERERS, RenderSettings, dcgm
 from kepler_bridge.exposition.catalogue import HEALTH
-from kepler_bridge.model import Energy, GpuReading, Holder, PodRef, Snapshot, SourceStatus
+from kepler_bridge.model import (
+    Energy,
+    GpuReading,
+    Holder,
+    NvLink,
+    PodRef,
+    Snapshot,
+    SourceStatus,
+)
 
 DCGM = RenderSettings((), (), "bytes", "dcgm")
 OURS = RenderSettings((), (), "bytes")
@@ -45,10 +52,66 @@ def a100(index: int = 0, **values: object) -> GpuReading:
         ecc_corrected_total=4,
         ecc_uncorrected_total=1,
         xid_errors=((79, 2),),
+        last_xid_code=79,
     )
     readings.update(values)
     model = "NVIDIA A100-SXM4-80GB"
     return GpuReading(index, f"GPU-{index}", "nvidia", model, **readings)  # type: ignore[arg-type]
+
+
+MIB = 2**20
+RELIABILITY: dict[str, object] = dict(
+    memory_reserved_bytes=512 * MIB + 1,
+    pcie_replays=3,
+    clock_event_seconds=(
+        ("power", 1.5),
+        ("thermal", 2e-9),
+        ("sync_boost", 0.0),
+        ("board_limit", 2.0),
+        ("low_utilization", 10.25),
+        ("reliability", 0.0),
+    ),
+    retired_pages_single_bit=2,
+    retired_pages_double_bit=1,
+    retired_pages_pending=True,
+    remapped_rows_correctable=5,
+    remapped_rows_uncorrectable=1,
+    row_remap_failed=False,
+    row_remap_pending=True,
+    nvlinks=(
+        NvLink(0, True, 10, 20, (("crc_flit", 1), ("crc_data", 2), ("replay", 3), ("recovery", 0))),
+        NvLink(1, True, 5, 5, (("crc_flit", 10), ("replay", 4))),
+        NvLink(2, False),
+    ),
+)
+PROFILED: dict[str, object] = dict(
+    graphics_active=0.9,
+    sm_active=0.8,
+    sm_occupancy=0.5,
+    tensor_active=0.25,
+    dram_active=0.625,
+    pipe_active=(
+        ("tensor_hmma", 0.25),
+        ("tensor_imma", 0.0),
+        ("tensor_dfma", 0.05),
+        ("fp64", 0.1),
+        ("fp32", 0.2),
+        ("fp16", 0.3),
+        ("integer", 0.15),
+    ),
+    profiled_pcie_transmit_bytes_per_second=1.5e9 + 0.4,  # DCGM's bytes per second are whole
+    profiled_pcie_receive_bytes_per_second=2e8,
+    profiled_nvlink_transmit_bytes_per_second=300.0 * MIB,
+    profiled_nvlink_receive_bytes_per_second=100.25 * MIB,
+    engine_active=(("nvdec", 0.5), ("nvjpg", 0.0), ("nvofa", 0.125)),
+)
+
+
+def h100(index: int = 0, **values: object) -> GpuReading:
+    """A GPU that reports every field: GPM profiling, NVLinks and the reliability counters."""
+    return dataclasses.replace(
+        a100(index, **{**RELIABILITY, **PROFILED, **values}), model="NVIDIA H100 80GB HBM3"
+    )
 
 
 def snapshot(*gpus: GpuReading) -> Snapshot:
@@ -74,7 +137,7 @@ def value(found: dict[str, list], name: str, gpu: str = "0") -> float:
 
 
 def test_values_are_in_dcgm_units() -> None:
-    found = scrape(snapshot(a100()))
+    found = scrape(snapshot(h100()))
     expected = {
         "DCGM_FI_DEV_GPU_UTIL": 97,
         "DCGM_FI_DEV_MEM_COPY_UTIL": 43,
@@ -97,20 +160,60 @@ def test_values_are_in_dcgm_units() -> None:
         "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 4,
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 1,
         "DCGM_FI_DEV_XID_ERRORS": 79,
+        "DCGM_FI_DEV_FB_RESERVED": 512,
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 3,
+        "DCGM_FI_DEV_POWER_VIOLATION": 1_500_000_000,  # ns
+        "DCGM_FI_DEV_THERMAL_VIOLATION": 2,
+        "DCGM_FI_DEV_SYNC_BOOST_VIOLATION": 0,
+        "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION": 2_000_000_000,
+        "DCGM_FI_DEV_LOW_UTIL_VIOLATION": 10_250_000_000,
+        "DCGM_FI_DEV_RELIABILITY_VIOLATION": 0,
+        "DCGM_FI_DEV_RETIRED_SBE": 2,
+        "DCGM_FI_DEV_RETIRED_DBE": 1,
+        "DCGM_FI_DEV_RETIRED_PENDING": 1,
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 1,
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 5,
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
+        "DCGM_FI_DEV_ROW_REMAP_PENDING": 1,
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": 11,  # summed over the links
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": 2,
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": 7,
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": 0,
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 400,  # MiB/s, transmit and receive
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.9,  # ratios as DCGM gives them, 0 to 1
+        "DCGM_FI_PROF_SM_ACTIVE": 0.8,
+        "DCGM_FI_PROF_SM_OCCUPANCY": 0.5,
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.25,
+        "DCGM_FI_PROF_DRAM_ACTIVE": 0.625,
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 0.1,
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 0.2,
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 0.3,
+        "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE": 0.25,
+        "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE": 0.0,
+        "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE": 0.05,
+        "DCGM_FI_PROF_PIPE_INT_ACTIVE": 0.15,
+        "DCGM_FI_PROF_PCIE_TX_BYTES": 1_500_000_000,
+        "DCGM_FI_PROF_PCIE_RX_BYTES": 200_000_000,
+        "DCGM_FI_PROF_NVLINK_TX_BYTES": 300 * MIB,
+        "DCGM_FI_PROF_NVLINK_RX_BYTES": 100.25 * MIB,
     }
     assert {name: value(found, name) for name in expected} == expected
     assert {field.name for field in dcgm.FIELDS} == set(expected)
 
 
 def test_labels_are_dcgm_exporters() -> None:
-    found = scrape(snapshot(a100(3)))
-    (sample,) = found["DCGM_FI_DEV_GPU_UTIL"]
-    assert sample.labels == {
+    found = scrape(snapshot(h100(3)))
+    dcgm_samples = [
+        s for name, samples in found.items() if name.startswith("DCGM_") for s in samples
+    ]
+    assert len(dcgm_samples) == len(dcgm.FIELDS)
+    assert all(s.labels == dcgm_samples[0].labels for s in dcgm_samples)
+    assert dcgm_samples[0].labels == {
         "gpu": "3",
         "UUID": "GPU-3",
         "pci_bus_id": "00000000:17:00.0",
         "device": "nvidia3",
-        "modelName": "NVIDIA A100-SXM4-80GB",
+        "modelName": "NVIDIA H100 80GB HBM3",
         "Hostname": "n1",
         "DCGM_FI_DRIVER_VERSION": "550.54.15",
     }
@@ -138,14 +241,47 @@ def test_unreported_values_and_lost_gpus_have_no_series() -> None:
     assert {s.labels["gpu"]: s.value for s in found["gpu_up"]} == {"0": 1.0, "1": 0.0}
 
 
-@pytest.mark.parametrize(
-    "xids,last",
-    [((), None), (((79, 2),), 79.0), (((48, 1), (79, 1)), None), ((("other", 3),), None)],
-)
-def test_last_xid_only_where_the_reading_tells_which_came_last(
-    xids: tuple, last: float | None
-) -> None:
-    assert dcgm.last_xid(a100(xid_errors=xids)) == last
+def test_a_gpu_without_gpm_nvlinks_or_remapping_has_none_of_their_series() -> None:
+    found = scrape(snapshot(a100()))
+    profiling = {name for name in found if name.startswith("DCGM_FI_PROF_")}
+    assert not profiling
+    absent = {
+        "DCGM_FI_DEV_FB_RESERVED",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_POWER_VIOLATION",
+        "DCGM_FI_DEV_RETIRED_SBE",
+        "DCGM_FI_DEV_RETIRED_PENDING",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    }
+    assert not absent & set(found)
+
+
+def test_a_field_is_absent_where_its_part_of_the_reading_is() -> None:
+    partial = h100(
+        pipe_active=(("fp32", 0.5),),
+        clock_event_seconds=(("power", 1.0),),
+        nvlinks=(NvLink(0, True, 1, 1, (("replay", 2),)), NvLink(1, False)),
+        profiled_nvlink_receive_bytes_per_second=None,  # a total needs both directions
+    )
+    found = scrape(snapshot(partial))
+    assert value(found, "DCGM_FI_PROF_PIPE_FP32_ACTIVE") == 0.5
+    assert "DCGM_FI_PROF_PIPE_FP64_ACTIVE" not in found
+    assert value(found, "DCGM_FI_DEV_POWER_VIOLATION") == 1e9
+    assert "DCGM_FI_DEV_THERMAL_VIOLATION" not in found
+    assert value(found, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL") == 2
+    assert "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL" not in found
+    assert "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" not in found
+    assert value(found, "DCGM_FI_PROF_NVLINK_TX_BYTES") == 300 * MIB
+
+
+def test_xid_errors_is_the_last_code_whatever_the_counts() -> None:
+    several = a100(0, xid_errors=((48, 1), (79, 3)), last_xid_code=48)
+    found = scrape(snapshot(several, a100(1, xid_errors=(), last_xid_code=None)))
+    assert {s.labels["gpu"]: s.value for s in found["DCGM_FI_DEV_XID_ERRORS"]} == {"0": 48}
 
 
 def test_gpu_families_give_way_and_the_agents_own_series_stay() -> None:
@@ -166,7 +302,7 @@ def test_allow_list_applies_to_dcgm_names_and_health_stays() -> None:
 
 
 def test_openmetrics_is_valid_and_counters_are_untyped() -> None:
-    text = RENDERERS["openmetrics"](snapshot(a100()), DCGM).decode()
+    text = RENDERERS["openmetrics"](snapshot(h100()), DCGM).decode()
     types = {family.name: family.type for family in text_string_to_metric_families(text)}
     assert types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "unknown"
     assert types["DCGM_FI_DEV_GPU_UTIL"] == "gauge"

@@ -269,6 +269,23 @@ def test_xid_codes_beyond_the_64_most_recent_are_summed_as_other(fake_nvml: Fake
         assert _xids(agent.metrics(), "1") == {}
 
 
+def test_the_last_xid_code_is_the_one_that_came_last(fake_nvml: FakeNvml) -> None:
+    def last(expected: dict[str, float]) -> dict[str, float]:
+        found = {
+            sample.labels["gpu"]: sample.value
+            for sample in samples(agent.metrics(), "DCGM_FI_DEV_XID_ERRORS")
+        }
+        return found if found == expected else {}
+
+    with nvml_agent(fake_nvml, "--metric-names", "dcgm") as agent:
+        for gpu, code in [(0, 79), (0, 79), (1, 13), (0, 48)]:
+            fake_nvml.add_xid(gpu, code)
+        agent.wait_for(lambda: last({"0": 48.0, "1": 13.0}), what="XIDs 79, 79, 48 and 13")
+        for code in range(100, 170):  # more codes than are counted each: the last is still known
+            fake_nvml.add_xid(0, code)
+        agent.wait_for(lambda: last({"0": 169.0, "1": 13.0}), what="XID 169 last on GPU 0")
+
+
 def _xids(text: str, gpu: str) -> dict[str, float]:
     return {
         sample.labels["xid"]: sample.value

@@ -6,7 +6,7 @@ import ctypes
 import logging
 import threading
 import time
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import pynvml
 
@@ -16,6 +16,15 @@ EVENT_WAIT_MS = 250
 MAX_XID_CODES = 64  # distinct xid label values per GPU, besides "other"
 
 XidCounts = tuple[tuple[int | str, int], ...]  # (code or "other", count), codes in order
+
+
+class XidState(NamedTuple):
+    """What the counter knows of one device: counts per code, and the time (wall clock) and code
+    of the last XID (None before any)."""
+
+    counts: XidCounts
+    last_seen: float | None
+    last_code: int | None
 
 
 class XidCounter:
@@ -41,13 +50,14 @@ class XidCounter:
                 self.other[index] = self.other.get(index, 0) + per_device.pop(oldest)
             self.last[index] = time.time()
 
-    def of(self, index: int) -> tuple[XidCounts, float | None]:
-        """One device's counts and the wall-clock time of its last XID (None before any)."""
+    def of(self, index: int) -> XidState:
+        """One device's counts, and the wall-clock time and code of its last XID."""
         with self.lock:
-            counts: list[tuple[int | str, int]] = sorted(self.counts.get(index, {}).items())
+            per_device = self.counts.get(index, {})
+            counts: list[tuple[int | str, int]] = sorted(per_device.items())
             if index in self.other:
                 counts.append(("other", self.other[index]))
-            return tuple(counts), self.last.get(index)
+            return XidState(tuple(counts), self.last.get(index), next(reversed(per_device), None))
 
 
 class XidEvents:

@@ -137,7 +137,7 @@ class NvmlSource(Source):
         fan = device.query("fan", lambda: pynvml.nvmlDeviceGetFanSpeed(device.handle))
         transmit, receive = _pcie(device)
         pstate = device.query("pstate", lambda: pynvml.nvmlDeviceGetPerformanceState(device.handle))
-        xids, last_xid = self.xids.counter.of(device.index)
+        xids = self.xids.counter.of(device.index)
         values = dataclasses.replace(
             _with_memory(device, self._named(device)),
             utilization=utilization,
@@ -158,8 +158,9 @@ class NvmlSource(Source):
             throttled=_throttled(device),
             ecc_corrected_total=_ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
             ecc_uncorrected_total=_ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
-            xid_errors=xids,
-            last_xid_timestamp=last_xid,
+            xid_errors=xids.counts,
+            last_xid_timestamp=xids.last_seen,
+            last_xid_code=xids.last_code,
             processes=gpu_processes(device, self.config.procfs),
             **device.gpm.read(device.handle, device.index),
         )
