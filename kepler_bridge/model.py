@@ -93,6 +93,12 @@ class MigInstance:
     memory_total_bytes: int | None = None
     pids: tuple[int, ...] = ()  # its processes, each also one of the GPU's processes
     holders: tuple[Holder, ...] = ()  # set by the sampler: the containers assigned this device
+    # GPM profiling of its GPU instance (nvmlGpmMigSampleGet), ratios 0..1; None: not reported.
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    graphics_active: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
 
 
 @dataclass(frozen=True)

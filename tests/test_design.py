@@ -300,6 +300,11 @@ def full_snapshot() -> Snapshot:
                 memory_total_bytes=2,
                 pids=(7,),
                 holders=(Holder("c1", owner),),
+                sm_active=0.5,
+                sm_occupancy=0.5,
+                graphics_active=0.5,
+                tensor_active=0.5,
+                dram_active=0.5,
             ),
         ),
     )

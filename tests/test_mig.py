@@ -3,12 +3,14 @@ processes in MIG devices assigned by pod-resources, and the energy split over GP
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from agent import Agent
@@ -252,3 +254,130 @@ def test_processes_get_the_one_holder_of_their_mig_device() -> None:
     assert [proc.owner for proc in joined.processes] == [TRAIN, INFER, PodRef()]
     assert [i.holders[0].owner for i in joined.mig_instances] == [TRAIN, INFER]
     assert joined.holder is None  # the card is shared
+
+
+def gpm_instances(fake: FakeNvml) -> None:
+    """two_instances with GPM: GPU instance 1 at SM 50 %, GPU instance 2 at SM 100 %."""
+    two_instances(fake)
+    sm, occupancy = pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY
+    tensor, dram = pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+    first, second = fake.migs[0][2]
+    first["gpm_metrics"] = {sm: 50.0, occupancy: 20.0, tensor: 30.0, dram: 40.0}
+    second["gpm_metrics"] = {sm: 100.0}
+    fake.gpu(0, gpm_supported=True, gpm_metrics={sm: 75.0})
+    fake.mig(0, [first, second])
+
+
+def test_gpm_mig_samples_through_pynvml_per_gpu_instance(fake_nvml: FakeNvml) -> None:
+    gpm_instances(fake_nvml)
+    script = textwrap.dedent(
+        """
+        import ctypes, json, sys, time
+        import pynvml
+        pynvml.nvmlLib = ctypes.CDLL(sys.argv[1])
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        def sm(first, second):
+            request = pynvml.c_nvmlGpmMetricsGet_t()
+            request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = 1
+            request.sample1, request.sample2 = first, second
+            request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+            try:
+                pynvml.nvmlGpmMetricsGet(request)
+            except pynvml.NVMLError as err:
+                return err.value
+            return round(request.metrics[0].value, 3)
+        a, b, c = (pynvml.nvmlGpmSampleAlloc() for _ in range(3))
+        pynvml.nvmlGpmMigSampleGet(h, 1, a)
+        pynvml.nvmlGpmMigSampleGet(h, 2, c)
+        time.sleep(0.05)
+        pynvml.nvmlGpmMigSampleGet(h, 1, b)
+        out = {"instance": sm(a, b), "mixed": sm(c, b)}
+        for gi in (5, 16):
+            try:
+                pynvml.nvmlGpmMigSampleGet(h, gi, a)
+            except pynvml.NVMLError as err:
+                out[str(gi)] = err.value
+        try:
+            pynvml.nvmlGpmMigSampleGet(pynvml.nvmlDeviceGetHandleByIndex(1), 0, a)
+        except pynvml.NVMLError as err:
+            out["not_mig"] = err.value
+        print(json.dumps(out))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(fake_nvml.library)],
+        capture_output=True,
+        text=True,
+        env={**fake_nvml.env(), "PATH": "/usr/bin:/bin"},
+        check=True,
+    )
+    # Its own rate; samples of two GPU instances do not pair; no such instance: NOT_FOUND (6);
+    # a GPU with GPM but not in MIG mode: NOT_SUPPORTED (3).
+    assert json.loads(done.stdout) == {
+        "instance": 50.0,
+        "mixed": pynvml.NVML_ERROR_INVALID_ARGUMENT,
+        "5": 6,
+        "16": 6,
+        "not_mig": 3,
+    }
+
+
+def per_instance(found: dict, name: str) -> dict[str, float]:
+    return {labels["gpu_instance"] + "/" + labels["profile"]: v for labels, v in found[name]}
+
+
+@pytest.mark.e2e
+def test_agent_reports_gpm_per_gpu_instance_and_frees_a_destroyed_ones_samples(
+    fake_nvml: FakeNvml,
+) -> None:
+    gpm_instances(fake_nvml)
+    fake_nvml.gpu(1, gpm_supported=True)
+    args = ("--sources", "nvml", "--nvml-library", str(fake_nvml.library), "--interval", "200ms")
+    with Agent(*args, "--kube-source", "off", env=fake_nvml.env()) as agent:
+        found = agent.wait_for(
+            lambda: (lambda f: f if len(f.get("gpu_mig_sm_active_ratio", ())) == 2 else {})(
+                by_name(agent.metrics())
+            ),
+            what="GPM per GPU instance",
+        )
+        fake_nvml.mig(0, [fake_nvml.migs[0][2][1]])  # GPU instance 1 destroyed
+        after = agent.wait_for(
+            lambda: (lambda f: f if len(f.get("gpu_mig_sm_active_ratio", ())) == 1 else {})(
+                by_name(agent.metrics())
+            ),
+            what="the destroyed GPU instance's series gone",
+        )
+        assert fake_nvml.calls()["nvmlGpmSampleFree"] == 2  # its two samples, freed at once
+    approx = pytest.approx
+    assert per_instance(found, "gpu_mig_sm_active_ratio") == {
+        "1/3g.40gb": approx(0.5),
+        "2/1g.10gb": approx(1.0),
+    }
+    assert per_instance(found, "gpu_mig_sm_occupancy_ratio") == {
+        "1/3g.40gb": approx(0.2),
+        "2/1g.10gb": 0.0,
+    }
+    assert per_instance(found, "gpu_mig_tensor_active_ratio")["1/3g.40gb"] == approx(0.3)
+    assert per_instance(found, "gpu_mig_dram_active_ratio")["1/3g.40gb"] == approx(0.4)
+    assert len(found["gpu_mig_graphics_active_ratio"]) == 2
+    assert {labels["gpu"] for labels, _ in found["gpu_sm_active_ratio"]} == {"0", "1"}
+    assert {labels["gpu"] for labels, _ in found["gpu_mig_sm_active_ratio"]} == {"0"}
+    assert set(per_instance(after, "gpu_mig_sm_active_ratio")) == {"2/1g.10gb"}
+    assert {labels["gpu_instance"] for labels, _ in after["gpu_mig_info"]} == {"2"}
+    calls = fake_nvml.calls()
+    # Two per GPU and two per GPU instance, every one freed (on destroy and on stop).
+    assert calls["nvmlGpmSampleAlloc"] == calls["nvmlGpmSampleFree"] == 8
+
+
+def test_energy_goes_to_gpu_instances_by_sms_in_use_where_gpm_reports_them() -> None:
+    processes = (GpuProcess(pid=1), GpuProcess(pid=2))
+    half_3g = MigInstance(1, 0, "MIG-a", "3g.40gb", 3, pids=(1,), sm_active=0.5)
+    full_1g = MigInstance(2, 0, "MIG-b", "1g.10gb", 1, pids=(2,), sm_active=1.0)
+    assert mig_shares(mig_gpu(processes, half_3g, full_1g)) == pytest.approx([0.6, 0.4])
+    # One without activity, or none active: by slices, as without GPM.
+    unknown = dataclasses.replace(full_1g, sm_active=None)
+    assert mig_shares(mig_gpu(processes, half_3g, unknown)) == pytest.approx([0.75, 0.25])
+    idle = (dataclasses.replace(half_3g, sm_active=0.0), dataclasses.replace(full_1g, sm_active=0))
+    assert mig_shares(mig_gpu(processes, *idle)) == pytest.approx([0.75, 0.25])

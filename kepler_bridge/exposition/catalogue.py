@@ -134,6 +134,27 @@ PROFILING_LABELLED: dict[str, tuple[str, str, str]] = {
         "Utilization of a media engine (0..1), averaged over its instances: nvdec, nvjpg, nvofa.",
     ),
 }
+# GPM profiling of a MIG GPU instance (nvmlGpmMigSampleGet), as PROFILING_GAUGES over its
+# slices: exposed name -> (MigInstance attribute, help).
+MIG_PROFILING: dict[str, tuple[str, str]] = {
+    "gpu_mig_sm_active_ratio": ("sm_active", "Fraction of a MIG GPU instance's SMs busy (0..1)."),
+    "gpu_mig_sm_occupancy_ratio": (
+        "sm_occupancy",
+        "Resident warps as a fraction of the most a MIG GPU instance's SMs can hold (0..1).",
+    ),
+    "gpu_mig_graphics_active_ratio": (
+        "graphics_active",
+        "Fraction of time a MIG GPU instance's graphics or compute engine was active (0..1).",
+    ),
+    "gpu_mig_tensor_active_ratio": (
+        "tensor_active",
+        "Fraction of time a MIG GPU instance's tensor cores were busy, any precision (0..1).",
+    ),
+    "gpu_mig_dram_active_ratio": (
+        "dram_active",
+        "Memory bandwidth a MIG GPU instance used as a fraction of its peak (0..1).",
+    ),
+}
 
 # Every metric this module can emit, with its help text; the README lists exactly these.
 METRICS: dict[str, str] = {
@@ -171,6 +192,7 @@ METRICS: dict[str, str] = {
     "gpu_mig_pod_info": "The one container the kubelet assigned the MIG device to; value 1.",
     "gpu_mig_memory_used_bytes": "Device memory in use in a MIG GPU instance.",
     "gpu_mig_memory_total_bytes": "Device memory size of a MIG GPU instance.",
+    **{name: help_text for name, (_, help_text) in MIG_PROFILING.items()},
     "kepler_bridge_process_cpu_seconds_total": "CPU time used by a process.",
     "kepler_bridge_container_cpu_seconds_total": "CPU time used by the processes of a container.",
     "kepler_bridge_node_cpu_joules_total": (

@@ -21,6 +21,7 @@ from kepler_bridge.exposition.catalogue import (
     METRICS,
     MIG_DEVICE_LABELS,
     MIG_INSTANCE_LABELS,
+    MIG_PROFILING,
     POD_LABELS,
     PROCESS_LABELS,
     PROFILING_GAUGES,
@@ -259,13 +260,14 @@ class _DeviceFamilies:
 
 
 class _MigFamilies:
-    """The MIG families: one series per MIG device, and memory per GPU instance."""
+    """The MIG families: one series per MIG device, and memory and GPM per GPU instance."""
 
     def __init__(self) -> None:
         self.info = _info("gpu_mig_info", MIG_DEVICE_LABELS)
         self.pod_info = _info("gpu_mig_pod_info", MIG_DEVICE_LABELS)
         self.used = _gauge("gpu_mig_memory_used_bytes", MIG_INSTANCE_LABELS)
         self.total = _gauge("gpu_mig_memory_total_bytes", MIG_INSTANCE_LABELS)
+        self.profiling = {name: _gauge(name, MIG_INSTANCE_LABELS) for name in MIG_PROFILING}
 
     def add(self, labels: list[str], gpu: GpuReading) -> None:
         """The series of a GPU's MIG devices; a GPU instance's memory once, from its first."""
@@ -284,10 +286,14 @@ class _MigFamilies:
                 self.used.add_metric(gpu_instance, float(instance.memory_used_bytes))
             if instance.memory_total_bytes is not None:
                 self.total.add_metric(gpu_instance, float(instance.memory_total_bytes))
+            for name, (attribute, _) in MIG_PROFILING.items():
+                if getattr(instance, attribute) is not None:
+                    self.profiling[name].add_metric(gpu_instance, getattr(instance, attribute))
 
     def families(self) -> Iterator[Metric]:
         """Every MIG family, in the order of the exposition."""
         yield from (self.info, self.pod_info, self.used, self.total)
+        yield from self.profiling.values()
 
 
 def _pod_labels(owner: PodRef, names: tuple[str, ...] = POD_LABELS) -> list[str]:

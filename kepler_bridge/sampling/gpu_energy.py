@@ -11,13 +11,15 @@ goes to the one container the kubelet assigned it to, else to the device's
 unattributed energy with reason ``shared`` (several owners) or ``no_owner``.
 
 A GPU in MIG mode reports no per-process utilization. Its active energy is
-split over its GPU instances that have processes, by their compute slices
-(a 3g instance weighs three times a 1g one), and within a GPU instance over
-its processes by device memory used, equally where memory is unknown.
-Processes the MIG devices do not list get nothing; when none lists any,
-the rule above applies. Per-instance GPM activity (nvmlGpmMigSampleGet),
-once the readings carry it, is the weight in place of slices
-(`instance_weights`).
+split over its GPU instances that have processes by the SMs each kept busy:
+its GPM SM activity (nvmlGpmMigSampleGet, a fraction of its own SMs) times
+its compute slices, so a 3g instance half busy weighs 1.5 times a 1g one
+fully busy. Where GPM reports no activity for one of them, or none of them
+is active, the weight is the compute slices alone (a 3g instance weighs three
+times a 1g one); equal where slices are unknown. Within a GPU instance the
+share goes over its processes by device memory used, equally where memory
+is unknown. Processes the MIG devices do not list get nothing; when none
+lists any, the rule above applies.
 """
 
 from __future__ import annotations
@@ -62,13 +64,29 @@ def mig_shares(gpu: GpuReading) -> list[float] | None:
 
 
 def instance_weights(instances: tuple[MigInstance, ...], busy: Iterable[int]) -> dict[int, float]:
-    """Each busy GPU instance's share of the GPU: by compute slices, equal where any is unknown."""
-    slices = {instance.gpu_instance: instance.slices for instance in instances}
-    chosen = {gpu_instance: slices.get(gpu_instance) for gpu_instance in busy}
-    if any(not count for count in chosen.values()):
+    """Each busy GPU instance's share of the GPU: by SMs in use (SM active x slices) where GPM
+    reports every one's activity, else by compute slices; equal where any slices are unknown."""
+    by_id = {instance.gpu_instance: instance for instance in instances}
+    chosen = {gpu_instance: by_id.get(gpu_instance) for gpu_instance in busy}
+    slices = {gi: instance.slices if instance else None for gi, instance in chosen.items()}
+    if any(not count for count in slices.values()):
         return {gpu_instance: 1.0 / len(chosen) for gpu_instance in chosen}
-    total = sum(count or 0 for count in chosen.values())
-    return {gpu_instance: (count or 0) / total for gpu_instance, count in chosen.items()}
+    active = [instance.sm_active if instance else None for instance in chosen.values()]
+    if None not in active:
+        in_use = {
+            gi: (slices[gi] or 0) * (instance.sm_active or 0.0)
+            for gi, instance in chosen.items()
+            if instance
+        }
+        if sum(in_use.values()) > 0:
+            return _normalized(in_use)
+    return _normalized({gi: float(count or 0) for gi, count in slices.items()})
+
+
+def _normalized(weights: dict[int, float]) -> dict[int, float]:
+    """The weights scaled to sum to 1 (their sum is positive)."""
+    total = sum(weights.values())
+    return {key: value / total for key, value in weights.items()}
 
 
 def _by_memory(processes: list[GpuProcess]) -> list[float]:

@@ -208,6 +208,8 @@ MIG_FIELDS = {
     "1g.10gb+me (an A100 80GB's)",
     "memory_used": "bytes used in its GPU instance (the first device of the instance counts)",
     "uuid": "str; default mig_uuid(gpu, gpu_instance, compute_instance)",
+    "gpm_metrics": "dict {NVML_GPM_METRIC_* id: rate} of its GPU instance for nvmlGpmMigSampleGet "
+    "(the first device of the instance counts; default every rate 0)",
 }
 
 
@@ -555,11 +557,15 @@ class FakeNvml:
             return []
         mode, pending, devices = self.migs[i]
         lines = [f"gpu.{i}.mig_mode={int(mode)}", f"gpu.{i}.mig_pending_mode={int(pending)}"]
+        rated: set[int] = set()
         for d in devices:
             gi, ci = d["gpu_instance"], d["compute_instance"]
             cols = [gi, ci, d.get("profile", "1g.10gb"), d.get("memory_used", 0)]
             cols.append(d.get("uuid", mig_uuid(i, gi, ci)))
             lines.append(f"gpu.{i}.mig={_fmt('mig', cols)}")
+            if "gpm_metrics" in d and gi not in rated:
+                rated.add(gi)
+                lines.append(f"gpu.{i}.mig_gpm={gi},{_fmt('gpm_metrics', d['gpm_metrics'])}")
         return lines
 
     def _write(self) -> None:

@@ -269,6 +269,7 @@ static void sleep_ms(unsigned long long ms)
     X(nvmlGpmSampleAlloc)                           \
     X(nvmlGpmSampleFree)                            \
     X(nvmlGpmSampleGet)                             \
+    X(nvmlGpmMigSampleGet)                          \
     X(nvmlGpmMetricsGet)
 
 #define X_ENUM(n) F_##n,
@@ -1910,6 +1911,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
 struct fake_gpm_sample {
     unsigned int magic;
     int gpu;        /* -1 until nvmlGpmSampleGet fills it */
+    int gi;         /* nvmlGpmMigSampleGet: its GPU instance; -1: the whole GPU */
     long long t_ns; /* CLOCK_MONOTONIC when taken */
     double counter[GPM_IDS];
 };
@@ -1945,11 +1947,13 @@ _Static_assert(sizeof(nvmlGpmMetric_t) == 40, "nvmlGpmMetric_t layout");
 _Static_assert(offsetof(nvmlGpmMetricsGet_t, metrics) == 24, "nvmlGpmMetricsGet_t layout");
 _Static_assert(sizeof(nvmlGpmSupport_t) == 8, "nvmlGpmSupport_t layout");
 
-static struct fake_gpm_sample *g_gpm_samples[MAX_GPM_SAMPLES];
-static struct {
+typedef struct {
     long long t_ns; /* 0: never sampled */
     double counter[GPM_IDS];
-} g_gpm_acc[MAX_GPUS];
+} gpm_acc;
+
+static struct fake_gpm_sample *g_gpm_samples[MAX_GPM_SAMPLES];
+static gpm_acc g_gpm_acc[MAX_GPUS];
 
 static long long mono_ns(void)
 {
@@ -1966,21 +1970,30 @@ static int gpm_sample_slot(nvmlGpmSample_t s)
     return -1;
 }
 
-/* Advance GPU idx's counters to now at the rates of "id:rate,id:rate". */
-static void gpm_advance_locked(int idx, const char *rates)
+/* Advance a GPU's (or GPU instance's) counters to now at the rates of "id:rate,id:rate". */
+static void gpm_advance_locked(gpm_acc *acc, const char *rates)
 {
     long long now = mono_ns();
-    double dt = g_gpm_acc[idx].t_ns ? (double)(now - g_gpm_acc[idx].t_ns) / 1e9 : 0.0;
+    double dt = acc->t_ns ? (double)(now - acc->t_ns) / 1e9 : 0.0;
     const char *t = rates;
     while (t && *t) {
         char *end = NULL;
         unsigned long id = strtoul(t, &end, 10);
         if (end && *end == ':' && id < GPM_IDS)
-            g_gpm_acc[idx].counter[id] += strtod(end + 1, NULL) * dt;
+            acc->counter[id] += strtod(end + 1, NULL) * dt;
         t = strchr(t, ',');
         t = t ? t + 1 : NULL;
     }
-    g_gpm_acc[idx].t_ns = now;
+    acc->t_ns = now;
+}
+
+/* Fill a sample from the counters of GPU idx (gi -1) or of its GPU instance gi. */
+static void gpm_fill(struct fake_gpm_sample *sample, int idx, int gi, const gpm_acc *acc)
+{
+    sample->gpu = idx;
+    sample->gi = gi;
+    sample->t_ns = acc->t_ns;
+    memcpy(sample->counter, acc->counter, sizeof(sample->counter));
 }
 
 static const char *gpm_unit(unsigned int id)
@@ -2019,6 +2032,7 @@ EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample)
         } else {
             s->magic = GPM_SAMPLE_MAGIC;
             s->gpu = -1;
+            s->gi = -1;
             g_gpm_samples[slot] = s;
             *sample = s;
         }
@@ -2051,10 +2065,8 @@ EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample
         } else if (gpm_sample_slot(sample) < 0) {
             c.rc = NVML_ERROR_INVALID_ARGUMENT;
         } else {
-            gpm_advance_locked(c.idx, c.gpu->gpm_metrics);
-            sample->gpu = c.idx;
-            sample->t_ns = g_gpm_acc[c.idx].t_ns;
-            memcpy(sample->counter, g_gpm_acc[c.idx].counter, sizeof(sample->counter));
+            gpm_advance_locked(&g_gpm_acc[c.idx], c.gpu->gpm_metrics);
+            gpm_fill(sample, c.idx, -1, &g_gpm_acc[c.idx]);
         }
     }
     return leave(&c);
@@ -2071,7 +2083,7 @@ static nvmlReturn_t gpm_check_pair(const nvmlGpmMetricsGet_t *m)
         gpm_sample_slot(m->sample2) < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (m->sample1->gpu < 0 || m->sample1->gpu != m->sample2->gpu ||
-        m->sample2->t_ns <= m->sample1->t_ns)
+        m->sample1->gi != m->sample2->gi || m->sample2->t_ns <= m->sample1->t_ns)
         return NVML_ERROR_INVALID_ARGUMENT;
     return NVML_SUCCESS;
 }
@@ -2330,10 +2342,18 @@ typedef struct {
     char uuid[96];
 } mig_dev_cfg;
 
+typedef struct {
+    int gpu;
+    unsigned int gi;
+    char rates[LIST_LEN]; /* "id:rate,..." as gpu.N.gpm_metrics */
+} mig_gpm_cfg;
+
 struct mig_config {
     unsigned long long mode[MAX_GPUS], pending[MAX_GPUS];
     mig_dev_cfg *devs;
     size_t ndevs, cap;
+    mig_gpm_cfg *gpms; /* gpu.N.mig_gpm lines */
+    size_t ngpms, gcap;
 };
 
 struct fake_mig {
@@ -2353,8 +2373,10 @@ static struct fake_gpu_instance g_gis[MAX_GPUS][MIG_MAX_GI];
 
 static void mig_config_free(struct mig_config *m)
 {
-    if (m)
+    if (m) {
         free(m->devs);
+        free(m->gpms);
+    }
     free(m);
 }
 
@@ -2394,15 +2416,31 @@ static int mig_parse_device(const char *v, unsigned int gpu, mig_dev_cfg *d)
     return 1;
 }
 
+/* "gi,id:rate,id:rate,...": the GPM rates of GPU instance gi. */
+static void mig_add_gpm(struct mig_config *m, unsigned int gpu, const char *v)
+{
+    mig_gpm_cfg g;
+    const char *comma = strchr(v, ',');
+    memset(&g, 0, sizeof(g));
+    g.gpu = (int)gpu;
+    g.gi = (unsigned int)parse_u64(v);
+    copy_str(g.rates, sizeof(g.rates), comma ? comma + 1 : "");
+    if (g.gi < MIG_MAX_GI)
+        push((void **)&m->gpms, &m->ngpms, &m->gcap, sizeof(g), &g);
+}
+
 /* A gpu.N.<field> key of this section: applied, returns 1; else 0. */
 static int mig_apply_key(config_t *c, unsigned int gpu, const char *field, const char *val)
 {
     int is_mode = !strcmp(field, "mig_mode"), is_pending = !strcmp(field, "mig_pending_mode");
-    if (!is_mode && !is_pending && strcmp(field, "mig"))
+    int is_gpm = !strcmp(field, "mig_gpm");
+    if (!is_mode && !is_pending && !is_gpm && strcmp(field, "mig"))
         return 0;
     if (!c->mig && !(c->mig = calloc(1, sizeof(*c->mig))))
         return 1;
-    if (is_mode) {
+    if (is_gpm) {
+        mig_add_gpm(c->mig, gpu, val);
+    } else if (is_mode) {
         c->mig->mode[gpu] = c->mig->pending[gpu] = parse_bool(val);
     } else if (is_pending) {
         c->mig->pending[gpu] = parse_bool(val);
@@ -2727,6 +2765,38 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance,
         info->profileId = d->profile->id;
         info->placement.start = 0;
         info->placement.size = d->profile->slices;
+    }
+    return leave(&c);
+}
+
+/* The configured GPM rates of a GPU instance; "" (every rate 0) without a mig_gpm line. */
+static const char *mig_gpm_rates(const config_t *cfg, int gpu, unsigned int gi)
+{
+    for (size_t i = 0; cfg->mig && i < cfg->mig->ngpms; i++)
+        if (cfg->mig->gpms[i].gpu == gpu && cfg->mig->gpms[i].gi == gi)
+            return cfg->mig->gpms[i].rates;
+    return "";
+}
+
+static gpm_acc g_gpm_mig_acc[MAX_GPUS][MIG_MAX_GI];
+
+/* A GPM sample of one GPU instance, through the parent's handle (as NVML). */
+EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId,
+                                        nvmlGpmSample_t sample)
+{
+    DEV_ENTER(nvmlGpmMigSampleGet, device, "gpm,gpm_sample,mig");
+    if (!c.rc) {
+        if (!c.gpu->gpm_supported || !mig_enabled(c.cfg, c.idx))
+            c.rc = NVML_ERROR_NOT_SUPPORTED;
+        else if (gpm_sample_slot(sample) < 0)
+            c.rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (gpuInstanceId >= MIG_MAX_GI || !mig_find(c.cfg, c.idx, gpuInstanceId, -1))
+            c.rc = NVML_ERROR_NOT_FOUND; /* no such GPU instance, or destroyed */
+    }
+    if (!c.rc) {
+        gpm_acc *acc = &g_gpm_mig_acc[c.idx][gpuInstanceId];
+        gpm_advance_locked(acc, mig_gpm_rates(c.cfg, c.idx, gpuInstanceId));
+        gpm_fill(sample, c.idx, (int)gpuInstanceId, acc);
     }
     return leave(&c);
 }

@@ -1,10 +1,11 @@
-"""GPM profiling metrics (NVIDIA Hopper and newer): one sample per GPU each interval, and the
-metrics between the last two in the contract's units."""
+"""GPM profiling metrics (NVIDIA Hopper and newer): one sample per GPU, and per MIG GPU instance
+(`nvmlGpmMigSampleGet`), each interval, and the metrics between the last two in the contract's
+units."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import pynvml
 
@@ -16,6 +17,8 @@ MIB = 1024 * 1024
 UNSUPPORTED_REASON = "GPM not supported (needs Hopper or newer)"
 # Answers meaning this GPU or driver has no GPM at all.
 NO_GPM = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+# Answers of nvmlGpmMigSampleGet for a GPU instance destroyed since it was listed.
+GONE = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
 # GpuReading field -> GPM metric id, in percent.
 RATIOS = {
@@ -52,6 +55,8 @@ ENGINES = {
     ),
     "nvofa": (pynvml.NVML_GPM_METRIC_NVOFA_0_UTIL, pynvml.NVML_GPM_METRIC_NVOFA_1_UTIL),
 }
+# A GPU instance reports the RATIOS (MigInstance has a field of each name).
+INSTANCE_METRIC_IDS = tuple(RATIOS.values())
 METRIC_IDS = (
     *RATIOS.values(),
     *BANDWIDTHS.values(),
@@ -60,14 +65,54 @@ METRIC_IDS = (
 )
 
 
-class Gpm:
-    """One GPU's GPM state: its two samples (the last one taken, and a spare), how many were taken
-    in a row, whether sampling fails, and why the GPU has no GPM."""
+class _Pair:
+    """Two GPM samples of a GPU or GPU instance (the last one taken, and a spare), and how many
+    were taken in a row."""
 
     def __init__(self) -> None:
         self.samples: list[Any] = []
         self.taken = 0
+        try:
+            for _ in range(2):
+                self.samples.append(pynvml.nvmlGpmSampleAlloc())
+        except pynvml.NVMLError:
+            self.free()
+            raise
+
+    def take(self, get: Callable[[Any], object]) -> tuple[Any, Any] | None:
+        """Fill the spare with `get`: the last two samples when they follow each other, else None.
+
+        NVMLError raises, and the next sample starts a new run."""
+        last, spare = self.samples
+        try:
+            get(spare)
+        except pynvml.NVMLError:
+            self.taken = 0
+            raise
+        self.samples = [spare, last]
+        self.taken += 1
+        return (last, spare) if self.taken >= 2 else None
+
+    def free(self) -> None:
+        """Free both samples."""
+        for sample in self.samples:
+            try:
+                pynvml.nvmlGpmSampleFree(sample)
+            except pynvml.NVMLError as err:
+                log.debug("nvmlGpmSampleFree: %s", err)
+        self.samples = []
+        self.taken = 0
+
+
+class Gpm:
+    """One GPU's GPM state: its samples, those of its MIG GPU instances (by GPU instance id),
+    whether sampling fails, and why the GPU has no GPM."""
+
+    def __init__(self) -> None:
+        self.pair: _Pair | None = None
+        self.instances: dict[int, _Pair] = {}
         self.failing = False  # the last sample failed (logged once)
+        self.mig_unsupported = False  # nvmlGpmMigSampleGet is not supported: not asked again
         self.reason = ""
 
     def open(self, handle: Any) -> None:
@@ -80,8 +125,7 @@ class Gpm:
             if not pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
                 self.reason = UNSUPPORTED_REASON
                 return
-            for _ in range(2):
-                self.samples.append(pynvml.nvmlGpmSampleAlloc())
+            self.pair = _Pair()
         except pynvml.NVMLError as err:
             self.close()
             if err.value not in NO_GPM:
@@ -92,13 +136,11 @@ class Gpm:
         """Take this interval's sample: the metrics since the last one, as GpuReading fields.
 
         None in a GPU's first interval, after a failed sample and without GPM. A lost GPU raises."""
-        if not self.samples:
+        if self.pair is None:
             return {}
-        last, spare = self.samples
         try:
-            pynvml.nvmlGpmSampleGet(handle, spare)
+            pair = self.pair.take(lambda sample: pynvml.nvmlGpmSampleGet(handle, sample))
         except pynvml.NVMLError as err:
-            self.taken = 0
             if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise
             if err.value in NO_GPM:
@@ -109,19 +151,61 @@ class Gpm:
             self.failing = True
             return {}
         self.failing = False
-        self.samples = [spare, last]
-        self.taken += 1
-        return _between(last, spare, index) if self.taken >= 2 else {}
+        if pair is None:
+            return {}
+        return fields(_metrics(*pair, METRIC_IDS, f"GPU {index}"))
+
+    def read_instances(self, handle: Any, gpu_instances: set[int], index: int) -> dict[int, Any]:
+        """This interval's sample of each GPU instance: GPU instance id -> its MigInstance fields.
+
+        The samples of a GPU instance not listed (destroyed, MIG mode off) are freed."""
+        for gone in set(self.instances) - gpu_instances:
+            self.instances.pop(gone).free()
+        if self.pair is None or self.mig_unsupported:
+            return {}
+        found = {}
+        for gpu_instance in sorted(gpu_instances):
+            if self.mig_unsupported:
+                return {}
+            pair = self._instance_pair(handle, gpu_instance)
+            if pair is not None:
+                what = f"GPU {index} instance {gpu_instance}"
+                values = _metrics(*pair, INSTANCE_METRIC_IDS, what)
+                found[gpu_instance] = instance_fields(values)
+        return found
+
+    def _instance_pair(self, handle: Any, gpu_instance: int) -> tuple[Any, Any] | None:
+        """Sample one GPU instance; its last two samples when they follow each other."""
+        try:
+            if gpu_instance not in self.instances:
+                self.instances[gpu_instance] = _Pair()
+            return self.instances[gpu_instance].take(
+                lambda sample: pynvml.nvmlGpmMigSampleGet(handle, gpu_instance, sample)
+            )
+        except pynvml.NVMLError as err:
+            if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise
+            if err.value in NO_GPM:
+                self.mig_unsupported = True
+                self._free_instances()
+            elif err.value in GONE and gpu_instance in self.instances:
+                self.instances.pop(gpu_instance).free()  # destroyed since it was listed
+            else:
+                log.debug("GPU instance %d: GPM sample failed: %s", gpu_instance, err)
+            return None
 
     def close(self) -> None:
-        """Free the samples: when the source stops and when the GPU is lost."""
-        for sample in self.samples:
-            try:
-                pynvml.nvmlGpmSampleFree(sample)
-            except pynvml.NVMLError as err:
-                log.debug("nvmlGpmSampleFree: %s", err)
-        self.samples = []
-        self.taken = 0
+        """Free every sample: when the source stops and when the GPU is lost."""
+        if self.pair is not None:
+            self.pair.free()
+        self.pair = None
+        self._free_instances()
+        self.mig_unsupported = False
+
+    def _free_instances(self) -> None:
+        for pair in self.instances.values():
+            pair.free()
+        self.instances = {}
 
 
 def _no_gpm(err: pynvml.NVMLError) -> str:
@@ -131,33 +215,34 @@ def _no_gpm(err: pynvml.NVMLError) -> str:
     return UNSUPPORTED_REASON
 
 
-def _between(first: Any, second: Any, index: int) -> dict[str, Any]:
-    """The GpuReading fields GPM reports between two samples of a GPU; none when the call fails."""
+def _metrics(first: Any, second: Any, ids: tuple[int, ...], what: str) -> dict[int, float]:
+    """The GPM metrics `ids` between two samples, by metric id; none when the call fails."""
     request = pynvml.c_nvmlGpmMetricsGet_t()
     request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-    request.numMetrics = len(METRIC_IDS)
+    request.numMetrics = len(ids)
     request.sample1, request.sample2 = first, second
-    for n, metric in enumerate(METRIC_IDS):
+    for n, metric in enumerate(ids):
         request.metrics[n].metricId = metric
     try:
         pynvml.nvmlGpmMetricsGet(request)
     except pynvml.NVMLError as err:
-        log.warning("GPU %d: GPM metrics failed: %s", index, err)
+        log.warning("%s: GPM metrics failed: %s", what, err)
         return {}
-    return fields(
-        {
-            metric.metricId: metric.value
-            for metric in request.metrics[: len(METRIC_IDS)]
-            if metric.nvmlReturn == pynvml.NVML_SUCCESS
-        }
-    )
+    return {
+        metric.metricId: metric.value
+        for metric in request.metrics[: len(ids)]
+        if metric.nvmlReturn == pynvml.NVML_SUCCESS
+    }
+
+
+def instance_fields(values: dict[int, float]) -> dict[str, float | None]:
+    """MigInstance fields from a GPU instance's GPM values (percent); a missing one is None."""
+    return {name: ranges.ratio_from_percent(values.get(metric)) for name, metric in RATIOS.items()}
 
 
 def fields(values: dict[int, float]) -> dict[str, Any]:
     """GpuReading fields from GPM values by metric id (percent, MiB/s); a missing one is None."""
-    found: dict[str, Any] = {
-        name: ranges.ratio_from_percent(values.get(metric)) for name, metric in RATIOS.items()
-    }
+    found: dict[str, Any] = dict(instance_fields(values))
     for name, metric in BANDWIDTHS.items():
         mib = values.get(metric)
         found[name] = ranges.bounded(
@@ -184,7 +269,7 @@ def _ratios(percents: dict[str, float | None]) -> tuple[tuple[str, float], ...]:
 
 def summary(devices: list[tuple[int, Gpm]]) -> str:
     """For `doctor`: which GPUs have GPM profiling, and why the others have none."""
-    on = [str(index) for index, gpm in devices if gpm.samples]
+    on = [str(index) for index, gpm in devices if gpm.pair is not None]
     off: dict[str, list[str]] = {}
     for index, gpm in devices:
         if gpm.reason:

@@ -3,8 +3,8 @@
 Each MIG device (a compute instance of a GPU instance, the unit the kubelet assigns) gives its
 ids, uuid, memory (its GPU instance's) and processes; the GPU instance's profile names it
 (`1g.10gb`). A MIG device destroyed between samples is simply not listed; one destroyed while it
-is read is skipped. Per-instance GPM (`nvmlGpmMigSampleGet`, by GPU instance id) belongs to the
-GPM reader.
+is read is skipped. Each GPU instance carries its GPM activity (`nvmlGpmMigSampleGet`, by GPU
+instance id, sampled by gpm.py).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ def with_mig(device: Device, reading: GpuReading) -> GpuReading:
     instances where the parent cannot report its own."""
     mode = device.query("mig_mode", lambda: pynvml.nvmlDeviceGetMigMode(device.handle))
     if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+        device.gpm.read_instances(device.handle, set(), device.index)  # frees any left
         return reading
-    instances = _instances(device)
+    instances = _profiled(device, _instances(device))
     used, total = reading.memory_used_bytes, reading.memory_total_bytes
     if total is None:
         used, total = _summed(instances)
@@ -48,6 +49,16 @@ def with_mig(device: Device, reading: GpuReading) -> GpuReading:
         memory_total_bytes=total,
         mig_uuids=tuple(instance.uuid for instance in instances),
         mig_instances=instances,
+    )
+
+
+def _profiled(device: Device, instances: tuple[MigInstance, ...]) -> tuple[MigInstance, ...]:
+    """The instances with their GPU instance's GPM activity, where GPM reports it."""
+    gpu_instances = {instance.gpu_instance for instance in instances}
+    profiled = device.gpm.read_instances(device.handle, gpu_instances, device.index)
+    return tuple(
+        dataclasses.replace(instance, **profiled.get(instance.gpu_instance, {}))
+        for instance in instances
     )
 
 
