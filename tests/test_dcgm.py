@@ -15,6 +15,7 @@ from kepler_bridge.model import (
     Energy,
     GpuReading,
     Holder,
+    MigInstance,
     NvLink,
     PodRef,
     Snapshot,
@@ -330,3 +331,68 @@ def test_design_lists_exactly_the_fields() -> None:
     text = design.split("\n## dcgm-exporter names\n", 1)[1].split("\n## ", 1)[0]
     listed = re.findall(r"^\| `(DCGM_FI_[A-Z0-9_]+)` \|", text, re.MULTILINE)
     assert listed == [field.name for field in dcgm.FIELDS]
+
+
+def test_mig_gpu_instances_get_series_labelled_gpu_i_id_and_gpu_i_profile() -> None:
+    infer = PodRef("ml", "infer-0", "server")
+    instances = (
+        MigInstance(
+            1, 0, "MIG-a", "3g.40gb", 3, 2**30 + 2**19, 40 * 2**30, holders=(Holder("c1", OWNER),)
+        ),
+        MigInstance(1, 1, "MIG-b", "3g.40gb", 3, holders=(Holder("c1", OWNER),)),
+        MigInstance(
+            2,
+            0,
+            "MIG-c",
+            "1g.10gb",
+            1,
+            0,
+            10 * 2**30,
+            sm_active=0.5,
+            sm_occupancy=0.25,
+            graphics_active=0.75,
+            tensor_active=0.125,
+            dram_active=0.0,
+            holders=(Holder("c2", infer),),
+        ),
+    )
+    mig = a100(0, utilization=None, mig_instances=instances, holders=())
+    found = scrape(snapshot(mig))
+
+    def per_instance(name: str) -> dict[tuple[str, str], float]:
+        return {
+            (s.labels.get("GPU_I_ID", ""), s.labels.get("GPU_I_PROFILE", "")): s.value
+            for s in found[name]
+        }
+
+    # The parent's series as without MIG (no GPU_I_* labels), one more per GPU instance.
+    assert per_instance("DCGM_FI_DEV_FB_USED") == {
+        ("", ""): 40960,
+        ("1", "3g.40gb"): 1024,
+        ("2", "1g.10gb"): 0,
+    }
+    assert per_instance("DCGM_FI_DEV_FB_FREE")[("1", "3g.40gb")] == 39 * 1024 - 1
+    assert per_instance("DCGM_FI_DEV_FB_TOTAL")[("2", "1g.10gb")] == 10 * 1024
+    assert per_instance("DCGM_FI_PROF_SM_ACTIVE") == {("2", "1g.10gb"): 0.5}
+    assert per_instance("DCGM_FI_PROF_SM_OCCUPANCY") == {("2", "1g.10gb"): 0.25}
+    assert per_instance("DCGM_FI_PROF_GR_ENGINE_ACTIVE") == {("2", "1g.10gb"): 0.75}
+    assert per_instance("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") == {("2", "1g.10gb"): 0.125}
+    assert per_instance("DCGM_FI_PROF_DRAM_ACTIVE") == {("2", "1g.10gb"): 0.0}
+    assert "DCGM_FI_DEV_GPU_UTIL" not in found  # not on a MIG parent: absent
+    (gi1,) = [s for s in found["DCGM_FI_DEV_FB_USED"] if s.labels.get("GPU_I_ID") == "1"]
+    assert gi1.labels == {
+        "gpu": "0",
+        "UUID": "GPU-0",
+        "pci_bus_id": "00000000:17:00.0",
+        "device": "nvidia0",
+        "modelName": "NVIDIA A100-SXM4-80GB",
+        "Hostname": "n1",
+        "DCGM_FI_DRIVER_VERSION": "550.54.15",
+        "GPU_I_PROFILE": "3g.40gb",
+        "GPU_I_ID": "1",
+        "namespace": "ml",
+        "pod": "train-0",
+        "container": "main",
+    }
+    pods = {s.labels.get("GPU_I_ID"): s.labels.get("pod") for s in found["DCGM_FI_DEV_FB_TOTAL"]}
+    assert pods == {None: None, "1": "train-0", "2": "infer-0"}

@@ -3,7 +3,8 @@
 The names, units, types and labels are those of NVIDIA's dcgm-exporter (its etc/*.csv counter lists
 and its metric template), so its dashboards and alert rules read this agent unchanged. dcgm-exporter
 declares some fields counters without the _total that a counter needs in OpenMetrics; those are
-exported untyped, under the same names.
+exported untyped, under the same names. A GPU in MIG mode keeps its device series and adds one
+per GPU instance, labelled GPU_I_ID and GPU_I_PROFILE, for the fields in dcgm_mig.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
 from kepler_bridge.exposition.dcgm_fields import DEVICE, Field
+from kepler_bridge.exposition.dcgm_mig import instance_series
 from kepler_bridge.exposition.dcgm_profiling import PROFILING
 from kepler_bridge.model import GpuReading, Snapshot
 
@@ -40,7 +42,8 @@ def labels(node: str, gpu: GpuReading) -> dict[str, str]:
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:
-    """One family per field, with a sample for each device that is up and reports the value."""
+    """One family per field, with a sample for each device that is up and reports the value, and
+    for each of its MIG GPU instances that does."""
     devices = [(gpu, labels(snapshot.node, gpu)) for gpu in snapshot.gpus if gpu.up]
     for field in FIELDS:
         family = Metric(field.name, field.help, "gauge" if field.kind == "gauge" else "unknown")
@@ -48,4 +51,6 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
             value = field.read(gpu)
             if value is not None:
                 family.samples.append(Sample(field.name, device_labels, value))
+            for instance_labels, value in instance_series(field.name, gpu, device_labels):
+                family.samples.append(Sample(field.name, instance_labels, value))
         yield family
