@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pynvml
 
@@ -59,3 +59,16 @@ class Device:
                 self.unsupported.add(name)
                 return None
             raise
+
+
+def unsupported_summary(devices: Iterable[Device]) -> str:
+    """For `doctor`: what each GPU cannot report (NVML says not supported), so its series are
+    absent; GPUs that lack the same values are named together."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for device in devices:
+        if device.unsupported:
+            groups.setdefault(tuple(sorted(device.unsupported)), []).append(str(device.index))
+    return "".join(
+        f"; GPU {', '.join(ids)} cannot report {', '.join(names)} (not supported: absent)"
+        for names, ids in groups.items()
+    )

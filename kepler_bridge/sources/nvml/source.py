@@ -12,7 +12,7 @@ from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading
 from kepler_bridge.sources.nvml import gpm, library
-from kepler_bridge.sources.nvml.device import Device, decoded
+from kepler_bridge.sources.nvml.device import Device, decoded, unsupported_summary
 from kepler_bridge.sources.nvml.events import XidEvents
 from kepler_bridge.sources.nvml.mig import with_mig
 from kepler_bridge.sources.nvml.processes import gpu_processes
@@ -92,6 +92,7 @@ class NvmlSource(Source):
         return (
             f"{len(reading.gpus)} GPU(s) {', '.join(models)}; driver {self.driver_version}"
             + profiling
+            + unsupported_summary(self.devices)
         )
 
     def _named(self, device: Device) -> GpuReading:
