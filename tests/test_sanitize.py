@@ -25,6 +25,7 @@ from kepler_bridge.model import (
     CpuTimes,
     GpuProcess,
     GpuReading,
+    MigInstance,
     NvLink,
     ProcessCpu,
     RaplZone,
@@ -69,6 +70,25 @@ numbers = st.one_of(
 texts = st.text(st.characters(categories=["L", "N", "Cc", "Cs", "P", "Zs"]), max_size=6)
 
 
+MIG_NUMERIC = {
+    field.name: field.type
+    for field in dataclasses.fields(MigInstance)
+    if field.type in ("float | None", "int | None")
+}
+
+
+@st.composite
+def mig_instances(draw: st.DrawFn) -> MigInstance:
+    return MigInstance(
+        gpu_instance=draw(numbers),
+        compute_instance=draw(numbers),
+        uuid=draw(texts),
+        profile=draw(texts),
+        pids=tuple(draw(st.lists(numbers, max_size=3))),
+        **{name: draw(numbers) for name in MIG_NUMERIC},
+    )
+
+
 @st.composite
 def gpus(draw: st.DrawFn, index: int) -> GpuReading:
     processes = draw(
@@ -108,6 +128,7 @@ def gpus(draw: st.DrawFn, index: int) -> GpuReading:
             )
         ),
         clock_event_seconds=tuple(draw(st.lists(st.tuples(texts, numbers), max_size=2))),
+        mig_instances=tuple(draw(st.lists(mig_instances(), max_size=2))),
         **{name: draw(st.none() | st.booleans() | numbers) for name in FLAGS},
         **{name: draw(numbers) for name in NUMERIC},
     )
@@ -236,6 +257,28 @@ def test_hostile_plugin_readings_reach_the_exporters_clean(
                 for link in given_gpu.nvlinks
                 if expected(link.link, whole=True) is not None
             ]
+            assert_mig_clean(given_gpu.mig_instances, gpu.mig_instances)
+
+
+def assert_mig_clean(given: tuple[MigInstance, ...], arrived: tuple[MigInstance, ...]) -> None:
+    """A MIG device without usable instance ids is dropped; the others keep usable values only."""
+    kept = [
+        mig
+        for mig in given
+        if expected(mig.gpu_instance, whole=True) is not None
+        and expected(mig.compute_instance, whole=True) is not None
+    ]
+    assert len(arrived) == len(kept)
+    for raw, mig in zip(kept, arrived):
+        assert (mig.gpu_instance, mig.compute_instance) == (
+            math.floor(raw.gpu_instance),
+            math.floor(raw.compute_instance),
+        )
+        for name, kind in MIG_NUMERIC.items():
+            assert getattr(mig, name) == expected(getattr(raw, name), kind == "int | None"), name
+        assert list(mig.pids) == [
+            math.floor(pid) for pid in raw.pids if expected(pid, whole=True) is not None
+        ]
 
 
 def render(snapshot: Snapshot) -> str:

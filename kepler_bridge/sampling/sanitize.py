@@ -102,7 +102,10 @@ def _items(rule: _Rule) -> Callable[[Any], tuple]:
         if not isinstance(values, (tuple, list)):
             raise TypeError(f"expected a tuple, got {type(values).__name__}; fix the source")
         cleaned = tuple(rule(value) for value in values)
-        if type(values) is tuple and all(new is old for new, old in zip(cleaned, values)):
+        # Unchanged only where no element was dropped: a None element maps to None, itself.
+        if type(values) is tuple and all(
+            new is old and new is not None for new, old in zip(cleaned, values)
+        ):
             return values
         return tuple(new for new in cleaned if new is not None)
 
