@@ -17,6 +17,7 @@ from agent import Agent
 from fakenvml import FakeNvml
 from kepler_bridge.exposition import prometheus
 from kepler_bridge.sampling.sampler import Sampler
+from kepler_bridge.sources.printable import printable
 from kepler_bridge.store import SnapshotStore
 
 NON_UTF8 = b"\xff\xfegpu\x80job"
@@ -103,5 +104,7 @@ def test_any_name_and_cgroup_bytes_read_and_render(names: list[tuple[bytes, byte
     text = prometheus.render(snapshot, lambda name: True).decode()
     found = samples(text, "kepler_bridge_process_cpu_seconds_total")
     assert {pid: labels["comm"] for pid, labels in found.items()} == {
-        str(pid): comm.decode(errors="replace") for pid, (comm, _) in enumerate(names, start=100)
+        # Escape sequences and control characters are stripped, as from every text of a source.
+        str(pid): printable(comm.decode(errors="replace"))
+        for pid, (comm, _) in enumerate(names, start=100)
     }

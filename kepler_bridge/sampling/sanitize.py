@@ -1,7 +1,8 @@
 """Readings as they enter the snapshot.
 
 Whatever a source returns (a plug-in's too), the exporters only see finite, non-negative
-numbers, whole numbers where the contract counts, and text that encodes as UTF-8.
+numbers, whole numbers where the contract counts, and text that encodes as UTF-8 and holds no
+escape sequence or control character.
 
 A value that fails is dropped, never clamped: it reads as "cannot report". A record without
 a value it cannot do without (a process without a pid) is dropped whole.
@@ -26,6 +27,7 @@ from kepler_bridge.model import (
     RaplZone,
     SourceReading,
 )
+from kepler_bridge.sources.printable import printable
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -87,12 +89,15 @@ def _xid_code(code: Any) -> str | int | None:
 
 
 def utf8_text(value: Any) -> str:
-    """A label value: str as it is when it encodes as UTF-8, '' for None.
+    """A label value: str as it is when printable, '' for None.
 
-    Lone surrogates become '?'."""
+    Escape sequences and control characters are stripped (`printable`), lone surrogates become
+    '?'."""
     if type(value) is not str:
         value = "" if value is None else str(value)
-    return value if value.isascii() else value.encode("utf-8", "replace").decode("utf-8")
+    if value.isprintable():  # the common case, checked in C: nothing to strip or replace
+        return value
+    return printable(value).encode("utf-8", "replace").decode("utf-8")
 
 
 def _items(rule: _Rule) -> Callable[[Any], tuple]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import selectors
 import signal
 import subprocess
@@ -12,17 +11,12 @@ from pathlib import Path
 from typing import Sequence
 
 from kepler_bridge.sources import containment
+from kepler_bridge.sources.printable import printable
 
 MAX_OUTPUT_BYTES = 1 << 20
 STDERR_KEPT_BYTES = 4096
 READ_CHUNK = 65536
 EXIT_POLL_SECONDS = 0.005
-_TERMINAL = re.compile(
-    r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC ... BEL or ST (unterminated: to the end)
-    r"|\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI: parameters, intermediates, final byte
-    r"|\x1b[ -/]*[0-~]?"  # any other escape sequence
-    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
-)  # C0 but tab and newline, DEL, C1
 
 
 class CommandFailed(Exception):
@@ -57,18 +51,12 @@ def run(argv: Sequence[str], timeout: float, max_bytes: int = MAX_OUTPUT_BYTES) 
     if process.returncode < 0:
         raise CommandFailed(f"{program} was killed by {_signal_name(-process.returncode)}")
     if process.returncode:
-        lines = _printable(stderr.decode(errors="replace")).strip().splitlines()
+        lines = printable(stderr.decode(errors="replace"), lines=True).strip().splitlines()
         raise CommandFailed(
             f"{program} exited with status {process.returncode}: "
             f"{lines[-1] if lines else 'nothing on stderr'}"
         )
     return stdout.decode(errors="replace")
-
-
-def _printable(text: str) -> str:
-    """Text without terminal escape sequences (CSI, OSC, ...) and control characters other than
-    newline and tab, so a program's stderr cannot rewrite the terminal of the log or `doctor`."""
-    return _TERMINAL.sub("", text)
 
 
 def _signal_name(number: int) -> str:
