@@ -61,8 +61,9 @@ def _wants_gzip(req: Request) -> bool:
     return "gzip" in req.headers.get("Accept-Encoding", "")
 
 
-def readiness(snapshot: Snapshot | None, now: float) -> tuple[bool, str]:
-    """Ready when a snapshot younger than 3 intervals exists and at least one source is up."""
+def readiness(snapshot: Snapshot | None, now: float, errors: bool) -> tuple[bool, str]:
+    """Ready when a snapshot younger than 3 intervals exists and at least one source is up; the
+    reason names each source's error, or with `errors` False only its state."""
     if snapshot is None:
         return False, "no sample has completed yet"
     age = now - snapshot.timestamp
@@ -70,7 +71,9 @@ def readiness(snapshot: Snapshot | None, now: float) -> tuple[bool, str]:
         return False, f"newest sample is {age:.1f}s old (more than {READY_AGE_INTERVALS} intervals)"
     if not any(status.up for status in snapshot.sources):
         reasons = (
-            "; ".join(f"{s.name}: {s.error or 'down'}" for s in snapshot.sources)
+            "; ".join(
+                f"{s.name}: {(s.error if errors else '') or s.state}" for s in snapshot.sources
+            )
             or "no source configured"
         )
         return False, f"no source is up ({reasons})"
@@ -155,11 +158,13 @@ def healthz(ctx: RouteContext) -> Response:
 
 
 def readyz(ctx: RouteContext) -> Response:
-    """/readyz: `readiness` of the newest snapshot, with each source's state."""
+    """/readyz: `readiness` of the newest snapshot, with each source's state; the sources' error
+    texts only to a request that may read guarded data (the probes send no credentials)."""
     snapshot = ctx.store.latest()
-    ready, reason = readiness(snapshot, time.time())
+    errors = refused(ctx) is None
+    ready, reason = readiness(snapshot, time.time(), errors)
     sources = {
-        s.name: {"state": s.state, "reason": s.error}
+        s.name: {"state": s.state, "reason": s.error} if errors else {"state": s.state}
         for s in (snapshot.sources if snapshot else ())
     }
     return _json(

@@ -16,6 +16,7 @@ from kepler_bridge.model import SourceReading, SourceStatus
 from kepler_bridge.sampling import sanitize
 from kepler_bridge.sources import selected_groups, source_class
 from kepler_bridge.sources.base import Retry, Source, SourceAbsent, SourceUnavailable
+from kepler_bridge.sources.printable import printable
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,8 @@ def start_error(err: Exception) -> str:
     """What a failed start() says: the source's own reason, or for an unexpected exception (a
     broken driver) its type and message."""
     if isinstance(err, (SourceAbsent, SourceUnavailable)):
-        return str(err) or type(err).__name__
-    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        return printable(str(err)) or type(err).__name__
+    return f"{type(err).__name__}: {printable(str(err))}" if str(err) else type(err).__name__
 
 
 def read_clean(source: Source) -> SourceReading:
@@ -75,7 +76,17 @@ class Slot:
 
     def read(self, interval: float, now: float) -> SourceReading:
         """This sample's reading; a source not started yet is started when its retry is due, and
-        a failing one gives its last reading (its devices down)."""
+        a failing one gives its last reading (its devices down). A new reason for failing is
+        logged, and so is the recovery."""
+        before = self.error
+        reading = self._read(interval, now)
+        if self.error and self.error != before and not self.not_in_use:
+            log.warning("source %s failed: %s", self.name, self.error)
+        elif before and not self.error:
+            log.info("source %s is up", self.name)
+        return reading
+
+    def _read(self, interval: float, now: float) -> SourceReading:
         if self.source is None:
             return SourceReading()
         if not self.started:
@@ -87,7 +98,7 @@ class Slot:
             reading = read_clean(self.source)
         except Exception as err:
             log.debug("source %s failed", self.name, exc_info=True)
-            self.error = str(err) or type(err).__name__
+            self.error = printable(str(err)) or type(err).__name__
             self.errors_total += 1
             return dataclasses.replace(
                 self.last,
@@ -134,6 +145,8 @@ def build_slots(config: Config) -> list[Slot]:
             if slot.started or position == len(group) - 1:
                 if slot.not_in_use:
                     log.info("source %s is absent: %s", name, slot.error)
+                elif slot.error:
+                    log.warning("source %s failed: %s", name, slot.error)
                 slots.append(slot)
                 break
             # An alternative that lost to the next one is never retried: both would count the
@@ -182,7 +195,7 @@ def check_source(name: str, config: Config) -> tuple[bool, str]:
     try:
         return True, source.describe(read_clean(source))
     except Exception as err:
-        return False, f"started, but reading failed: {err}"
+        return False, f"started, but reading failed: {printable(str(err))}"
     finally:
         source.stop()
 
