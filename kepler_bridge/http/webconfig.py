@@ -150,7 +150,7 @@ def _tls(data: dict) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[str, ...]]:
     if ca:
         try:
             context.load_verify_locations(cafile=ca)
-        except (OSError, ssl.SSLError) as err:
+        except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
             reason = _first_line(err)
             raise WebConfigError(
                 f"tls_server_config.client_ca_file: cannot load {ca}: {reason}; "
@@ -223,7 +223,7 @@ class WebConfigFile:
         try:
             config = read(self.path)
         except WebConfigError as err:
-            log.error(
+            log.warning(
                 "web config %s not reloaded, the previous one stays in force: %s", self.path, err
             )
             return
