@@ -117,8 +117,9 @@ def _scrape_each(agent: Agent, scrapers: dict[str, str]) -> list[float]:
     return took
 
 
-def _p99(took: list[float]) -> float:
-    return statistics.quantiles(took, n=100, method="inclusive")[98]
+def _figures(took: list[float]) -> str:
+    p99 = statistics.quantiles(took, n=100, method="inclusive")[98]
+    return f"scrape p50 {statistics.median(took):.3f} s, p99 {p99:.3f} s, max {max(took):.3f} s"
 
 
 @pytest.mark.e2e
@@ -165,8 +166,7 @@ def test_a_wrong_password_flood_does_not_keep_other_users_out(
         assert max(took) < ADMIT_SECONDS, took
         assert set(flood.statuses) <= {401, 503} and flood.statuses.get(401), flood.statuses
         assert "Traceback" not in agent.output()
-        print(f"\nwrong-password flood {flood.statuses}: scrape p50 {statistics.median(took):.3f}")
-        print(f"s, p99 {_p99(took):.3f} s, max {max(took):.3f} s")
+        print(f"\nwrong-password flood {flood.statuses}: {_figures(took)}")
 
 
 @pytest.mark.e2e
@@ -181,8 +181,7 @@ def test_an_unknown_user_flood_does_not_keep_users_out(
             took = _scrape_each(agent, scrapers)
         assert max(took) < ADMIT_SECONDS, took
         assert set(flood.statuses) <= {401, 503} and flood.statuses.get(401), flood.statuses
-        print(f"\nunknown-user flood from {source} x{threads} {flood.statuses}: scrape p50 ")
-        print(f"{statistics.median(took):.3f} s, p99 {_p99(took):.3f} s, max {max(took):.3f} s")
+        print(f"\nunknown-user flood from {source} x{threads} {flood.statuses}: {_figures(took)}")
 
 
 def _timed(agent: Agent, user: str) -> float:
