@@ -75,3 +75,11 @@ class Authority:
             str(cert),
         )
         return cert, key
+
+
+def der(pem: Path, kind: str = "x509") -> Path:
+    """The DER (binary) form of a PEM certificate (`kind` "x509") or private key ("pkey"),
+    beside it."""
+    out = pem.with_suffix(pem.suffix + ".der")
+    _openssl(kind, "-in", str(pem), "-outform", "der", "-out", str(out))
+    return out

@@ -17,7 +17,8 @@ import requests
 import yaml
 
 from agent import KEPLER_BRIDGE, Agent
-from kepler_bridge.http.webconfig import PasswordCheck, WebConfigError, read
+from kepler_bridge.http.passwords import PasswordCheck
+from kepler_bridge.http.webconfig import WebConfigError, read
 from pki import Authority
 
 PASSWORD = "s3cret pass"
@@ -198,6 +199,14 @@ def test_web_config_errors_name_the_key(tmp_path: Path, pki: dict) -> None:
             "client_allowed_sans",
         ),
         "plain password": ({"basic_auth_users": {"alice": "hunter2"}}, "basic_auth_users.alice"),
+        "bcrypt cost out of range": (
+            {"basic_auth_users": {"alice": "$2y$99$" + _hash(PASSWORD)[7:]}},
+            "basic_auth_users.alice",
+        ),
+        "salt bcrypt refuses": (
+            {"basic_auth_users": {"alice": "$2b$10$" + "z" * 53}},
+            "basic_auth_users.alice",
+        ),
         "missing key file": (
             {"tls_server_config": {"cert_file": str(pki["server"][0])}},
             "key_file",
@@ -272,12 +281,12 @@ def test_password_check_runs_bcrypt_once_per_user_and_password() -> None:
     check = PasswordCheck()
     assert [check.check(users, "alice", PASSWORD.encode()) for _ in range(5)] == [True] * 5
     assert [check.check(users, "alice", b"wrong") for _ in range(3)] == [False] * 3
-    assert check.check(users, "bob", PASSWORD.encode()) is False
-    assert (
-        check.verifications == 2
-    )  # one bcrypt run for the right password, one for the wrong; none for bob
+    assert check.verifications == 2  # one bcrypt run for the right password, one for the wrong
+    # bob does not exist: checked against a stand-in hash, the same work as a wrong password
+    assert [check.check(users, "bob", PASSWORD.encode()) for _ in range(3)] == [False] * 3
+    assert check.verifications == 3
     users["alice"] = _hash("rotated").encode()
     assert check.check(users, "alice", PASSWORD.encode()) is False
     assert (
-        check.verifications == 3
+        check.verifications == 4
     )  # a new hash is a new cache key: the rotated user is checked again

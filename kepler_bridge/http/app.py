@@ -16,7 +16,8 @@ from kepler_bridge.config import Config
 from kepler_bridge.exposition import RenderCache, RenderSettings, baetyl
 from kepler_bridge.exposition.history import render as render_history
 from kepler_bridge.http import live_page
-from kepler_bridge.http.webconfig import PasswordCheck, WebConfigFile
+from kepler_bridge.http.passwords import PasswordCheck
+from kepler_bridge.http.webconfig import WebConfigFile
 from kepler_bridge.model import Snapshot
 from kepler_bridge.store import SnapshotStore
 
@@ -108,9 +109,12 @@ def refused(ctx: RouteContext) -> Response | None:
     credentials = request.authorization
     if credentials is not None and credentials.type == "basic":
         password = (credentials.password or "").encode()
-        valid = ctx.passwords.check(users, credentials.username or "", password)
+        user = credentials.username or ""
+        valid = ctx.passwords.check(users, user, password, request.remote_addr)
         if valid is None:
-            return _error(503, "too many password checks at once; retry in a second")
+            busy = _error(503, "too many password checks at once; retry in a second")
+            busy.headers["Retry-After"] = "1"
+            return busy
         if valid:
             return None
     response = _error(

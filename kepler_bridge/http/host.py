@@ -8,18 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from kepler_bridge.http.tls import CertificatePair
 from kepler_bridge.http.webconfig import WebConfigFile
 
 
 @dataclass(frozen=True)
 class ConnectionSettings:
     """How the worker treats connections: slow-client timeouts, and TLS from `web`
-    (--web.config.file, which also names the allowed client certificates) or from the cert pair."""
+    (--web.config.file, which also names the allowed client certificates) or from `tls`
+    (--tls-cert/--tls-key)."""
 
     header_timeout: float
     write_timeout: float
-    tls_cert: str = ""
-    tls_key: str = ""
+    tls: CertificatePair | None = None
     web: WebConfigFile | None = None
 
 

@@ -16,6 +16,7 @@ from gunicorn.arbiter import Arbiter
 
 from kepler_bridge.config import Config
 from kepler_bridge.http.host import ConnectionSettings
+from kepler_bridge.http.tls import CertificatePair
 from kepler_bridge.http.webconfig import WebConfigFile
 from kepler_bridge.sampling import carry
 
@@ -75,12 +76,9 @@ class AgentApplication(BaseApplication):
         self.state_dir = carry.make_dir()
         self._master = os.getpid()
         web = WebConfigFile(config.web_config_file) if config.web_config_file else None
+        tls = CertificatePair(config.tls_cert, config.tls_key) if config.tls_cert else None
         self.connections = ConnectionSettings(
-            config.http_header_timeout,
-            config.http_write_timeout,
-            config.tls_cert,
-            config.tls_key,
-            web,
+            config.http_header_timeout, config.http_write_timeout, tls, web
         )
         super().__init__()
 

@@ -26,7 +26,6 @@ from gunicorn import util
 from gunicorn.workers.base import Worker
 
 from kepler_bridge.http.host import WorkerHost
-from kepler_bridge.http.tls import server_context
 from kepler_bridge.http.webconfig import peer_allowed
 from kepler_bridge.http.wsgi import Peer, WsgiBridge, error_response
 
@@ -69,7 +68,6 @@ class EventLoopWorker(Worker):
         super().__init__(*args, **kwargs)
         self.host: WorkerHost = self.app
         self.settings = self.host.connections
-        self.tls: ssl.SSLContext | None = None
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         # Connections in each waiting state, oldest deadline first (a state has one fixed timeout).
         self.reading: OrderedDict[_Conn, None] = OrderedDict()
@@ -80,8 +78,6 @@ class EventLoopWorker(Worker):
         self.stop_by = float("inf")
 
     def init_process(self) -> None:
-        if self.settings.tls_cert:
-            self.tls = server_context(self.settings.tls_cert, self.settings.tls_key)
         self.selector = selectors.DefaultSelector()
         self.pool = ThreadPoolExecutor(max_workers=self.cfg.threads, thread_name_prefix="http")
         super().init_process()
@@ -177,7 +173,7 @@ class EventLoopWorker(Worker):
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(sock, client, listener.getsockname())
-            tls = self.tls
+            tls = self.settings.tls.current() if self.settings.tls is not None else None
             if self.settings.web is not None:
                 web = self.settings.web.current()
                 tls, conn.allowed_sans = web.tls, web.allowed_sans
