@@ -1,5 +1,5 @@
 """The energy counter families: the node's CPU zones and the joules attributed to processes,
-containers and pods."""
+containers and pods. A row with no accelerator energy has no accelerator-energy series."""
 
 from __future__ import annotations
 
@@ -37,11 +37,16 @@ def energy_families(snap: Snapshot) -> Iterator[Metric]:
 def _energy_family(
     name: str, node: str, level: str, kind: str, rows: tuple[WorkloadEnergy, ...]
 ) -> Metric:
-    """One attributed-energy counter: a series per row, with its level's labels and its owner's."""
+    """One attributed-energy counter: a series per row, with its level's labels and its owner's.
+
+    A row without GPU energy (a process, container or pod that never used an accelerator) has
+    no GPU series; one with some keeps it while it lives, as its joules never decrease."""
     own, pod = ENERGY_LEVELS[level]
     family = counter(name, ("node",) + own + pod)
     for row in rows:
         joules = row.cpu_joules if kind == "cpu" else row.gpu_joules
+        if kind == "gpu" and not joules:
+            continue
         values = [node, *(getattr(row, label) for label in own), *pod_labels(row.owner, pod)]
         family.add_metric(values, joules)
     return family
