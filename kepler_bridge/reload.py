@@ -27,6 +27,7 @@ RELOADABLE = frozenset(
         "command_timeout",
         "cpu_tdp_watts",
         "gpu_idle_watts",
+        "nvml_reprobe_interval",
         "kube_source",
         "kubelet_url",
         "metaserver_url",

@@ -108,6 +108,16 @@ class SettingsTable:
             "explicit NVIDIA driver library path",
         )
     )
+    nvml_reprobe_interval: float = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_NVML_REPROBE_INTERVAL",),
+            parse.bounded(parse.duration, 0.1, 86400),
+            "60s",
+            "expected a duration from 100ms to 24h, such as 60s or 5m",
+            "how long before a value NVML said a GPU cannot report is asked again; "
+            "doubling while it still cannot, up to 10 times this",
+        )
+    )
     simulate: int = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_SIMULATE",),

@@ -200,6 +200,10 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
         for before, after in ((previous_full, after_full), (previous_top, after_top)):
             assert_monotonic(before, after)
             assert all(value >= 0 for value in after.values())
+        # A process has a GPU series once it has GPU energy, and keeps it (grace 1e9: it lives).
+        gpu_series = {key for key in after_full if key[:2] == ("process", "gpu")}
+        assert all(after_full[key] > 0 for key in gpu_series)
+        assert {key for key in previous_full if key[:2] == ("process", "gpu")} <= gpu_series
         if step:
             active = (
                 package_joules * usage
@@ -417,10 +421,30 @@ def test_each_kind_ranks_processes_by_its_own_joules() -> None:
         ("1", pytest.approx(9.0)),
         ("other", pytest.approx(1.0)),
     ]
+    # Process 1 has no GPU energy: no GPU row, so nothing is left out of the GPU family's top 1.
     assert [(row.pid, row.gpu_joules) for row in energy.gpu_processes] == [
         ("2", pytest.approx(100.0)),
-        ("other", 0.0),
     ]
+
+
+def test_only_processes_with_gpu_energy_have_gpu_rows_and_keep_them() -> None:
+    attribution = Attribution(gpu_idle_watts=0.0, process_limit=None)
+    cpu = {(1, "kworker/0:1", ""): 0.5, (2, "train", "c3"): 0.1}
+    on_gpu = (GpuProcess(2, "train", utilization=1.0, container_id="c3", owner=PODS["c3"]),)
+
+    def sample(now: float, joules: float, processes: tuple[GpuProcess, ...]) -> Energy:
+        reading = gpu("G", energy_joules=joules, processes=processes)
+        return attribution.update(
+            SampleInputs(now, gpus=(reading,), cpu_increases=cpu, owners=owners(cpu))
+        )
+
+    sample(0.0, 0.0, on_gpu)
+    energy = sample(1.0, 100.0, on_gpu)
+    assert [(row.pid, row.gpu_joules) for row in energy.gpu_processes] == [("2", 100.0)]
+    assert {row.pid for row in energy.cpu_processes} == {"1", "2"}
+    # Off the GPU and still running: its series stays, the kworker still has none.
+    energy = sample(2.0, 150.0, ())
+    assert [(row.pid, row.gpu_joules) for row in energy.gpu_processes] == [("2", 100.0)]
 
 
 def test_off_and_all() -> None:
@@ -428,11 +452,8 @@ def test_off_and_all() -> None:
         attribution = Attribution(process_limit=limit)
         increases = {(pid, "x", ""): 1.0 for pid in (1, 2, 3)}
         energy = attribution.update(SampleInputs(0.0, cpu_increases=increases))
-        assert (
-            {row.pid for row in energy.cpu_processes}
-            == {row.pid for row in energy.gpu_processes}
-            == expected
-        )
+        assert {row.pid for row in energy.cpu_processes} == expected
+        assert energy.gpu_processes == ()  # none of them has GPU energy
         assert [row.owner.pod for row in energy.pods] == [""]
 
 

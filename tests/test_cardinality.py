@@ -41,7 +41,7 @@ def memory(i: int) -> int:
 
 class ManyProcesses(Source):
     """3000 processes in 40 containers whose CPU use changes every sample, on a node drawing 200 W;
-    300 of them share a GPU drawing 300 W."""
+    300 of them share a GPU drawing 300 W, 100 W of it idle (`sampler`)."""
 
     name = "many"
 
@@ -88,7 +88,10 @@ class ManyProcesses(Source):
 
 def sampler(process_metrics: str, monkeypatch: pytest.MonkeyPatch) -> Sampler:
     monkeypatch.setitem(REGISTRY, "many", f"{__name__}:ManyProcesses")
-    settings = scaffold.make_config(sources="many", process_metrics=process_metrics)
+    # The GPU's processes share the 200 W above its idle power: each has GPU energy.
+    settings = scaffold.make_config(
+        sources="many", process_metrics=process_metrics, gpu_idle_watts=100
+    )
     return Sampler(settings, SnapshotStore())
 
 
@@ -187,7 +190,8 @@ def test_all_and_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert {name: len(found[name]) for name in PER_PROCESS} == {
         "kepler_bridge_process_cpu_seconds": PROCESSES,
         "kepler_bridge_process_cpu_joules": PROCESSES,
-        "kepler_bridge_process_gpu_joules": PROCESSES,
+        # Only the processes on the GPU have GPU energy.
+        "kepler_bridge_process_gpu_joules": GPU_PROCESSES,
         "gpu_process_memory_used_bytes": GPU_PROCESSES,
         "gpu_process_utilization_ratio": GPU_PROCESSES,
     }

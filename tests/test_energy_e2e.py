@@ -354,3 +354,42 @@ def test_an_amd_card_without_process_data_gives_the_pod_holding_it_its_energy_ab
     assert [(labels["gpu"], labels["pod"]) for labels, _ in after["gpu_pod_info"]] == [
         ("0", "train-0")
     ]
+
+
+@pytest.mark.parametrize("names", ["kepler", "dcgm"])
+def test_only_processes_with_gpu_energy_have_gpu_energy_series(
+    fake_nvml: FakeNvml, names: str
+) -> None:
+    # One process on GPU 0; the host's other processes (kthreadd, kworkers, this test) never
+    # touched a GPU.
+    fake_nvml.processes(0, [{"pid": 999001, "used_memory": GIB, "sm_util": 50}])
+    fake_nvml.processes(1, [])
+    with (
+        gpu_drawing(fake_nvml, 0, watts=250.0),
+        Agent(
+            "--sources",
+            "nvml,procfs",
+            "--nvml-library",
+            str(fake_nvml.library),
+            "--interval",
+            "200ms",
+            "--gpu-idle-watts",
+            "50",
+            "--process-metrics",
+            "all",
+            "--metric-names",
+            names,
+            env=fake_nvml.env(),
+        ) as agent,
+    ):
+        gpu = agent.wait_for(
+            lambda: by_pid(agent, "kepler_bridge_process_gpu_joules_total"),
+            what="a process GPU energy series",
+        )
+        found = scrape(agent)
+    assert set(gpu) == {"999001"} and gpu["999001"] > 0, gpu
+    assert len(by("pid", found["kepler_bridge_process_cpu_seconds_total"])) > 10
+    # The GPU process runs on the host: the host's container ("") and pod ("") have its energy.
+    for level in ("container", "pod"):
+        rows = found[f"kepler_bridge_{level}_gpu_joules_total"]
+        assert [value > 0 for _, value in rows] == [True], (level, rows)

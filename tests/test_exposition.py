@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 
 import scaffold
-from kepler_bridge.exposition import baetyl, prometheus
+from kepler_bridge.exposition import baetyl, dcgm, prometheus
 from kepler_bridge.model import (
     ContainerCpu,
+    CpuZoneEnergy,
+    Energy,
     GpuProcess,
     GpuReading,
     Holder,
@@ -19,6 +21,7 @@ from kepler_bridge.model import (
     ProcessCpu,
     Snapshot,
     SourceStatus,
+    WorkloadEnergy,
 )
 from kepler_bridge.sampling.counters import MonotonicCounters
 
@@ -338,3 +341,41 @@ def test_container_totals_survive_processes_leaving() -> None:
     assert totals(ProcessCpu(1, "a", 2.0, "c1"), ProcessCpu(2, "b", 3.0, "c1")) == (("c1", 5.0),)
     assert totals(ProcessCpu(1, "a", 4.0, "c1")) == (("c1", 7.0),)
     assert totals(ProcessCpu(1, "a", 4.0, "c1"), ProcessCpu(3, "c", 1.0, "c1")) == (("c1", 8.0),)
+
+
+def test_rows_without_gpu_energy_have_no_gpu_energy_series() -> None:
+    web, train = PodRef("shop", "web-1", "nginx"), PodRef("ml", "train-0", "main")
+    energy = Energy(
+        cpu_zones=(CpuZoneEnergy("package", "rapl", 10.0),),
+        gpu_idle=(("GPU-0", 5.0),),
+        cpu_processes=(
+            WorkloadEnergy("1", "kthreadd", cpu_joules=0.0),
+            WorkloadEnergy("7", "train", "c3", train, cpu_joules=1.0),
+        ),
+        gpu_processes=(
+            WorkloadEnergy("7", "train", "c3", train, gpu_joules=30.0),
+            WorkloadEnergy(pid="other", gpu_joules=0.0),
+        ),
+        containers=(
+            WorkloadEnergy(container_id="c1", owner=web, cpu_joules=5.0),
+            WorkloadEnergy(container_id="c3", owner=train, cpu_joules=1.0, gpu_joules=30.0),
+        ),
+        pods=(
+            WorkloadEnergy(owner=PodRef("ml", "train-0"), cpu_joules=1.0, gpu_joules=30.0),
+            WorkloadEnergy(owner=PodRef("shop", "web-1"), cpu_joules=5.0),
+        ),
+    )
+    snap = dataclasses.replace(snapshot(gpu(0, energy_joules=40.0)), energy=energy)
+    for devices in (None, dcgm.families):
+        text = prometheus.render(snap, lambda name: True, devices=devices).decode()
+
+        def rows(name: str, label: str) -> list[str]:
+            return [s.labels[label] for s in scaffold.samples(text, name)]
+
+        assert rows("kepler_bridge_process_gpu_joules_total", "pid") == ["7"], devices
+        assert rows("kepler_bridge_container_gpu_joules_total", "container_id") == ["c3"]
+        assert rows("kepler_bridge_pod_gpu_joules_total", "pod") == ["train-0"]
+        # CPU rows are every process's, container's and pod's, as before.
+        assert rows("kepler_bridge_process_cpu_joules_total", "pid") == ["1", "7"]
+        assert rows("kepler_bridge_container_cpu_joules_total", "container_id") == ["c1", "c3"]
+        assert rows("kepler_bridge_pod_cpu_joules_total", "pod") == ["train-0", "web-1"]

@@ -513,6 +513,22 @@ def test_not_supported_fields(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     assert nvml.call("nvmlDeviceGetFanSpeed", H(0)) == 40
 
 
+def test_a_gpu_that_answers_nothing(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
+    assert nvml.call("nvmlDeviceGetFanSpeed", H(1)) == 40
+    fake_nvml.gpu(1, not_supported=["*"])
+    for name, args in [
+        ("nvmlDeviceGetFanSpeed", ()),
+        ("nvmlDeviceGetMemoryInfo", ()),
+        ("nvmlDeviceGetUUID", ()),
+        ("nvmlDeviceGetFieldValues", ([pynvml.NVML_FI_DEV_MEMORY_TEMP],)),
+    ]:
+        raises(nvml, "NVMLError_NotSupported", name, H(1), *args)
+    raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetHandleByIndex", 1)
+    assert nvml.call("nvmlDeviceGetFanSpeed", H(0)) == 40
+    fake_nvml.gpu(1, not_supported=[])
+    assert nvml.call("nvmlDeviceGetFanSpeed", H(1)) == 40
+
+
 @pytest.mark.parametrize(
     "code,cls",
     [

@@ -648,3 +648,86 @@ def test_an_nvlink_going_down_keeps_its_counters_monotonic(fake_nvml: FakeNvml) 
         agent.wait_for(lambda: agent.samples("gpu_row_remap_failed")["0"] == 1, what="failure")
         rows = _by_labels(agent.metrics(), "gpu_remapped_rows_total", "cause")
         assert rows[("uncorrectable",)] == 4
+
+
+TRANSIENT = ["utilization", "temperature", "power_usage", "fan_speed"]
+TRANSIENT_SERIES = (
+    "gpu_utilization_ratio",
+    "gpu_temperature_celsius",
+    "gpu_power_watts",
+    "gpu_fan_speed_ratio",
+)
+
+
+def _reporting(agent: Agent) -> dict[str, set[str]]:
+    """The GPUs reporting each of TRANSIENT_SERIES."""
+    text = agent.metrics()
+    return {name: {s.labels["gpu"] for s in samples(text, name)} for name in TRANSIENT_SERIES}
+
+
+def test_a_transient_not_supported_comes_back_after_the_reprobe_interval(
+    fake_nvml: FakeNvml,
+) -> None:
+    both = dict.fromkeys(TRANSIENT_SERIES, {"0", "1"})
+    with nvml_agent(fake_nvml, "--nvml-reprobe-interval", "1s") as agent:
+        assert _reporting(agent) == both
+        fake_nvml.gpu(0, not_supported=TRANSIENT)
+        agent.wait_for(
+            lambda: _reporting(agent) == dict.fromkeys(TRANSIENT_SERIES, {"1"}),
+            what="GPU 0 not reporting utilization, temperature, power, fan",
+        )
+        assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
+        fake_nvml.gpu(0, not_supported=[])
+        agent.wait_for(lambda: _reporting(agent) == both, timeout=8, what="GPU 0's values back")
+
+
+def test_a_field_that_stays_not_supported_is_asked_again_rarely(fake_nvml: FakeNvml) -> None:
+    fake_nvml.gpu(0, not_supported=["fan_speed"])
+    fake_nvml.gpu(1, not_supported=["fan_speed"])
+    with nvml_agent(fake_nvml, "--interval", "100ms", "--nvml-reprobe-interval", "500ms") as agent:
+        agent.wait_for(
+            lambda: fake_nvml.calls().get("nvmlDeviceGetUtilizationRates", 0) >= 80,
+            timeout=30,
+            what="40 samples",
+        )
+        assert set(agent.samples("gpu_up")) == {"0", "1"}
+    calls = fake_nvml.calls()
+    samples_taken = calls["nvmlDeviceGetUtilizationRates"] / 2
+    # Asked at the first sample, then after 0.5, 1, 2, 4 s (doubling): a handful per GPU,
+    # against one per sample for a value that answers.
+    assert 2 * 2 <= calls["nvmlDeviceGetFanSpeed"] <= 2 * 6, (calls, samples_taken)
+
+
+def test_a_gpu_whose_every_call_fails_is_down_and_comes_back(fake_nvml: FakeNvml) -> None:
+    with nvml_agent(fake_nvml) as agent:
+        fake_nvml.gpu(1, not_supported=["*"])
+        agent.wait_for(lambda: agent.samples("gpu_up") == {"0": 1.0, "1": 0.0}, what="GPU 1 down")
+        assert set(agent.samples("gpu_memory_total_bytes")) == {"0"}
+        assert agent.samples("kepler_bridge_source_up") == {"": 1.0}
+        devices = agent.get("/v1/collect").json()["test-node"]["devices"]
+        # As a lost GPU: its place kept with zeros; GPU 0's reading as before.
+        assert devices[1] == {"usedMemory": 0, "totalMemory": 0, "percent": 0}
+        assert devices[0]["totalMemory"] == 80 * GIB
+        fake_nvml.gpu(1, not_supported=[])
+        back = dict.fromkeys(TRANSIENT_SERIES, {"0", "1"})
+        agent.wait_for(lambda: _reporting(agent) == back, timeout=15, what="GPU 1 back")
+        assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
+        assert agent.get("/v1/collect").json()["test-node"]["devices"][1]["totalMemory"] == (
+            80 * GIB
+        )
+
+
+def test_gpm_given_up_on_a_transient_not_supported_comes_back(fake_nvml: FakeNvml) -> None:
+    _gpm_rates(fake_nvml, 0)
+    with nvml_agent(fake_nvml, "--nvml-reprobe-interval", "1s") as agent:
+        agent.wait_for(lambda: set(_gpm(agent, "gpu_sm_active_ratio")) == {"0"}, what="GPM")
+        fake_nvml.gpu(0, errors={"nvmlGpmSampleGet": pynvml.NVML_ERROR_NOT_SUPPORTED})
+        agent.wait_for(lambda: not _gpm(agent, "gpu_sm_active_ratio"), what="GPM given up")
+        fake_nvml.gpu(0, errors={})
+        agent.wait_for(
+            lambda: _gpm(agent, "gpu_sm_active_ratio") == {"0": pytest.approx(0.8)},
+            timeout=8,
+            what="GPM back",
+        )
+    calls = fake_nvml.calls()
+    assert calls["nvmlGpmSampleAlloc"] == calls["nvmlGpmSampleFree"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import Collector
@@ -13,12 +13,9 @@ from prometheus_client.samples import Sample
 
 from kepler_bridge import __version__
 from kepler_bridge.exposition.catalogue import (
-    ENERGY_COUNTERS,
-    ENERGY_LEVELS,
     GPU_GAUGES,
     GPU_LABELS,
     HEALTH,
-    METRICS,
     MIG_DEVICE_LABELS,
     MIG_INSTANCE_LABELS,
     MIG_PROFILING,
@@ -27,6 +24,9 @@ from kepler_bridge.exposition.catalogue import (
     PROFILING_GAUGES,
     PROFILING_LABELLED,
 )
+from kepler_bridge.exposition.catalogue import METRICS as METRICS  # every name it can emit
+from kepler_bridge.exposition.energy import energy_families
+from kepler_bridge.exposition.families import counter, gauge, info, pod_labels
 from kepler_bridge.exposition.reliability import FAMILIES as RELIABILITY
 from kepler_bridge.exposition.reliability import series as reliability_series
 from kepler_bridge.model import (
@@ -34,23 +34,9 @@ from kepler_bridge.model import (
     Energy,
     GpuProcess,
     GpuReading,
-    PodRef,
     Snapshot,
-    WorkloadEnergy,
     top,
 )
-
-
-def _gauge(name: str, labels: Iterable[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, METRICS[name], labels=list(labels))
-
-
-def _counter(name: str, labels: Iterable[str]) -> CounterMetricFamily:
-    return CounterMetricFamily(name.removesuffix("_total"), METRICS[name], labels=list(labels))
-
-
-def _info(name: str, labels: Iterable[str]) -> InfoMetricFamily:
-    return InfoMetricFamily(name.removesuffix("_info"), METRICS[name], labels=list(labels))
 
 
 def exposed_name(family: Metric) -> str:
@@ -79,7 +65,7 @@ class SnapshotCollector(Collector):
             ours = self._device_families()
             yield from (ours.up, ours.idle, ours.unattributed)
         yield from self._cpu_families()
-        yield from self._energy_families()
+        yield from energy_families(self.snapshot)
         yield from self._agent_families()
 
     def _device_labels(self, gpu: GpuReading) -> list[str]:
@@ -108,7 +94,7 @@ class SnapshotCollector(Collector):
 
     def _cpu_families(self) -> Iterator[Metric]:
         snap = self.snapshot
-        process = _counter(
+        process = counter(
             "kepler_bridge_process_cpu_seconds_total", ("node", "pid", "comm", "container_id")
         )
         for proc in snap.processes:
@@ -117,46 +103,25 @@ class SnapshotCollector(Collector):
             )
         if snap.process_cpu_other is not None:
             process.add_metric([snap.node, "other", "", ""], snap.process_cpu_other)
-        container = _counter(
+        container = counter(
             "kepler_bridge_container_cpu_seconds_total", ("node", "container_id") + POD_LABELS
         )
         for row in snap.containers:
             container.add_metric(
-                [snap.node, row.container_id, *_pod_labels(row.owner)], row.cpu_seconds
+                [snap.node, row.container_id, *pod_labels(row.owner)], row.cpu_seconds
             )
         yield process
         yield container
 
-    def _energy_families(self) -> Iterator[Metric]:
-        snap = self.snapshot
-        energy = snap.energy
-        zones = _counter("kepler_bridge_node_cpu_joules_total", ("node", "zone", "source"))
-        for zone in energy.cpu_zones:
-            zones.add_metric([snap.node, zone.zone, zone.source], zone.joules)
-        yield zones
-        # A kind the node has no energy of gets no attributed series: absent, not zeros.
-        known = {"cpu": bool(energy.cpu_zones), "gpu": bool(energy.gpu_idle)}
-        rows = {
-            ("process", "cpu"): energy.cpu_processes,
-            ("process", "gpu"): energy.gpu_processes,
-            ("container", "cpu"): energy.containers,
-            ("container", "gpu"): energy.containers,
-            ("pod", "cpu"): energy.pods,
-            ("pod", "gpu"): energy.pods,
-        }
-        for name, level, kind in ENERGY_COUNTERS:
-            if known[kind]:
-                yield _energy_family(name, snap.node, level, kind, rows[level, kind])
-
     def _agent_families(self) -> Iterator[Metric]:
         snap = self.snapshot
-        build = _info("kepler_bridge_build_info", ("node",))
+        build = info("kepler_bridge_build_info", ("node",))
         build.add_metric([snap.node], {"version": __version__})
-        up = _gauge("kepler_bridge_source_up", ("node", "source"))
-        errors = _counter("kepler_bridge_source_errors_total", ("node", "source"))
+        up = gauge("kepler_bridge_source_up", ("node", "source"))
+        errors = counter("kepler_bridge_source_errors_total", ("node", "source"))
         # A source that is absent or stands by for its fallback is not down: it has a state,
         # but no up series.
-        state = _gauge("kepler_bridge_source_state", ("node", "source", "state"))
+        state = gauge("kepler_bridge_source_state", ("node", "source", "state"))
         for status in snap.sources:
             if not status.not_in_use:
                 up.add_metric([snap.node, status.name], 1.0 if status.up else 0.0)
@@ -165,13 +130,13 @@ class SnapshotCollector(Collector):
                 state.add_metric(
                     [snap.node, status.name, name], 1.0 if name == status.state else 0.0
                 )
-        duration = _gauge("kepler_bridge_sample_duration_seconds", ("node",))
+        duration = gauge("kepler_bridge_sample_duration_seconds", ("node",))
         duration.add_metric([snap.node], snap.duration_seconds)
-        timestamp = _gauge("kepler_bridge_last_sample_timestamp_seconds", ("node",))
+        timestamp = gauge("kepler_bridge_last_sample_timestamp_seconds", ("node",))
         timestamp.add_metric([snap.node], snap.timestamp)
         yield from (build, up, state, errors, duration, timestamp)
         if snap.ebpf_programs_attached is not None:
-            attached = _gauge("kepler_bridge_ebpf_programs_attached", ("node",))
+            attached = gauge("kepler_bridge_ebpf_programs_attached", ("node",))
             attached.add_metric([snap.node], float(snap.ebpf_programs_attached))
             yield attached
 
@@ -180,25 +145,25 @@ class _DeviceFamilies:
     """The accelerator families of one snapshot, filled one device at a time."""
 
     def __init__(self, energy: Energy) -> None:
-        self.info = _info("gpu_info", GPU_LABELS)
-        self.pod_info = _info("gpu_pod_info", GPU_LABELS)
-        self.up = _gauge("gpu_up", GPU_LABELS)
-        self.gauges = {name: _gauge(name, GPU_LABELS) for name in GPU_GAUGES}
-        self.energy = _counter("gpu_energy_joules_total", GPU_LABELS)
-        self.idle = _counter("kepler_bridge_node_gpu_idle_joules_total", GPU_LABELS)
-        self.unattributed = _counter(
+        self.info = info("gpu_info", GPU_LABELS)
+        self.pod_info = info("gpu_pod_info", GPU_LABELS)
+        self.up = gauge("gpu_up", GPU_LABELS)
+        self.gauges = {name: gauge(name, GPU_LABELS) for name in GPU_GAUGES}
+        self.energy = counter("gpu_energy_joules_total", GPU_LABELS)
+        self.idle = counter("kepler_bridge_node_gpu_idle_joules_total", GPU_LABELS)
+        self.unattributed = counter(
             "kepler_bridge_node_gpu_unattributed_joules_total", GPU_LABELS + ("reason",)
         )
-        self.throttled = _gauge("gpu_throttled", GPU_LABELS + ("reason",))
-        self.ecc = _counter("gpu_ecc_errors_total", GPU_LABELS + ("kind",))
-        self.xid = _counter("gpu_xid_errors_total", GPU_LABELS + ("xid",))
-        self.profiling = {name: _gauge(name, GPU_LABELS) for name in PROFILING_GAUGES}
+        self.throttled = gauge("gpu_throttled", GPU_LABELS + ("reason",))
+        self.ecc = counter("gpu_ecc_errors_total", GPU_LABELS + ("kind",))
+        self.xid = counter("gpu_xid_errors_total", GPU_LABELS + ("xid",))
+        self.profiling = {name: gauge(name, GPU_LABELS) for name in PROFILING_GAUGES}
         self.profiling_labelled = {
-            name: _gauge(name, GPU_LABELS + (label,))
+            name: gauge(name, GPU_LABELS + (label,))
             for name, (_, label, _) in PROFILING_LABELLED.items()
         }
         self.reliability = {
-            name: (_gauge if kind == "gauge" else _counter)(name, GPU_LABELS + labels)
+            name: (gauge if kind == "gauge" else counter)(name, GPU_LABELS + labels)
             for name, (kind, labels) in RELIABILITY.items()
         }
         self.idle_joules = dict(energy.gpu_idle)
@@ -212,7 +177,7 @@ class _DeviceFamilies:
         self.info.add_metric(labels, identity)
         # Device series keep one label set for the device's life; its holder is a series of its own.
         if gpu.holder is not None:
-            self.pod_info.add_metric(labels, dict(zip(POD_LABELS, _pod_labels(gpu.holder.owner))))
+            self.pod_info.add_metric(labels, dict(zip(POD_LABELS, pod_labels(gpu.holder.owner))))
         self.up.add_metric(labels, 1.0 if gpu.up else 0.0)
         if gpu.up:
             self._add_readings(labels, gpu)
@@ -263,11 +228,11 @@ class _MigFamilies:
     """The MIG families: one series per MIG device, and memory and GPM per GPU instance."""
 
     def __init__(self) -> None:
-        self.info = _info("gpu_mig_info", MIG_DEVICE_LABELS)
-        self.pod_info = _info("gpu_mig_pod_info", MIG_DEVICE_LABELS)
-        self.used = _gauge("gpu_mig_memory_used_bytes", MIG_INSTANCE_LABELS)
-        self.total = _gauge("gpu_mig_memory_total_bytes", MIG_INSTANCE_LABELS)
-        self.profiling = {name: _gauge(name, MIG_INSTANCE_LABELS) for name in MIG_PROFILING}
+        self.info = info("gpu_mig_info", MIG_DEVICE_LABELS)
+        self.pod_info = info("gpu_mig_pod_info", MIG_DEVICE_LABELS)
+        self.used = gauge("gpu_mig_memory_used_bytes", MIG_INSTANCE_LABELS)
+        self.total = gauge("gpu_mig_memory_total_bytes", MIG_INSTANCE_LABELS)
+        self.profiling = {name: gauge(name, MIG_INSTANCE_LABELS) for name in MIG_PROFILING}
 
     def add(self, labels: list[str], gpu: GpuReading) -> None:
         """The series of a GPU's MIG devices; a GPU instance's memory once, from its first."""
@@ -276,7 +241,7 @@ class _MigFamilies:
             ids = [str(instance.gpu_instance), str(instance.compute_instance), instance.uuid]
             self.info.add_metric(labels + ids, {"profile": instance.profile})
             if len(instance.holders) == 1:
-                owner = dict(zip(POD_LABELS, _pod_labels(instance.holders[0].owner)))
+                owner = dict(zip(POD_LABELS, pod_labels(instance.holders[0].owner)))
                 self.pod_info.add_metric(labels + ids, owner)
             if instance.gpu_instance in seen:
                 continue
@@ -296,11 +261,6 @@ class _MigFamilies:
         yield from self.profiling.values()
 
 
-def _pod_labels(owner: PodRef, names: tuple[str, ...] = POD_LABELS) -> list[str]:
-    """The pod labels of a row, read from its owner."""
-    return [getattr(owner, name) for name in names]
-
-
 def _process_gauges(
     processes: list[tuple[list[str], GpuProcess]], limit: int | None
 ) -> Iterator[Metric]:
@@ -312,7 +272,7 @@ def _process_gauges(
         ("gpu_process_memory_used_bytes", "memory_used_bytes"),
         ("gpu_process_utilization_ratio", "utilization"),
     ):
-        family = _gauge(name, PROCESS_LABELS)
+        family = gauge(name, PROCESS_LABELS)
         values = {
             row: float(getattr(proc, attribute))
             for row, (_, proc) in enumerate(processes)
@@ -324,25 +284,13 @@ def _process_gauges(
             gpu_labels, proc = processes[row]
             if row in shown:
                 family.add_metric(
-                    gpu_labels + [str(proc.pid), proc.comm, *_pod_labels(proc.owner)], value
+                    gpu_labels + [str(proc.pid), proc.comm, *pod_labels(proc.owner)], value
                 )
             else:
                 other[tuple(gpu_labels)] = other.get(tuple(gpu_labels), 0.0) + value
         for device_labels, value in other.items():
             family.add_metric([*device_labels, "other", "", "", "", ""], value)
         yield family
-
-
-def _energy_family(
-    name: str, node: str, level: str, kind: str, rows: tuple[WorkloadEnergy, ...]
-) -> Metric:
-    """One attributed-energy counter: a series per row, with its level's labels and its owner's."""
-    own, pod = ENERGY_LEVELS[level]
-    family = _counter(name, ("node",) + own + pod)
-    for row in rows:
-        values = [node, *(getattr(row, label) for label in own), *_pod_labels(row.owner, pod)]
-        family.add_metric(values, row.cpu_joules if kind == "cpu" else row.gpu_joules)
-    return family
 
 
 class _NodeLabelled(Collector):

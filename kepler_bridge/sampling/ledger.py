@@ -2,7 +2,7 @@
 
 Every level only ever adds increases; a workload not seen for the grace
 period is forgotten, and processes outside the top:N limit are summed into
-one ``pid="other"`` series per kind.
+one ``pid="other"`` series per kind. Only processes with GPU energy have GPU rows.
 """
 
 from __future__ import annotations
@@ -94,9 +94,15 @@ class Ledger:
         add up to the node's attributed energy and none ever decreases.
         """
         family = self._families[kind]
-        totals = {tally.labels: tally.joules.of(kind) for tally in self._processes.values()}
+        totals = {
+            tally.labels: tally.joules.of(kind)
+            for tally in self._processes.values()
+            if _ranks(kind, tally.joules)
+        }
         gained = {
-            self._processes[key].labels: joules.of(kind) for key, joules in increments.items()
+            self._processes[key].labels: joules.of(kind)
+            for key, joules in increments.items()
+            if _ranks(kind, joules)
         }
         rows = [_with(labels, kind, joules) for labels, joules in family.update(totals, gained)]
         if family.other is not None:
@@ -159,6 +165,13 @@ class Ledger:
             )
             for key in absent[:excess]:
                 del self._processes[key]
+
+
+def _ranks(kind: str, joules: Joules) -> bool:
+    """Whether a process with these joules is in a kind's family: every process in the CPU's;
+    in the GPU's once it has GPU energy (kthreadd or a kworker never has), kept from then on, as
+    its joules never decrease."""
+    return kind == "cpu" or joules.gpu > 0
 
 
 def _with(labels: WorkloadEnergy, kind: str, joules: float) -> WorkloadEnergy:

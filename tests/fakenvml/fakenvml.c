@@ -990,8 +990,9 @@ static int name_in(const char *aliases, const char *name, size_t nlen)
     return 0;
 }
 
-/* Search a "name[:code],name[:code]" list for the function name or any alias.
- * Returns the code (default_code when a token has no ":code"), 0 if absent. */
+/* Search a "name[:code],name[:code]" list for the function name or any alias; the name `*`
+ * matches every function. Returns the code (default_code when a token has no ":code"), 0 if
+ * absent. */
 static nvmlReturn_t list_lookup(const char *list, const char *fname, const char *aliases,
                                 nvmlReturn_t default_code)
 {
@@ -1008,7 +1009,8 @@ static nvmlReturn_t list_lookup(const char *list, const char *fname, const char 
         }
         while (nl && (n[nl - 1] == ' ' || n[nl - 1] == '\t'))
             nl--;
-        if (nl && ((strlen(fname) == nl && !strncmp(fname, n, nl)) || name_in(aliases, n, nl))) {
+        if (nl && ((nl == 1 && *n == '*') || (strlen(fname) == nl && !strncmp(fname, n, nl)) ||
+                   name_in(aliases, n, nl))) {
             if (colon)
                 return (nvmlReturn_t)strtol(colon + 1, NULL, 0);
             return default_code;

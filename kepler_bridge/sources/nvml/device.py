@@ -11,8 +11,11 @@ from kepler_bridge.sources.base import Retry
 from kepler_bridge.sources.nvml.gpm import Gpm
 
 MAX_DEVICE_BACKOFF_SECONDS = 30.0
+# A value NVML cannot report is asked again after --nvml-reprobe-interval, doubling each time it
+# still cannot, up to this many times the interval.
+MAX_REPROBE_FACTOR = 10
 
-# NVML answers meaning "this device cannot report this field": remembered, never asked again.
+# NVML answers meaning "this device cannot report this field": remembered, asked again rarely.
 UNSUPPORTED = (
     pynvml.NVML_ERROR_NOT_SUPPORTED,
     pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
@@ -35,7 +38,10 @@ class Device:
     uuid: str = ""
     model: str = ""
     pci_bus_id: str = ""
-    unsupported: set[str] = field(default_factory=set)
+    unsupported: dict[str, Retry] = field(default_factory=dict)  # name -> when to ask again
+    answered: set[str] = field(default_factory=set)  # the names NVML gave a value this sample
+    now: float = 0.0  # the sample's monotonic time
+    reprobe: float = 0.0  # --nvml-reprobe-interval, set by begin()
     error: str = ""
     retry: Retry = field(default_factory=lambda: Retry(MAX_DEVICE_BACKOFF_SECONDS))
     last_process_sample_us: int = 0
@@ -48,17 +54,40 @@ class Device:
         self.gpm.close()
         self.retry.failed(interval, now)
 
+    def begin(self, now: float, reprobe: float) -> None:
+        """A new sample at `now`; values not supported are asked again after `reprobe` s."""
+        self.now, self.reprobe = now, reprobe
+        self.answered.clear()
+
     def query(self, name: str, call: Callable[[], Any]) -> Any:
-        """One NVML call; None when the device cannot report it (remembered). Other errors raise."""
-        if name in self.unsupported:
+        """One NVML call; None when the device cannot report it (remembered, and asked again
+        when its re-probe is due). Other errors raise."""
+        retry = self.unsupported.get(name)
+        if retry is not None and not retry.due(self.now):
             return None
         try:
-            return call()
+            value = call()
         except pynvml.NVMLError as err:
             if err.value in UNSUPPORTED:
-                self.unsupported.add(name)
+                self.cannot(name)
                 return None
             raise
+        if retry is not None:
+            del self.unsupported[name]
+        self.answered.add(name)
+        return value
+
+    def profiling(self) -> dict[str, Any]:
+        """This interval's GPM fields; what GPM said it cannot do is asked again when due."""
+        self.gpm.reprobe(self.handle, self.now, self.reprobe, MAX_REPROBE_FACTOR * self.reprobe)
+        return self.gpm.read(self.handle, self.index)
+
+    def cannot(self, name: str) -> None:
+        """NVML cannot report `name` now: not asked again until its re-probe is due."""
+        self.answered.discard(name)
+        retry = self.unsupported.setdefault(name, Retry(0.0))
+        retry.cap = MAX_REPROBE_FACTOR * self.reprobe
+        retry.failed(self.reprobe, self.now)
 
 
 def unsupported_summary(devices: Iterable[Device]) -> str:

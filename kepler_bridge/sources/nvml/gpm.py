@@ -10,6 +10,7 @@ from typing import Any, Callable
 import pynvml
 
 from kepler_bridge.sources import ranges
+from kepler_bridge.sources.base import Retry
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,26 @@ class Gpm:
         self.pair: _Pair | None = None
         self.instances: dict[int, _Pair] = {}
         self.failing = False  # the last sample failed (logged once)
-        self.mig_unsupported = False  # nvmlGpmMigSampleGet is not supported: not asked again
+        self.mig_unsupported = False  # nvmlGpmMigSampleGet is not supported: asked again rarely
         self.reason = ""
+        self.retry = Retry(0.0)  # when to ask again what GPM said it cannot do
+
+    def reprobe(self, handle: Any, now: float, interval: float, cap: float) -> None:
+        """Where GPM said it cannot sample this GPU or its GPU instances, ask again when due:
+        after `interval` s, doubling while it still cannot, up to `cap` s."""
+        if not (self.reason or self.mig_unsupported):
+            return
+        # Just given up (nothing scheduled since GPM last worked): first ask again after one wait.
+        scheduled = self.retry.delay > 0
+        if scheduled and not self.retry.due(now):
+            return
+        self.retry.cap = cap
+        self.retry.failed(interval, now)
+        if not scheduled:
+            return
+        if self.reason:
+            self.open(handle)
+        self.mig_unsupported = False
 
     def open(self, handle: Any) -> None:
         """At GPU acquire: ask whether the GPU has GPM and allocate the two samples it needs.
@@ -126,6 +145,7 @@ class Gpm:
                 self.reason = UNSUPPORTED_REASON
                 return
             self.pair = _Pair()
+            self.retry.succeeded()
         except pynvml.NVMLError as err:
             self.close()
             if err.value not in NO_GPM:
@@ -179,9 +199,11 @@ class Gpm:
         try:
             if gpu_instance not in self.instances:
                 self.instances[gpu_instance] = _Pair()
-            return self.instances[gpu_instance].take(
+            pair = self.instances[gpu_instance].take(
                 lambda sample: pynvml.nvmlGpmMigSampleGet(handle, gpu_instance, sample)
             )
+            self.retry.succeeded()
+            return pair
         except pynvml.NVMLError as err:
             if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise

@@ -50,7 +50,7 @@ def _link_count(device: Device) -> int:
     value = values[0]
     count = value.value.uiVal if value.nvmlReturn == pynvml.NVML_SUCCESS else 0
     if not 0 < count <= pynvml.NVML_NVLINK_MAX_LINKS:
-        device.unsupported.add("nvlink")
+        device.cannot("nvlink")
         return 0
     return count
 

@@ -25,6 +25,11 @@ NVIDIA_PCI_VENDOR = "0x10de"
 # PCI class 03h: VGA and 3D controllers, not the cards' audio or USB functions.
 DISPLAY_CLASS = "0x03"
 
+NOTHING_ANSWERED = (
+    "NVML reports none of this GPU's values (every call: not supported); "
+    "check it with `nvidia-smi -q -i {index}`"
+)
+
 # Bits of nvmlDeviceGetCurrentClocksEventReasons, named as in NVML's header.
 THROTTLE_REASONS = (
     (0x1, "gpu_idle"),
@@ -118,17 +123,25 @@ class NvmlSource(Source):
             except pynvml.NVMLError as err:
                 device.fail(str(err), self.config.interval, now)
                 return self._down(device)
+        device.begin(now, self.config.nvml_reprobe_interval)
         try:
             reading = with_reliability(device, self._values(device))
         except pynvml.NVMLError as err:
-            log.warning(
-                "GPU %d: %s; retrying in %.0fs", device.index, err, max(device.retry.delay * 2, 1)
-            )
-            device.fail(str(err), self.config.interval, now)
-            return self._down(device)
+            return self._failed(device, str(err), now)
+        if not device.answered:
+            # Values NVML "cannot report" all at once: the GPU is failing, not a GPU without them.
+            return self._failed(device, NOTHING_ANSWERED.format(index=device.index), now)
         device.error = ""
         device.retry.succeeded()
         return reading
+
+    def _failed(self, device: Device, error: str, now: float) -> GpuReading:
+        """The GPU failed this sample: down, its handle dropped, acquired again with backoff."""
+        log.warning(
+            "GPU %d: %s; retrying in %.0fs", device.index, error, max(device.retry.delay * 2, 1)
+        )
+        device.fail(error, self.config.interval, now)
+        return self._down(device)
 
     def _values(self, device: Device) -> GpuReading:
         """Every value of one GPU, each checked against its physical range."""
@@ -163,7 +176,7 @@ class NvmlSource(Source):
             last_xid_timestamp=xids.last_seen,
             last_xid_code=xids.last_code,
             processes=gpu_processes(device, self.config.procfs),
-            **device.gpm.read(device.handle, device.index),
+            **device.profiling(),
         )
         return with_mig(device, values)
 
@@ -276,7 +289,7 @@ def _memory_temperature(device: Device) -> float | None:
         return None
     value = values[0]
     if value.nvmlReturn != pynvml.NVML_SUCCESS:
-        device.unsupported.add("memory_temperature")
+        device.cannot("memory_temperature")
         return None
     return ranges.celsius(float(value.value.uiVal))
 
