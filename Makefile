@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PEERS_VENV := .venv-peers
 LISTEN ?= 0.0.0.0:30060
 SIMULATE ?= 0
 IS_ROOT := $(shell [ "$$(id -u)" -eq 0 ] && echo yes)
@@ -42,11 +43,19 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-bench: deps-test
-	bash scripts/apt-install.sh wrk
+# The peers of benchmarks/peers.py: nvitop-exporter in a venv of its own, node_exporter from Debian.
+NVITOP_EXPORTER ?= 1.7.2
+$(PEERS_VENV)/.installed:
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q nvitop-exporter==$(NVITOP_EXPORTER)
+	touch $@
+
+bench: deps-test $(PEERS_VENV)/.installed
+	bash scripts/apt-install.sh wrk prometheus-node-exporter
 	$(BIN)/python benchmarks/agent_http.py
 	$(BIN)/python benchmarks/slow_clients.py
 	$(BIN)/python benchmarks/bpf_overhead.py
+	$(BIN)/python benchmarks/peers.py
 
 # On a machine with an NVIDIA GPU: kepler-bridge against nvidia-smi, read-only (README "Check on a
 # real GPU"). It needs no venv: $(PYTHON) with the wheels of dist/gpu-check, built where PyPI is
@@ -58,4 +67,4 @@ gpu-check-bundle: $(VENV)/.installed
 	PYTHON=$(BIN)/python bash scripts/gpu-check-bundle.sh dist/gpu-check
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(PEERS_VENV) build *.egg-info .pytest_cache

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,8 @@ from typing import Callable, Iterator
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
+
+from sleepers import SLEEPERS_C, build  # noqa: E402
 
 from agent import Agent  # noqa: E402
 from cpu_helpers import Burner, loopback_flood, net_rx_softirqs, short_lived  # noqa: E402
@@ -87,50 +88,6 @@ int main(int argc, char **argv) {
     return 0;
 }
 """
-
-# argv: count, seconds. Forks `count` children that sleep until killed, their parent dies, or
-# `seconds` pass; prints "ready", and kills them all when stdin closes.
-SLEEPERS_C = r"""
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-int main(int argc, char **argv) {
-    int n = atoi(argv[1]), started = 0;
-    pid_t *children = calloc(n, sizeof(pid_t));
-    char byte;
-    for (; started < n; started++) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            alarm(atoi(argv[2]));
-            pause();
-            _exit(0);
-        }
-        if (pid < 0) break;
-        children[started] = pid;
-    }
-    printf("ready %d\n", started);
-    fflush(stdout);
-    while (read(0, &byte, 1) > 0) {}
-    for (int i = 0; i < started; i++) kill(children[i], SIGKILL);
-    while (wait(NULL) > 0) {}
-    return 0;
-}
-"""
-
-
-def build(directory: Path, name: str, text: str) -> Path:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise SystemExit("a C compiler is needed (apt-get install gcc)")
-    source, binary = directory / f"{name}.c", directory / name
-    source.write_text(text)
-    subprocess.run([compiler, "-O2", "-o", str(binary), str(source)], check=True)
-    return binary
 
 
 def ping_pong(binary: Path, round_trips: int, cpu: int) -> tuple[float, float]:
