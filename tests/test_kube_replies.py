@@ -81,6 +81,40 @@ def test_a_declared_length_over_the_cap_is_refused_before_the_body(tmp_path: Pat
     assert "over kube_max_reply_bytes (65536 bytes)" in kube.errors["pods"]
 
 
+def test_a_dense_reply_under_the_cap_is_refused_before_parsing() -> None:
+    """Nested empty lists cost ~30 bytes of memory per byte once parsed: a reply with more JSON
+    values than a pod list of the cap's size can have is refused uncounted."""
+    dense = b'{"items":[' + b",".join([b"[[]]"] * (6 * MIB // 5)) + b"]}"
+    answer = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + dense
+    with FakeKube(PODS) as metaserver:
+        kube = metadata(kube_source="metaserver", metaserver_url=metaserver.url)
+        kube.refresh()
+        metaserver.raw = lambda: [answer]
+        grown = peak_growth_mib(kube.refresh)
+    assert kube.view().containers == EXPECTED
+    assert "JSON values" in kube.errors["pods"] and "kube_max_reply_bytes" in kube.errors["pods"]
+    assert grown < 48, f"peak RSS grew {grown:.0f} MiB on a 6 MiB reply"
+
+
+def test_a_big_real_pod_list_under_the_cap_costs_about_its_size() -> None:
+    """Only the fields the agent reads are kept while parsing (a full parse costs ~5x)."""
+    env = [{"name": f"VARIABLE_{n}", "value": f"value-{n}"} for n in range(60)]
+    pods = []
+    for n in range(1000):
+        item = pod("big", f"p-{n}", ("main", f"containerd://{n:064x}"))
+        item["spec"]["containers"][0]["env"] = env
+        pods.append(item)
+    answer = http_answer(pod_list(*pods))
+    body = answer[answer.index(b"\r\n\r\n") + 4 :]
+    assert 2 * MIB < len(body) < 4 * MIB
+    with FakeKube(PODS) as metaserver:
+        kube = metadata(kube_source="metaserver", metaserver_url=metaserver.url)
+        metaserver.raw = lambda: [answer]
+        grown = peak_growth_mib(kube.refresh)
+    assert len(kube.view().containers) == 1000 and kube.errors["pods"] == ""
+    assert grown < 4 * len(body) / MIB, f"peak RSS grew {grown:.0f} MiB"
+
+
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return self_signed(tmp_path_factory.mktemp("tls"))

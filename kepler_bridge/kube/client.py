@@ -4,7 +4,6 @@ HTTP(S)."""
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import ssl
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from urllib.parse import quote
 
 from kepler_bridge.config import Config
 from kepler_bridge.kube import bounded_get
-from kepler_bridge.kube.pods import containers_of
+from kepler_bridge.kube.pods import containers_of, read_pod_list
 from kepler_bridge.model import PodRef
 
 
@@ -111,7 +110,7 @@ def fetch_pods(endpoint: Endpoint, config: Config) -> dict[str, PodRef]:
             f"{_advice(endpoint, reply.status, config)}"
         )
     try:
-        return containers_of(json.loads(reply.body))
+        return containers_of(read_pod_list(reply.body, config.kube_max_reply_bytes))
     except (ValueError, RecursionError) as err:  # a broken or hostile answer
         raise KubeError(f"{where}: {err}") from None
 
