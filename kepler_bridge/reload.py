@@ -34,6 +34,8 @@ RELOADABLE = frozenset(
         "kube_token_file",
         "kube_ca_file",
         "kube_insecure_skip_tls_verify",
+        "kube_max_reply_bytes",
+        "kube_timeout",
     }
 )
 KUBE = frozenset(name for name in RELOADABLE if name.startswith("kube") or name == "metaserver_url")

@@ -354,3 +354,23 @@ class SettingsTable:
             "the kubelet's pod-resources socket: which pod each GPU is assigned to",
         )
     )
+    kube_max_reply_bytes: int = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_KUBE_MAX_REPLY_BYTES",),
+            parse.bounded(parse.count, 1 << 16, 1 << 30),
+            16 << 20,
+            "expected a whole number of bytes from 65536 to 1073741824, such as 33554432",
+            "largest reply read from a kube endpoint (pod list, pod-resources); a longer one is "
+            "refused unread and the last good one stays",
+        )
+    )
+    kube_timeout: float = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_KUBE_TIMEOUT",),
+            parse.bounded(parse.duration, 0.1, 300),
+            "10s",
+            "expected a duration from 100ms to 5m, such as 10s",
+            "time one request to a kube endpoint may take in all (connect, TLS, reply); "
+            "past it the request is cut and the last good answer stays",
+        )
+    )

@@ -7,9 +7,11 @@ import json
 import ssl
 import subprocess
 import threading
+import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
 import grpc
 
@@ -75,20 +77,58 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     return cert, key
 
 
+def huge_pod_list(size: int) -> Iterator[bytes]:
+    """A whole HTTP answer (no Content-Length) carrying a valid PodList of about `size` bytes,
+    made while it is sent: never more than 1 MiB of it exists at once."""
+    padding = {"annotations": {"note": "x" * 4000}}
+    one = json.dumps({**pod("big", "filler", ("main", "containerd://" + "e" * 64)), **padding})
+    chunk = ",".join([one] * (2**20 // len(one))).encode()
+    yield b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"
+    yield b'{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[' + chunk
+    for _ in range(size // len(chunk)):
+        yield b"," + chunk
+    yield b"]}"
+
+
+def dribbled(answer: bytes, every: float) -> Iterator[bytes]:
+    """`answer` one byte every `every` seconds."""
+    for index in range(len(answer)):
+        time.sleep(every)
+        yield answer[index : index + 1]
+
+
+def http_answer(body: dict) -> bytes:
+    """A whole HTTP answer: 200, JSON, with its Content-Length."""
+    data = json.dumps(body).encode()
+    head = f"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}"
+    return head.encode() + b"\r\n\r\n" + data
+
+
 class FakeKube:
     """Answers GET /pods (kubelet) and /api/v1/pods (API server, MetaServer) with `pods`;
-    records requests."""
+    records requests and counts answers. Where `raw` is set, each GET gets what it yields
+    instead, written as it comes (status line, headers and body: a huge or a dribbled answer)."""
 
     def __init__(self, pods: dict, token: str = "", tls: tuple[Path, Path] | None = None) -> None:
         self.pods = pods
         self.token = token
+        self.raw: Callable[[], Iterable[bytes]] | None = None
         self.requests: list[tuple[str, str]] = []
+        self.answered = 0  # requests whose answer was written whole, or cut by the client
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 fake.requests.append((self.path, self.headers.get("Authorization", "")))
-                if fake.token and self.headers.get("Authorization") != f"Bearer {fake.token}":
+                try:
+                    self._answer_request()
+                finally:
+                    fake.answered += 1
+
+            def _answer_request(self) -> None:
+                if fake.raw is not None:
+                    self._write(fake.raw())
+                elif fake.token and self.headers.get("Authorization") != f"Bearer {fake.token}":
                     self._answer(401, {"kind": "Status", "message": "Unauthorized"})
                 elif self.path.split("?")[0] in ("/pods", "/api/v1/pods"):
                     self._answer(200, fake.pods)
@@ -102,6 +142,14 @@ class FakeKube:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _write(self, pieces: Iterable[bytes]) -> None:
+                self.close_connection = True
+                try:
+                    for piece in pieces:
+                        self.wfile.write(piece)
+                except OSError:  # the client stopped reading and closed
+                    pass
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -177,12 +225,14 @@ class FakePodResources:
     ) -> None:
         self.socket = socket
         self.response = response
+        self.delay = 0.0  # seconds each answer waits
         self.calls = 0
         self._lock = threading.Lock()
 
         def answer(request: bytes, context: grpc.ServicerContext) -> bytes:
             with self._lock:
                 self.calls += 1
+            time.sleep(self.delay)
             return self.response
 
         handler = grpc.method_handlers_generic_handler(

@@ -59,9 +59,8 @@ def token_file(tmp_path: Path) -> Path:
 
 def metadata(environ: dict[str, str] | None = None, **settings: object) -> KubeMetadata:
     settings.setdefault("pod_resources_socket", "")
-    return KubeMetadata(
-        make_config(**settings), environ=environ or {}, min_period=0.05, timeout=2.0
-    )
+    settings.setdefault("kube_timeout", "2s")
+    return KubeMetadata(make_config(**settings), environ=environ or {}, min_period=0.05)
 
 
 def test_pod_list_gives_every_started_container_by_runtime_id() -> None:

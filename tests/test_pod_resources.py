@@ -44,7 +44,7 @@ ASSIGNED = list_response(
 
 def test_list_reads_the_kubelets_wire_format(tmp_path: Path) -> None:
     with FakePodResources(tmp_path / "kubelet.sock", ASSIGNED):
-        assert list_assignments(str(tmp_path / "kubelet.sock"), timeout=5) == (
+        assert list_assignments(str(tmp_path / "kubelet.sock"), timeout=5, max_bytes=1 << 20) == (
             Assignment(GPU0, "nvidia.com/gpu", PodRef("ml", "train-0", "main")),
             Assignment(f"{GPU1}::0", "nvidia.com/gpu", PodRef("ml", "infer-a", "server")),
             Assignment(f"{GPU1}::1", "nvidia.com/gpu", PodRef("ml", "infer-b", "server")),
@@ -59,7 +59,7 @@ def test_errors_name_the_socket_and_the_fix(tmp_path: Path) -> None:
         with pytest.raises(
             KubeError, match=r"pod-resources .*kubelet.sock: UNIMPLEMENTED.*mount the kubelet's"
         ):
-            list_assignments(str(tmp_path / "kubelet.sock"), timeout=5)
+            list_assignments(str(tmp_path / "kubelet.sock"), timeout=5, max_bytes=1 << 20)
 
 
 def kube(socket: Path) -> KubeMetadata:

@@ -4,17 +4,15 @@ HTTP(S)."""
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import ssl
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Mapping
 from urllib.parse import quote
 
 from kepler_bridge.config import Config
-from kepler_bridge.kube.pods import containers_of
+from kepler_bridge.kube import bounded_get
+from kepler_bridge.kube.pods import containers_of, read_pod_list
 from kepler_bridge.model import PodRef
 
 
@@ -82,49 +80,72 @@ def _tls(config: Config) -> ssl.SSLContext:
     )
 
 
-def fetch_pods(endpoint: Endpoint, config: Config, timeout: float) -> dict[str, PodRef]:
+def fetch_pods(endpoint: Endpoint, config: Config) -> dict[str, PodRef]:
     """Container id -> container for the endpoint's pods; KubeError says why not."""
     if not endpoint.url:
         raise KubeError(
             f"{endpoint.name}: KUBERNETES_SERVICE_HOST is not set (the agent runs outside a pod): "
             "run it in a pod, or set kube_source to kubelet or metaserver"
         )
-    request, handlers = _request(endpoint, config)
+    where = f"{endpoint.name} {endpoint.url}"
     try:
-        with urllib.request.build_opener(*handlers).open(request, timeout=timeout) as response:
-            return containers_of(json.load(response))
-    except urllib.error.HTTPError as err:
+        reply = bounded_get.get(
+            endpoint.url,
+            _headers(endpoint, config),
+            _tls(config) if endpoint.url.startswith("https:") else None,
+            config.kube_timeout,
+            config.kube_max_reply_bytes,
+        )
+    except bounded_get.ReplyTooLarge:
+        raise KubeError(f"{where}: {too_large(config.kube_max_reply_bytes)}") from None
+    except TimeoutError:
+        raise KubeError(f"{where}: {too_slow(config.kube_timeout, endpoint.name)}") from None
+    except OSError as err:
+        raise _unreachable(endpoint, err, config) from None
+    except http.client.HTTPException as err:  # a broken or hostile answer
+        raise KubeError(f"{where}: {err}") from None
+    if not 200 <= reply.status < 300:
         raise KubeError(
-            f"{endpoint.name} {endpoint.url} answered {err.code} {err.reason}: "
-            f"{_advice(endpoint, err.code, config)}"
-        ) from None
-    except urllib.error.URLError as err:
-        raise _unreachable(endpoint, err.reason, config) from None
-    except (OSError, ValueError, RecursionError, http.client.HTTPException) as err:
-        # A broken or hostile answer.
-        raise KubeError(f"{endpoint.name} {endpoint.url}: {err}") from None
+            f"{where} answered {reply.status} {reply.reason}: "
+            f"{_advice(endpoint, reply.status, config)}"
+        )
+    try:
+        return containers_of(read_pod_list(reply.body, config.kube_max_reply_bytes))
+    except (ValueError, RecursionError) as err:  # a broken or hostile answer
+        raise KubeError(f"{where}: {err}") from None
 
 
-def _request(
-    endpoint: Endpoint, config: Config
-) -> tuple[urllib.request.Request, list[urllib.request.BaseHandler]]:
-    """The endpoint's request and the handlers to open it with: the token and TLS over HTTPS."""
-    request = urllib.request.Request(endpoint.url, headers={"Accept": "application/json"})
-    # Proxies from the environment never apply: every endpoint is on this node or in the cluster.
-    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+def too_large(max_bytes: int) -> str:
+    """Why a reply over kube_max_reply_bytes was refused, and what to change."""
+    return (
+        f"its reply is over kube_max_reply_bytes ({max_bytes} bytes) and was not read further; "
+        "raise kube_max_reply_bytes if this node's list is that large"
+    )
+
+
+def too_slow(timeout: float, name: str) -> str:
+    """Why a request past kube_timeout was cut, and what to change."""
+    return (
+        f"no whole reply within kube_timeout ({timeout:g} s), cut; raise kube_timeout if the "
+        f"{name} is that slow"
+    )
+
+
+def _headers(endpoint: Endpoint, config: Config) -> dict[str, str]:
+    """Accept JSON; over HTTPS also the service-account token."""
+    headers = {"Accept": "application/json"}
     if endpoint.url.startswith("https:"):
         # The token is a credential: it only travels encrypted. Bound tokens rotate, so it is read
         # each time.
         try:
             with open(config.kube_token_file, encoding="utf-8") as file:
-                request.add_header("Authorization", f"Bearer {file.read().strip()}")
+                headers["Authorization"] = f"Bearer {file.read().strip()}"
         except OSError:
             pass
-        handlers.append(urllib.request.HTTPSHandler(context=_tls(config)))
-    return request, handlers
+    return headers
 
 
-def _unreachable(endpoint: Endpoint, reason: str | BaseException, config: Config) -> KubeError:
+def _unreachable(endpoint: Endpoint, reason: OSError, config: Config) -> KubeError:
     """Why the endpoint could not be reached, and what to set."""
     if isinstance(reason, ssl.SSLCertVerificationError):
         return KubeError(

@@ -17,7 +17,6 @@ log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 30.0
 MIN_REFRESH_SECONDS = 2.0
-TIMEOUT_SECONDS = 5.0
 MAX_NOTICED = 10000
 
 
@@ -31,12 +30,11 @@ class KubeMetadata:
         environ: Mapping[str, str] | None = None,
         period: float = REFRESH_SECONDS,
         min_period: float = MIN_REFRESH_SECONDS,
-        timeout: float = TIMEOUT_SECONDS,
     ) -> None:
         self.config = config
         self.endpoints = endpoints(config, os.environ if environ is None else environ)
         self.socket = config.pod_resources_socket
-        self.period, self.min_period, self.timeout = period, min_period, timeout
+        self.period, self.min_period = period, min_period
         self.errors: dict[str, str] = {}
         self._view = KubeView()
         self._containers: dict[str, PodRef] = {}
@@ -91,7 +89,7 @@ class KubeMetadata:
         problems = []
         for endpoint in sorted(self.endpoints, key=lambda endpoint: endpoint != self._preferred):
             try:
-                self._containers = fetch_pods(endpoint, self.config, self.timeout)
+                self._containers = fetch_pods(endpoint, self.config)
             except KubeError as err:
                 problems.append(str(err))
                 continue
@@ -113,7 +111,9 @@ class KubeMetadata:
         from kepler_bridge.kube.pod_resources import list_assignments
 
         try:
-            self._assignments = list_assignments(self.socket, self.timeout)
+            self._assignments = list_assignments(
+                self.socket, self.config.kube_timeout, self.config.kube_max_reply_bytes
+            )
         except KubeError as err:
             self._report(
                 "devices",

@@ -14,12 +14,11 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
-from kepler_bridge.kube.client import KubeError
+from kepler_bridge.kube.client import KubeError, too_large, too_slow
 from kepler_bridge.kube.view import Assignment
 from kepler_bridge.model import PodRef
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 _STRING = descriptor_pb2.FieldDescriptorProto.TYPE_STRING
 _MESSAGE = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
@@ -68,14 +67,15 @@ def _message_classes() -> dict[str, type[Message]]:
 MESSAGES = _message_classes()
 
 
-def list_assignments(socket_path: str, timeout: float) -> tuple[Assignment, ...]:
-    """Every device of every container on this node, as the kubelet assigned them."""
+def list_assignments(socket_path: str, timeout: float, max_bytes: int) -> tuple[Assignment, ...]:
+    """Every device of every container on this node, as the kubelet assigned them; the call
+    takes `timeout` s at most in all, the reply `max_bytes` at most."""
     request_class, response_class = (
         MESSAGES["ListPodResourcesRequest"],
         MESSAGES["ListPodResourcesResponse"],
     )
     with grpc.insecure_channel(
-        f"unix://{socket_path}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        f"unix://{socket_path}", options=[("grpc.max_receive_message_length", max_bytes)]
     ) as channel:
         call = channel.unary_unary(
             LIST_METHOD,
@@ -86,9 +86,8 @@ def list_assignments(socket_path: str, timeout: float) -> tuple[Assignment, ...]
             response = call(request_class(), timeout=timeout)
         except grpc.RpcError as err:
             raise KubeError(
-                f"pod-resources {socket_path}: {err.code().name}: {err.details()}; mount the "
-                "kubelet's /var/lib/kubelet/pod-resources directory read-write and run the agent "
-                "as root"
+                f"pod-resources {socket_path}: {err.code().name}: {err.details()}; "
+                f"{_advice(err.code(), timeout, max_bytes)}"
             ) from None
     return tuple(
         Assignment(
@@ -98,4 +97,15 @@ def list_assignments(socket_path: str, timeout: float) -> tuple[Assignment, ...]
         for container in pod.containers
         for devices in container.devices
         for device_id in devices.device_ids
+    )
+
+
+def _advice(code: grpc.StatusCode, timeout: float, max_bytes: int) -> str:
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return too_large(max_bytes)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return too_slow(timeout, "kubelet")
+    return (
+        "mount the kubelet's /var/lib/kubelet/pod-resources directory read-write and run the "
+        "agent as root"
     )

@@ -3,11 +3,19 @@ MetaServer alike)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kepler_bridge.model import PodRef
 
 STATUS_LISTS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
+# Every key containers_of reads; parsing keeps no other.
+READ_KEYS = frozenset(("items", "metadata", "status", "namespace", "name", "containerID"))
+READ_KEYS |= frozenset(STATUS_LISTS)
+# A pod list has one JSON value per 15 bytes or more (managedFields are the densest part). Parsed,
+# a value costs up to ~150 bytes (small objects of kept keys; nested empty lists cost ~30 bytes per
+# byte of reply): one value per BYTES_PER_VALUE bytes of the size limit keeps parsing under 10x it.
+BYTES_PER_VALUE = 16
 _JSON_NAMES = {
     dict: "an object",
     list: "a list",
@@ -17,6 +25,25 @@ _JSON_NAMES = {
     int: "a number",
     float: "a number",
 }
+
+
+def read_pod_list(body: bytes | bytearray, max_bytes: int) -> Any:
+    """The JSON of a reply with only the keys containers_of reads, so a pod list costs about its
+    own size once parsed; ValueError when it is not JSON or holds more values than a pod list
+    within `max_bytes` may."""
+    # Every value but the first follows a comma or opens a container; commas in strings count
+    # too, erring on the safe side.
+    values = body.count(b",") + body.count(b"[") + body.count(b"{")
+    if values > max_bytes // BYTES_PER_VALUE:
+        raise ValueError(
+            f"not a PodList: more JSON values than one per {BYTES_PER_VALUE} bytes of "
+            f"kube_max_reply_bytes ({max_bytes}); raise kube_max_reply_bytes if it is one"
+        )
+    return json.loads(body, object_pairs_hook=_read_keys)
+
+
+def _read_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    return {key: value for key, value in pairs if key in READ_KEYS}
 
 
 def containers_of(pod_list: Any) -> dict[str, PodRef]:
