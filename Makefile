@@ -46,6 +46,7 @@ bench: deps-test
 	bash scripts/apt-install.sh wrk
 	$(BIN)/python benchmarks/agent_http.py
 	$(BIN)/python benchmarks/slow_clients.py
+	$(BIN)/python benchmarks/pipelined_clients.py
 	$(BIN)/python benchmarks/bpf_overhead.py
 
 # On a machine with an NVIDIA GPU: kepler-bridge against nvidia-smi, read-only (README "Check on a
