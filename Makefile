@@ -54,6 +54,7 @@ bench: deps-test $(PEERS_VENV)/.installed
 	bash scripts/apt-install.sh wrk prometheus-node-exporter
 	$(BIN)/python benchmarks/agent_http.py
 	$(BIN)/python benchmarks/slow_clients.py
+	$(BIN)/python benchmarks/pipelined_clients.py
 	$(BIN)/python benchmarks/bpf_overhead.py
 	$(BIN)/python benchmarks/peers.py
 

@@ -34,7 +34,22 @@ def closed_by_peer(sock: socket.socket) -> bool:
             return True
 
 
-def _hung_up(sock: socket.socket) -> bool:
+def send_queue_bytes(port: int) -> int:
+    """Bytes the kernel holds in the send queues of the server's side of `port`'s TCP connections
+    (tx_queue of /proc/net/tcp and tcp6), including closed ones the kernel still has to send."""
+    total = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table, encoding="ascii") as file:
+            next(file)
+            for line in file:
+                fields = line.split()
+                listening = fields[3] == "0A"
+                if not listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    total += int(fields[4].split(":")[0], 16)
+    return total
+
+
+def hung_up(sock: socket.socket) -> bool:
     """Whether the server closed this connection, without reading what it sent."""
     poller = select.poll()
     poller.register(sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
@@ -94,7 +109,7 @@ class Attack:
             (self.non_readers, self._start_non_reader, 4096),
         ):
             for index, sock in enumerate(group):
-                if not _hung_up(sock):
+                if not hung_up(sock):
                     continue
                 sock.close()
                 group[index] = _connect(self.port, rcvbuf)

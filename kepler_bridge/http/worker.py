@@ -3,12 +3,12 @@
 A slow or silent client costs a socket and a few bytes, never a thread: a request reaches the thread
 pool only once its whole head is buffered, and its response is written back by the loop, without
 blocking. A head not complete within `http_header_timeout`, or a response left unread for
-`http_write_timeout`, closes the connection.
+`http_write_timeout`, closes the connection. A connection's next request is parsed only once the
+kernel has sent the whole of its last response (`limits`): a client that never reads gets one.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import queue
 import selectors
@@ -16,16 +16,23 @@ import signal
 import socket
 import ssl
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, cast
 
 from gunicorn import util
 from gunicorn.workers.base import Worker
 
+from kepler_bridge.http.connection import Conn, Waiting
 from kepler_bridge.http.host import WorkerHost
+from kepler_bridge.http.limits import (
+    OUT_OF_RESOURCES,
+    AcceptFailures,
+    ConnectionCap,
+    abort,
+    connection_cap,
+    tune,
+)
 from kepler_bridge.http.webconfig import peer_allowed
 from kepler_bridge.http.wsgi import Peer, WsgiBridge, error_response
 
@@ -39,23 +46,6 @@ LINGER_SECONDS = 2.0
 ACCEPTS_PER_EVENT = 64
 
 
-@dataclass(eq=False)
-class _Conn:
-    """One client connection and the loop's view of it."""
-
-    sock: socket.socket
-    client: tuple
-    server: tuple
-    handshaking: bool = False
-    allowed_sans: tuple[str, ...] = ()
-    inbuf: bytearray = field(default_factory=bytearray)
-    scanned: int = 0
-    out: list[memoryview] = field(default_factory=list)
-    close_after_write: bool = False
-    deadline: float = 0.0
-    events: int = 0
-
-
 class EventLoopWorker(Worker):
     """One selector loop: accept, TLS handshake, request heads, responses; a pool runs Flask."""
 
@@ -63,18 +53,22 @@ class EventLoopWorker(Worker):
     selector: selectors.BaseSelector
     pool: ThreadPoolExecutor
     bridge: WsgiBridge
+    # Made in run(), once the agent's own files are open.
+    cap: ConnectionCap
+    failures: AcceptFailures
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.host: WorkerHost = self.app
         self.settings = self.host.connections
         self.done: queue.SimpleQueue = queue.SimpleQueue()
-        # Connections in each waiting state, oldest deadline first (a state has one fixed timeout).
-        self.reading: OrderedDict[_Conn, None] = OrderedDict()
-        self.writing: OrderedDict[_Conn, None] = OrderedDict()
-        self.lingering: OrderedDict[_Conn, None] = OrderedDict()
+        self.reading = Waiting(self.settings.header_timeout)
+        self.writing = Waiting(self.settings.write_timeout)
+        self.lingering = Waiting(LINGER_SECONDS)
         self.busy = 0
         self.accepting = False
+        # Set while accepting pauses for lack of descriptors: when it resumes.
+        self.resume_at = 0.0
         self.stop_by = float("inf")
 
     def init_process(self) -> None:
@@ -101,25 +95,33 @@ class EventLoopWorker(Worker):
     def run(self) -> None:
         # The base class routes signals to PIPE[1] too: signals and finished requests wake select().
         self.selector.register(self.PIPE[0], selectors.EVENT_READ, partial(self._wake))
+        self.cap = connection_cap(self.cfg.worker_connections, self.log)
+        self.failures = AcceptFailures(self.log, self.cap)
         self._set_accepting(True)
         next_tick = 0.0
         while self.alive or ((self.busy or self.writing) and time.monotonic() < self.stop_by):
             now = time.monotonic()
             if now >= next_tick:
-                self.notify()
-                self._expire(now)
+                self._tick(now)
                 next_tick = now + TICK_SECONDS
-                if self.ppid != os.getppid():
-                    self.log.info("parent changed, shutting down: %s", self)
-                    self.alive = False
-                if not self.alive and self.stop_by == float("inf"):
-                    self._stop_reading(now)
             for key, _mask in self.selector.select(TICK_SECONDS):
                 self._call(key.data)
         self.pool.shutdown(wait=False)
         for waiting in (self.reading, self.writing, self.lingering):
             for conn in list(waiting):
                 self._close(conn)
+
+    def _tick(self, now: float) -> None:
+        """Heartbeat, timeouts, the end of an accept pause, and noticing a stop."""
+        self.notify()
+        self._expire(now)
+        if self.ppid != os.getppid():
+            self.log.info("parent changed, shutting down: %s", self)
+            self.alive = False
+        if not self.alive and self.stop_by == float("inf"):
+            self._stop_reading(now)
+        elif self.alive and self.resume_at and now >= self.resume_at:
+            self._set_accepting(True)
 
     def _call(self, callback: partial) -> None:
         """Run one event's handler; a failure closes that connection only, never the worker."""
@@ -128,10 +130,11 @@ class EventLoopWorker(Worker):
         except Exception:
             self.log.exception("HTTP event handler %s failed", callback.func.__name__)
             conn = callback.args[0] if callback.args else None
-            if isinstance(conn, _Conn):
+            if isinstance(conn, Conn):
                 self._close(conn)
 
     def _set_accepting(self, enabled: bool) -> None:
+        self.resume_at = 0.0
         if enabled == self.accepting:
             return
         for listener in self.sockets:
@@ -148,49 +151,56 @@ class EventLoopWorker(Worker):
 
     def _accept(self, listener: socket.socket) -> None:
         for _ in range(ACCEPTS_PER_EVENT):
-            if self._open_connections() >= self.cfg.worker_connections:
-                if not self.reading:
-                    self._set_accepting(False)
-                    return
-                # Full: the connection that has waited longest for a request head makes room.
-                self._close(next(iter(self.reading)))
+            if self._open_connections() >= self.cap.connections and not self._make_room():
+                self._set_accepting(False)  # back when a connection closes
+                return
             try:
                 sock, client = listener.accept()
-            except BlockingIOError:
+            except (BlockingIOError, InterruptedError):
                 return
+            except ConnectionAbortedError:
+                continue  # the client gave up while it waited in the backlog
             except OSError as err:
-                if err.errno in (
-                    errno.ECONNABORTED,
-                    errno.EMFILE,
-                    errno.ENFILE,
-                    errno.ENOBUFS,
-                    errno.ENOMEM,
-                ):
-                    self.log.warning("accept failed: %s", err)
-                    return
-                raise
-            sock.setblocking(False)
-            if sock.family != socket.AF_UNIX:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, client, listener.getsockname())
-            tls = self.settings.tls.current() if self.settings.tls is not None else None
-            if self.settings.web is not None:
-                web = self.settings.web.current()
-                tls, conn.allowed_sans = web.tls, web.allowed_sans
-            if tls is not None:
-                conn.sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-                conn.handshaking = True
-            self._start_reading(conn)
+                if err.errno not in OUT_OF_RESOURCES:
+                    raise
+                # The listener stays readable: leave the selector for a pause, not spin on it.
+                self._set_accepting(False)
+                now = time.monotonic()
+                self.resume_at = self.failures.failed(err, now, self._open_connections())
+                return
+            self._admit(sock, client, listener.getsockname())
+
+    def _make_room(self) -> bool:
+        """At the cap: close the connection idle longest, whether it waits for a request head or
+        for its client to read; False when every connection is running a request."""
+        states = [waiting for waiting in (self.reading, self.writing, self.lingering) if waiting]
+        if not states:
+            return False
+        waiting = min(states, key=Waiting.idle_since)
+        self._close(next(iter(waiting)), reset=waiting is self.writing)
+        return True
+
+    def _admit(self, sock: socket.socket, client: tuple, server: tuple) -> None:
+        sock.setblocking(False)
+        tune(sock)
+        conn = Conn(sock, client, server)
+        tls = self.settings.tls.current() if self.settings.tls is not None else None
+        if self.settings.web is not None:
+            web = self.settings.web.current()
+            tls, conn.allowed_sans = web.tls, web.allowed_sans
+        if tls is not None:
+            conn.sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            conn.handshaking = True
+        self._start_reading(conn)
 
     # Reading a request head --------------------------------------------------------------------
 
-    def _start_reading(self, conn: _Conn) -> None:
-        conn.deadline = time.monotonic() + self.settings.header_timeout
-        self.reading[conn] = None
+    def _start_reading(self, conn: Conn) -> None:
+        self.reading.wait(conn, time.monotonic())
         if not self._dispatch_if_complete(conn):
             self._watch(conn, selectors.EVENT_READ, self._on_readable)
 
-    def _on_readable(self, conn: _Conn) -> None:
+    def _on_readable(self, conn: Conn) -> None:
         if conn.handshaking:
             self._handshake(conn)
             return
@@ -215,7 +225,7 @@ class EventLoopWorker(Worker):
                 break
         self._dispatch_if_complete(conn)
 
-    def _handshake(self, conn: _Conn) -> None:
+    def _handshake(self, conn: Conn) -> None:
         sock = cast(ssl.SSLSocket, conn.sock)
         try:
             sock.do_handshake()
@@ -238,12 +248,11 @@ class EventLoopWorker(Worker):
         conn.handshaking = False
         self._watch(conn, selectors.EVENT_READ, self._on_readable)
 
-    def _dispatch_if_complete(self, conn: _Conn) -> bool:
+    def _dispatch_if_complete(self, conn: Conn) -> bool:
         """Hand a buffered, complete request head to the pool; True when the connection left
         `reading`."""
-        end = conn.inbuf.find(b"\r\n\r\n", max(0, conn.scanned - 3))
-        if end < 0:
-            conn.scanned = len(conn.inbuf)
+        head = conn.take_head()
+        if head is None:
             if len(conn.inbuf) > MAX_HEAD_BYTES:
                 answer = error_response(
                     431,
@@ -253,8 +262,6 @@ class EventLoopWorker(Worker):
                 self._respond(conn, [answer], close=True)
                 return True
             return False
-        end += 4
-        head, conn.inbuf, conn.scanned = bytes(conn.inbuf[:end]), conn.inbuf[end:], 0
         del self.reading[conn]
         self._unwatch(conn)
         self.busy += 1
@@ -263,7 +270,7 @@ class EventLoopWorker(Worker):
 
     # Running the app (pool threads) ---------------------------------------------------------------
 
-    def _serve(self, conn: _Conn, head: bytes) -> None:
+    def _serve(self, conn: Conn, head: bytes) -> None:
         peer = Peer(conn.client, conn.server, isinstance(conn.sock, ssl.SSLSocket))
         chunks, keepalive = self.bridge.answer(head, peer)
         self.done.put((conn, chunks, keepalive))
@@ -287,59 +294,50 @@ class EventLoopWorker(Worker):
 
     # Writing the response -------------------------------------------------------------------------
 
-    def _respond(self, conn: _Conn, chunks: list[bytes], close: bool) -> None:
+    def _respond(self, conn: Conn, chunks: list[bytes], close: bool) -> None:
         self.reading.pop(conn, None)
         if isinstance(conn.sock, ssl.SSLSocket):
             chunks = [b"".join(chunks)]  # one TLS write: no small record left behind for Nagle
         conn.out = [memoryview(chunk) for chunk in chunks if chunk]
         conn.close_after_write = close
-        conn.deadline = time.monotonic() + self.settings.write_timeout
-        self.writing[conn] = None
+        self.writing.wait(conn, time.monotonic())
         self._flush(conn)
 
-    def _flush(self, conn: _Conn) -> None:
-        progressed = False
-        try:
-            while conn.out:
-                if isinstance(conn.sock, ssl.SSLSocket):
-                    sent = conn.sock.send(conn.out[0])
-                else:
-                    sent = conn.sock.sendmsg(conn.out)
-                progressed = progressed or sent > 0
-                while sent and conn.out:
-                    first = conn.out[0]
-                    if sent >= len(first):
-                        sent -= len(first)
-                        conn.out.pop(0)
-                    else:
-                        conn.out[0] = first[sent:]
-                        sent = 0
-        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-            if progressed:
-                conn.deadline = time.monotonic() + self.settings.write_timeout
-                self.writing.move_to_end(conn)
-            self._watch(conn, selectors.EVENT_WRITE, self._flush)
+    def _flush(self, conn: Conn) -> None:
+        if not conn.out:
+            # Writable again with all handed over: the kernel has sent every byte (limits).
+            self._sent(conn)
             return
+        try:
+            progressed = conn.send_pending()
         except (OSError, ssl.SSLError):
             self._close(conn)
             return
+        if progressed:
+            # The kernel takes bytes only once it has sent the last ones: the client is reading.
+            self.writing.wait(conn, time.monotonic())
+        if not conn.out and not conn.unsent():
+            self._sent(conn)
+        else:
+            self._watch(conn, selectors.EVENT_WRITE, self._flush)
+
+    def _sent(self, conn: Conn) -> None:
         del self.writing[conn]
         if conn.close_after_write:
             self._linger(conn)
         else:
             self._start_reading(conn)
 
-    def _linger(self, conn: _Conn) -> None:
+    def _linger(self, conn: Conn) -> None:
         try:
             conn.sock.shutdown(socket.SHUT_WR)
         except OSError:
             self._close(conn)
             return
-        conn.deadline = time.monotonic() + LINGER_SECONDS
-        self.lingering[conn] = None
+        self.lingering.wait(conn, time.monotonic())
         self._watch(conn, selectors.EVENT_READ, self._on_lingering)
 
-    def _on_lingering(self, conn: _Conn) -> None:
+    def _on_lingering(self, conn: Conn) -> None:
         try:
             data = conn.sock.recv(RECV_BYTES)
         except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
@@ -351,7 +349,7 @@ class EventLoopWorker(Worker):
 
     # Bookkeeping ----------------------------------------------------------------------------------
 
-    def _watch(self, conn: _Conn, events: int, handler: Callable[[_Conn], None]) -> None:
+    def _watch(self, conn: Conn, events: int, handler: Callable[[Conn], None]) -> None:
         data = partial(handler, conn)
         if conn.events:
             self.selector.modify(conn.sock, events, data)
@@ -359,12 +357,15 @@ class EventLoopWorker(Worker):
             self.selector.register(conn.sock, events, data)
         conn.events = events
 
-    def _unwatch(self, conn: _Conn) -> None:
+    def _unwatch(self, conn: Conn) -> None:
         if conn.events:
             self.selector.unregister(conn.sock)
             conn.events = 0
 
-    def _close(self, conn: _Conn) -> None:
+    def _close(self, conn: Conn, reset: bool = False) -> None:
+        """`reset`: the client is not reading what is queued for it, so drop that at once."""
+        if reset:
+            abort(conn.sock)
         self._unwatch(conn)
         for waiting in (self.reading, self.writing, self.lingering):
             waiting.pop(conn, None)
@@ -378,7 +379,7 @@ class EventLoopWorker(Worker):
                 conn = next(iter(waiting))
                 if conn.deadline > now:
                     break
-                self._close(conn)
+                self._close(conn, reset=waiting is self.writing)
 
     def _stop_reading(self, now: float) -> None:
         """On shutdown: no new connections; idle ones close, answers in progress get the graceful
