@@ -83,3 +83,34 @@ def test_nvml_without_an_nvidia_gpu_is_absent_says_why_and_starts_when_the_drive
             lambda: agent.source_states()["nvml"] == "up", timeout=40, what="nvml retried"
         )
         assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0, "2": 1.0}
+
+
+def test_an_error_text_new_every_sample_is_logged_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from kepler_bridge.model import SourceReading
+    from kepler_bridge.sampling.slots import Slot
+    from kepler_bridge.sources.base import Source
+
+    class Failing(Source):
+        name = "failing"
+        reads = 0
+
+        def __init__(self) -> None:
+            pass
+
+        def start(self) -> None:
+            pass
+
+        def read(self) -> SourceReading:
+            Failing.reads += 1
+            raise OSError(f"boom at {Failing.reads}")
+
+    slot = Slot("failing", Failing())
+    with caplog.at_level("WARNING", logger="kepler_bridge.sampling.slots"):
+        for tick in range(100):
+            slot.read(1.0, float(tick))
+    assert Failing.reads >= 50
+    lines = [r.getMessage() for r in caplog.records if "failing failed" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert slot.errors_total == Failing.reads

@@ -17,6 +17,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from kepler_bridge.log_limit import EveryInterval, Warns
+
 # SO_SNDBUF asked for; Linux doubles it for its bookkeeping, so a connection holds at most about
 # 32 KiB in the kernel: 32 MiB for 1000 connections.
 SEND_BUFFER_BYTES = 16 * 1024
@@ -92,32 +94,22 @@ def abort(sock: socket.socket) -> None:
 
 
 class AcceptFailures:
-    """Counts accept() failures for lack of descriptors; logs the first, then once per interval."""
+    """accept() failures for lack of descriptors: the first logged, then one line per interval."""
 
-    def __init__(self, log: Any, cap: ConnectionCap) -> None:
-        self.log = log
+    def __init__(self, log: Warns, cap: ConnectionCap) -> None:
         self.cap = cap
-        self.count = 0
-        self.next_log = 0.0
+        self.line = EveryInterval(
+            log,
+            "accept failed: %s; accepting pauses %.1f s each time and new connections wait. "
+            "RLIMIT_NOFILE is %d and %d connections are open, the cap is %d (%s): raise "
+            "RLIMIT_NOFILE (ulimit -n, LimitNOFILE=, the container runtime's nofile ulimit) or "
+            "find what else holds descriptors",
+            ACCEPT_LOG_SECONDS,
+        )
 
     def failed(self, err: OSError, now: float, connections: int) -> float:
         """Note one failure with `connections` open; returns when accepting may resume."""
-        self.count += 1
-        if now >= self.next_log:
-            self.log.warning(
-                "accept failed: %s (%d times since the last such line); accepting pauses "
-                "%.1f s each time and new connections wait. RLIMIT_NOFILE is %d and %d "
-                "connections are open, the cap is %d (%s): raise RLIMIT_NOFILE "
-                "(ulimit -n, LimitNOFILE=, the container runtime's nofile ulimit) or find what "
-                "else holds descriptors",
-                err,
-                self.count,
-                ACCEPT_PAUSE_SECONDS,
-                _nofile(),
-                connections,
-                self.cap.connections,
-                self.cap.why,
-            )
-            self.count = 0
-            self.next_log = now + ACCEPT_LOG_SECONDS
+        self.line.warning(
+            err, ACCEPT_PAUSE_SECONDS, _nofile(), connections, self.cap.connections, self.cap.why
+        )
         return now + ACCEPT_PAUSE_SECONDS

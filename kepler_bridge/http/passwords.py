@@ -6,10 +6,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
 from collections import Counter, OrderedDict
 
 from kepler_bridge.http.fair_share import FairShare, address_key
+from kepler_bridge.log_limit import EveryInterval
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,6 @@ WAIT_SECONDS = 5.0
 MAX_PASSWORD_BYTES = 72
 # Results remembered, right and wrong apart: wrong guesses cannot push a right password out.
 CACHE_ENTRIES = 1024
-LOG_SECONDS = 60.0
 
 
 class _Remembered:
@@ -42,26 +41,6 @@ class _Remembered:
             self._digests.popitem(last=False)
 
 
-class _EveryInterval:
-    """A warning logged at most once per LOG_SECONDS, with how many like it were left out."""
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-        self._lock = threading.Lock()
-        self._next = 0.0
-        self._left_out = 0
-
-    def warning(self, *args: object) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if now < self._next:
-                self._left_out += 1
-                return
-            left_out, self._left_out, self._next = self._left_out, 0, now + LOG_SECONDS
-        more = f" ({left_out} more like it in the last {LOG_SECONDS:.0f} s)" if left_out else ""
-        log.warning(self.message + more, *args)
-
-
 class PasswordCheck:
     """bcrypt verification of a user's password, remembered by a digest of (user, hash,
     password): a known pair costs one lookup."""
@@ -71,18 +50,21 @@ class PasswordCheck:
         self._lock = threading.Lock()
         self._share = FairShare(BCRYPT_SLOTS, WAIT_SECONDS)
         self._dummy: tuple[dict[str, bytes], bytes] | None = None
-        self._too_long = _EveryInterval(
+        self._too_long = EveryInterval(
+            log,
             "basic auth: a password over %d bytes was refused with 401 (bcrypt checks at most "
-            "%d); a scraper that sends it needs a shorter password"
+            "%d); a scraper that sends it needs a shorter password",
         )
-        self._uncheckable = _EveryInterval(
+        self._uncheckable = EveryInterval(
+            log,
             "basic auth: bcrypt cannot check a password of user %r (%s), refused with 401; "
-            "replace the user's hash (htpasswd -nBC 10 '' | tr -d ':\\n')"
+            "replace the user's hash (htpasswd -nBC 10 '' | tr -d ':\\n')",
         )
-        self._busy = _EveryInterval(
+        self._busy = EveryInterval(
+            log,
             "basic auth: a password check from %s was answered 503: that address has a check of "
             "the same user name running, or its share of the %d bcrypt slots while other "
-            "addresses are clients, or waited %.0f s; someone there is guessing passwords"
+            "addresses are clients, or waited %.0f s; someone there is guessing passwords",
         )
         self.verifications = 0
 

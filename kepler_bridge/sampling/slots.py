@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from kepler_bridge.config import Config
+from kepler_bridge.log_limit import EveryInterval
 from kepler_bridge.model import SourceReading, SourceStatus
 from kepler_bridge.sampling import sanitize
 from kepler_bridge.sources import selected_groups, source_class
@@ -48,6 +49,10 @@ class Slot:
     retry: Retry = field(default_factory=lambda: Retry(MAX_BACKOFF_SECONDS))
     not_in_use: str = ""  # SourceStatus.not_in_use: "absent" or "standby"
     last: SourceReading = field(default_factory=SourceReading)
+    # A source whose error text changes every sample (a timestamp in it) must not flood the log.
+    failure_line: EveryInterval = field(
+        default_factory=lambda: EveryInterval(log, "source %s failed: %s")
+    )
 
     def fail(self, message: str, interval: float, now: float) -> None:
         self.error, self.not_in_use = message, ""
@@ -81,7 +86,7 @@ class Slot:
         before = self.error
         reading = self._read(interval, now)
         if self.error and self.error != before and not self.not_in_use:
-            log.warning("source %s failed: %s", self.name, self.error)
+            self.failure_line.warning(self.name, self.error)
         elif before and not self.error:
             log.info("source %s is up", self.name)
         return reading
