@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import pytest
 import requests
@@ -25,7 +25,7 @@ import yaml
 
 from fixtures.ascend import ascend_host
 from kepler_bridge import __version__
-from scaffold import free_port, require, samples
+from scaffold import free_port, require, samples, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -50,15 +50,38 @@ LABEL = "kepler-bridge-test-run"
 START_SECONDS = (
     120  # the manifests' startup probe: 60 tries 2 s apart, for bcc's compile at start-up
 )
-# (name, manifest, image, seccomp override): the hardened pod under the runtime's default profile
-# shows the shipped profile is what lets eBPF load; the slim image has no bcc.
+
+
+class Run(NamedTuple):
+    """One container of `containers`: a manifest's pod, with what the test changes in it."""
+
+    name: str
+    manifest: Path
+    image: str  # a key of IMAGES
+    seccomp: dict[str, str] | None = None  # replaces the manifest's profile
+    host_pid: bool | None = None  # replaces the manifest's hostPID
+    env: tuple[str, ...] = ()  # NAME=value added to the manifest's
+
+
+# The hardened pod under the runtime's default profile shows the shipped profile is what lets eBPF
+# load; the slim image has no bcc; the hardened pod without the host's pid namespace shows what
+# works without hostPID (every process's CPU series, to find one host process among all).
 RUNS = [
-    ("privileged", PRIVILEGED, "full", None),
-    ("hardened", HARDENED, "full", None),
-    ("hardened-runtime-default", HARDENED, "full", {"type": "RuntimeDefault"}),
-    ("slim", HARDENED, "slim", None),
-    ("ascend", ASCEND, "full", None),
+    Run("privileged", PRIVILEGED, "full"),
+    Run("hardened", HARDENED, "full"),
+    Run("hardened-runtime-default", HARDENED, "full", seccomp={"type": "RuntimeDefault"}),
+    Run(
+        "hardened-no-host-pid",
+        HARDENED,
+        "full",
+        host_pid=False,
+        env=("KEPLER_BRIDGE_PROCESS_METRICS=all",),
+    ),
+    Run("slim", HARDENED, "slim"),
+    Run("ascend", ASCEND, "full"),
 ]
+# Burns a little CPU, then becomes `sleep`: a host process with CPU time and a known comm.
+BUSY_THEN_SLEEP = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; exec sleep 300"
 
 pytestmark = pytest.mark.e2e
 
@@ -208,19 +231,16 @@ def _cpus(value: str) -> str:
 
 
 def run_options(
-    manifest: Path,
-    port: int,
-    workdir: Path,
-    host_paths: dict[str, Path],
-    seccomp: dict[str, str] | None = None,
+    run: Run, port: int, workdir: Path, host_paths: dict[str, Path]
 ) -> tuple[list[str], list[str]]:
-    """`podman run` options for the agent container of a workload manifest,
+    """`podman run` options for the agent container of a run's manifest,
     and the container's arguments.
 
-    The one setting not from the manifest: the container shares this machine's network (loopback
-    only) and listens on `port` of 127.0.0.1. `host_paths` replaces hostPath sources this machine
-    lacks.
+    The one setting not from the manifest or the run: the container shares this machine's network
+    (loopback only) and listens on `port` of 127.0.0.1. `host_paths` replaces hostPath sources
+    this machine lacks.
     """
+    manifest = run.manifest
     (workload,) = [doc for doc in yaml.safe_load_all(manifest.read_text(encoding="utf-8")) if doc]
     pod = workload["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -233,7 +253,7 @@ def run_options(
         "--env",
         f"KEPLER_BRIDGE_LISTEN=127.0.0.1:{port}",
     ]
-    if pod.get("hostPID"):
+    if pod.get("hostPID") if run.host_pid is None else run.host_pid:
         options += ["--pid", "host"]
     security = container["securityContext"]
     if security.get("privileged"):
@@ -248,7 +268,7 @@ def run_options(
         options += ["--cap-drop", cap]
     for cap in security.get("capabilities", {}).get("add", []):
         options += ["--cap-add", f"CAP_{cap}"]
-    profile = seccomp or security.get("seccompProfile", {"type": "RuntimeDefault"})
+    profile = run.seccomp or security.get("seccompProfile", {"type": "RuntimeDefault"})
     if profile["type"] == "Localhost":
         options += ["--security-opt", f"seccomp={KUBELET_SECCOMP / profile['localhostProfile']}"]
     elif profile["type"] == "Unconfined":
@@ -266,6 +286,8 @@ def run_options(
                 "which this test cannot give: add it to run_options",
                 pytrace=False,
             )
+    for setting in run.env:
+        options += ["--env", setting]
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
     for mount in container["volumeMounts"]:
         volume = volumes[mount["name"]]
@@ -339,6 +361,9 @@ class Container:
                 last = str(err)
                 if not self.running():
                     break
+            except requests.Timeout as err:
+                # A failed try, as the kubelet counts a probe past its timeoutSeconds (5).
+                last = f"no answer within 5 s ({err})"
             time.sleep(1)
         pytest.fail(
             f"{self.name}: {path} not 200 within {seconds:.0f}s ({last}); "
@@ -371,12 +396,10 @@ def containers(
     host_paths = {"/usr": host_usr, **{path: ascend / path.lstrip("/") for path in ASCEND_PATHS}}
     started: dict[str, Container] = {}
     try:
-        for name, manifest, image, seccomp in RUNS:
+        for run in RUNS:
             port = free_port()
-            options, args = run_options(
-                manifest, port, tmp_path_factory.mktemp(name), host_paths, seccomp
-            )
-            started[name] = Container(podman, name, images[image], options, args, port)
+            options, args = run_options(run, port, tmp_path_factory.mktemp(run.name), host_paths)
+            started[run.name] = Container(podman, run.name, images[run.image], options, args, port)
         yield started
     finally:
         for container in started.values():
@@ -516,6 +539,51 @@ def test_hardened_daemonset_under_the_default_profile_falls_back_with_a_warning(
         "source ebpf is unavailable, procfs takes its place" in warning
         and "not permitted" in warning
     ), warning
+
+
+def test_hardened_pod_without_host_pid_falls_back_to_procfs_with_host_pids(
+    containers: dict[str, Container],
+) -> None:
+    """Without hostPID the kernel's task iterator walks only the pod's own pid namespace, so eBPF
+    is refused with the reason; the host's /proc at --procfs still names every host process by
+    its host pid, so procfs accounts the CPU time (NVML's process list needs hostPID too:
+    tests/test_pid_namespace.py)."""
+    container = containers["hardened-no-host-pid"]
+    inside = container.podman("exec", container.name, "readlink", "/proc/self/ns/pid").stdout
+    assert inside.strip() != os.readlink("/proc/self/ns/pid"), "the container has its own pid ns"
+    metrics = _serves(container)
+    up = _source_up(metrics)
+    assert "ebpf" not in up and up["procfs"] == 1 and _source_states(metrics)["ebpf"] == "standby"
+    (warning,) = _fallback_warnings(container)
+    assert "source ebpf is unavailable, procfs takes its place" in warning, warning
+    assert "task iterator sees only the processes of that namespace" in warning, warning
+    assert "hostPID: true" in warning, warning
+    agent = {
+        int(line.split()[0])
+        for line in container.podman("top", container.name, "hpid").stdout.splitlines()[1:]
+    }
+    host = subprocess.Popen(["sh", "-c", BUSY_THEN_SLEEP])
+    try:
+        seen = wait_for(
+            lambda: (found := _cpu_processes(container)).get(host.pid) == "sleep" and found,
+            60,
+            f"host process {host.pid} (sleep) in kepler_bridge_process_cpu_seconds_total",
+            step=1,
+            log=container.logs,
+        )
+    finally:
+        host.kill()
+        host.wait()
+    assert any(seen.get(pid) == "kepler-bridge" for pid in agent), (agent, seen)
+
+
+def _cpu_processes(container: Container) -> dict[int, str]:
+    """pid -> comm of the process CPU series."""
+    return {
+        int(dict(labels)["pid"]): dict(labels)["comm"]
+        for (name, labels), _ in _metrics(container).items()
+        if name == "kepler_bridge_process_cpu_seconds_total" and dict(labels)["pid"] != "other"
+    }
 
 
 def test_ascend_daemonset_runs_the_hosts_npu_smi_with_its_driver(
