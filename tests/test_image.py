@@ -24,6 +24,7 @@ import requests
 import yaml
 
 from fixtures.ascend import ascend_host
+from image_signing import Registry, generate_key_pair, refusal, sign
 from kepler_bridge import __version__
 from scaffold import free_port, require, samples, wait_for
 
@@ -137,10 +138,12 @@ class Podman:
         self.build_options = ["--format", "docker", "--network", "host", "--pull=never"]
 
     def __call__(
-        self, *args: str, timeout: float = 60, check: bool = True
+        self, *args: str, timeout: float = 60, check: bool = True, home: Path | None = None
     ) -> subprocess.CompletedProcess:
+        """podman `args`; `home` is $HOME (containers/image reads registries.d under it)."""
+        env = self.env if home is None else {**self.env, "HOME": str(home)}
         result = subprocess.run(
-            ["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout
+            ["podman", *args], env=env, capture_output=True, text=True, timeout=timeout
         )
         if check and result.returncode != 0:
             pytest.fail(
@@ -613,3 +616,95 @@ def test_slim_image_accounts_cpu_from_procfs(containers: dict[str, Container]) -
     )
     doctor = container.doctor()
     assert doctor["ebpf"].startswith("no") and doctor["procfs"].startswith("ok"), doctor
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A registry on loopback for the signing test, stopped at the end."""
+    if not shutil.which("docker-registry"):
+        pytest.fail(
+            "docker-registry not installed: run make deps "
+            "(bash scripts/apt-install.sh docker-registry)",
+            pytrace=False,
+        )
+    with Registry(tmp_path_factory.mktemp("registry")) as started:
+        yield started
+
+
+def _signature_policy(path: Path, registry: Registry, public_key: Path, *repos: str) -> Path:
+    """A containers-policy.json that refuses every image but those of `repos` signed with the
+    key, and the registries.d under $HOME/.config that has podman read sigstore attachments."""
+    sigstore = {
+        "type": "sigstoreSigned",
+        "keyPath": str(public_key),
+        "signedIdentity": {"type": "matchRepository"},
+    }
+    scopes = {f"{registry.host}/{repo}": [sigstore] for repo in repos}
+    policy = {"default": [{"type": "reject"}], "transports": {"docker": scopes}}
+    (path / "policy.json").write_text(json.dumps(policy, indent=2))
+    registries = path / ".config" / "containers" / "registries.d"
+    registries.mkdir(parents=True)
+    (registries / "test.yaml").write_text(
+        f"docker:\n  {registry.host}:\n    use-sigstore-attachments: true\n"
+    )
+    return path / "policy.json"
+
+
+def test_policy_admits_the_signed_image_and_refuses_unsigned_tampered_or_foreign_ones(
+    podman: Podman, images: dict[str, str], registry: Registry, tmp_path: Path
+) -> None:
+    key, public_key = generate_key_pair(tmp_path / "cosign", "release-password")
+    other_key, _ = generate_key_pair(tmp_path / "other", "other-password")
+    for image, target in (
+        (images["full"], "kepler-bridge:0.1.0"),
+        (images["slim"], "kepler-bridge:unsigned"),
+        (BASE, "kepler-bridge:tampered"),
+        (images["slim"], "kepler-bridge-mirror:0.1.0"),
+    ):
+        podman("push", "--tls-verify=false", image, f"{registry.host}/{target}", timeout=600)
+    signed = sign(registry, "kepler-bridge", "0.1.0", key, "release-password")
+    release, tampered_digest = (
+        registry.digest("kepler-bridge", tag) for tag in ("0.1.0", "tampered")
+    )
+    # Other content under the signed name, carrying the release's signature as it is and with its
+    # payload rewritten to name the other content.
+    original = signed["layers"][0]
+    payload = registry.blob("kepler-bridge", original["digest"])
+    payload = payload.replace(release.encode(), tampered_digest.encode())
+    forged = {**original, "digest": registry.put_blob("kepler-bridge", payload)}
+    forged["size"] = len(payload)
+    registry.put_signatures(
+        "kepler-bridge", tampered_digest, {**signed, "layers": [original, forged]}
+    )
+    sign(registry, "kepler-bridge-mirror", "0.1.0", other_key, "other-password")
+    policy = _signature_policy(
+        tmp_path, registry, public_key, "kepler-bridge", "kepler-bridge-mirror"
+    )
+    # The signed manifest is that of the image make test built (its config is the image).
+    manifest = registry.manifest("kepler-bridge", "0.1.0")
+    built = podman("image", "inspect", "--format", "{{.Id}}", images["full"]).stdout.strip()
+    assert manifest["config"]["digest"] == f"sha256:{built}"
+    assert refusal(policy, registry, "kepler-bridge", "0.1.0") == ""
+    unsigned = refusal(policy, registry, "kepler-bridge", "unsigned")
+    assert unsigned == "a signature was required, but no signature exists"
+    tampered = refusal(policy, registry, "kepler-bridge", "tampered")
+    assert tampered == (
+        f"the signature is for {release}, not {tampered_digest}; "
+        "the signature does not verify with the key"
+    ), tampered
+    foreign = refusal(policy, registry, "kepler-bridge-mirror", "0.1.0")
+    assert foreign == "the signature does not verify with the key"
+    assert refusal(policy, registry, "elsewhere", "0.1.0") == "rejected by the policy"
+    # podman enforces the same file (as CRI-O does on a node) and refuses the unsigned image
+    # before it fetches a layer. Debian's build stops at "sigstore disabled" for a signed one.
+    pulled = podman(
+        "pull",
+        "--tls-verify=false",
+        "--signature-policy",
+        str(policy),
+        f"{registry.host}/kepler-bridge:unsigned",
+        check=False,
+        home=tmp_path,
+    )
+    assert pulled.returncode != 0, pulled.stdout
+    assert "A signature was required, but no signature exists" in pulled.stderr, pulled.stderr
