@@ -395,6 +395,17 @@ def test_foreign_pid_namespace_is_refused(tmp_path: Path) -> None:
     assert "hostPID: true" in problem and "--procfs /host/proc" in problem
 
 
+def test_agent_in_a_pid_namespace_of_its_own_is_refused(tmp_path: Path) -> None:
+    """The host's /proc at --procfs is not enough: the task iterator walks the reader's
+    namespace."""
+    (tmp_path / "1" / "ns").mkdir(parents=True)
+    (tmp_path / "1" / "ns" / "pid").symlink_to("pid:[4026531836]")
+    (tmp_path / "own").symlink_to("pid:[4026532002]")
+    problem = pid_namespace_problem(str(tmp_path), own=str(tmp_path / "own"))
+    assert problem.startswith("the agent runs in pid namespace pid:[4026532002], not the host's")
+    assert "hostPID: true" in problem
+
+
 def test_kernel_without_btf_is_refused_with_the_fix(tmp_path: Path) -> None:
     problem = btf_problem(str(tmp_path / "vmlinux"))
     assert "CONFIG_DEBUG_INFO_BTF=y" in problem and "5.8 or newer" in problem

@@ -17,15 +17,16 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import pytest
 import requests
 import yaml
 
 from fixtures.ascend import ascend_host
+from image_signing import Registry, generate_key_pair, refusal, sign
 from kepler_bridge import __version__
-from scaffold import free_port, require, samples
+from scaffold import free_port, require, samples, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -50,15 +51,38 @@ LABEL = "kepler-bridge-test-run"
 START_SECONDS = (
     120  # the manifests' startup probe: 60 tries 2 s apart, for bcc's compile at start-up
 )
-# (name, manifest, image, seccomp override): the hardened pod under the runtime's default profile
-# shows the shipped profile is what lets eBPF load; the slim image has no bcc.
+
+
+class Run(NamedTuple):
+    """One container of `containers`: a manifest's pod, with what the test changes in it."""
+
+    name: str
+    manifest: Path
+    image: str  # a key of IMAGES
+    seccomp: dict[str, str] | None = None  # replaces the manifest's profile
+    host_pid: bool | None = None  # replaces the manifest's hostPID
+    env: tuple[str, ...] = ()  # NAME=value added to the manifest's
+
+
+# The hardened pod under the runtime's default profile shows the shipped profile is what lets eBPF
+# load; the slim image has no bcc; the hardened pod without the host's pid namespace shows what
+# works without hostPID (every process's CPU series, to find one host process among all).
 RUNS = [
-    ("privileged", PRIVILEGED, "full", None),
-    ("hardened", HARDENED, "full", None),
-    ("hardened-runtime-default", HARDENED, "full", {"type": "RuntimeDefault"}),
-    ("slim", HARDENED, "slim", None),
-    ("ascend", ASCEND, "full", None),
+    Run("privileged", PRIVILEGED, "full"),
+    Run("hardened", HARDENED, "full"),
+    Run("hardened-runtime-default", HARDENED, "full", seccomp={"type": "RuntimeDefault"}),
+    Run(
+        "hardened-no-host-pid",
+        HARDENED,
+        "full",
+        host_pid=False,
+        env=("KEPLER_BRIDGE_PROCESS_METRICS=all",),
+    ),
+    Run("slim", HARDENED, "slim"),
+    Run("ascend", ASCEND, "full"),
 ]
+# Burns a little CPU, then becomes `sleep`: a host process with CPU time and a known comm.
+BUSY_THEN_SLEEP = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; exec sleep 300"
 
 pytestmark = pytest.mark.e2e
 
@@ -114,10 +138,12 @@ class Podman:
         self.build_options = ["--format", "docker", "--network", "host", "--pull=never"]
 
     def __call__(
-        self, *args: str, timeout: float = 60, check: bool = True
+        self, *args: str, timeout: float = 60, check: bool = True, home: Path | None = None
     ) -> subprocess.CompletedProcess:
+        """podman `args`; `home` is $HOME (containers/image reads registries.d under it)."""
+        env = self.env if home is None else {**self.env, "HOME": str(home)}
         result = subprocess.run(
-            ["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout
+            ["podman", *args], env=env, capture_output=True, text=True, timeout=timeout
         )
         if check and result.returncode != 0:
             pytest.fail(
@@ -208,19 +234,16 @@ def _cpus(value: str) -> str:
 
 
 def run_options(
-    manifest: Path,
-    port: int,
-    workdir: Path,
-    host_paths: dict[str, Path],
-    seccomp: dict[str, str] | None = None,
+    run: Run, port: int, workdir: Path, host_paths: dict[str, Path]
 ) -> tuple[list[str], list[str]]:
-    """`podman run` options for the agent container of a workload manifest,
+    """`podman run` options for the agent container of a run's manifest,
     and the container's arguments.
 
-    The one setting not from the manifest: the container shares this machine's network (loopback
-    only) and listens on `port` of 127.0.0.1. `host_paths` replaces hostPath sources this machine
-    lacks.
+    The one setting not from the manifest or the run: the container shares this machine's network
+    (loopback only) and listens on `port` of 127.0.0.1. `host_paths` replaces hostPath sources
+    this machine lacks.
     """
+    manifest = run.manifest
     (workload,) = [doc for doc in yaml.safe_load_all(manifest.read_text(encoding="utf-8")) if doc]
     pod = workload["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -233,7 +256,7 @@ def run_options(
         "--env",
         f"KEPLER_BRIDGE_LISTEN=127.0.0.1:{port}",
     ]
-    if pod.get("hostPID"):
+    if pod.get("hostPID") if run.host_pid is None else run.host_pid:
         options += ["--pid", "host"]
     security = container["securityContext"]
     if security.get("privileged"):
@@ -248,7 +271,7 @@ def run_options(
         options += ["--cap-drop", cap]
     for cap in security.get("capabilities", {}).get("add", []):
         options += ["--cap-add", f"CAP_{cap}"]
-    profile = seccomp or security.get("seccompProfile", {"type": "RuntimeDefault"})
+    profile = run.seccomp or security.get("seccompProfile", {"type": "RuntimeDefault"})
     if profile["type"] == "Localhost":
         options += ["--security-opt", f"seccomp={KUBELET_SECCOMP / profile['localhostProfile']}"]
     elif profile["type"] == "Unconfined":
@@ -266,6 +289,8 @@ def run_options(
                 "which this test cannot give: add it to run_options",
                 pytrace=False,
             )
+    for setting in run.env:
+        options += ["--env", setting]
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
     for mount in container["volumeMounts"]:
         volume = volumes[mount["name"]]
@@ -339,6 +364,9 @@ class Container:
                 last = str(err)
                 if not self.running():
                     break
+            except requests.Timeout as err:
+                # A failed try, as the kubelet counts a probe past its timeoutSeconds (5).
+                last = f"no answer within 5 s ({err})"
             time.sleep(1)
         pytest.fail(
             f"{self.name}: {path} not 200 within {seconds:.0f}s ({last}); "
@@ -371,12 +399,10 @@ def containers(
     host_paths = {"/usr": host_usr, **{path: ascend / path.lstrip("/") for path in ASCEND_PATHS}}
     started: dict[str, Container] = {}
     try:
-        for name, manifest, image, seccomp in RUNS:
+        for run in RUNS:
             port = free_port()
-            options, args = run_options(
-                manifest, port, tmp_path_factory.mktemp(name), host_paths, seccomp
-            )
-            started[name] = Container(podman, name, images[image], options, args, port)
+            options, args = run_options(run, port, tmp_path_factory.mktemp(run.name), host_paths)
+            started[run.name] = Container(podman, run.name, images[run.image], options, args, port)
         yield started
     finally:
         for container in started.values():
@@ -518,6 +544,51 @@ def test_hardened_daemonset_under_the_default_profile_falls_back_with_a_warning(
     ), warning
 
 
+def test_hardened_pod_without_host_pid_falls_back_to_procfs_with_host_pids(
+    containers: dict[str, Container],
+) -> None:
+    """Without hostPID the kernel's task iterator walks only the pod's own pid namespace, so eBPF
+    is refused with the reason; the host's /proc at --procfs still names every host process by
+    its host pid, so procfs accounts the CPU time (NVML's process list needs hostPID too:
+    tests/test_pid_namespace.py)."""
+    container = containers["hardened-no-host-pid"]
+    inside = container.podman("exec", container.name, "readlink", "/proc/self/ns/pid").stdout
+    assert inside.strip() != os.readlink("/proc/self/ns/pid"), "the container has its own pid ns"
+    metrics = _serves(container)
+    up = _source_up(metrics)
+    assert "ebpf" not in up and up["procfs"] == 1 and _source_states(metrics)["ebpf"] == "standby"
+    (warning,) = _fallback_warnings(container)
+    assert "source ebpf is unavailable, procfs takes its place" in warning, warning
+    assert "task iterator sees only the processes of that namespace" in warning, warning
+    assert "hostPID: true" in warning, warning
+    agent = {
+        int(line.split()[0])
+        for line in container.podman("top", container.name, "hpid").stdout.splitlines()[1:]
+    }
+    host = subprocess.Popen(["sh", "-c", BUSY_THEN_SLEEP])
+    try:
+        seen = wait_for(
+            lambda: (found := _cpu_processes(container)).get(host.pid) == "sleep" and found,
+            60,
+            f"host process {host.pid} (sleep) in kepler_bridge_process_cpu_seconds_total",
+            step=1,
+            log=container.logs,
+        )
+    finally:
+        host.kill()
+        host.wait()
+    assert any(seen.get(pid) == "kepler-bridge" for pid in agent), (agent, seen)
+
+
+def _cpu_processes(container: Container) -> dict[int, str]:
+    """pid -> comm of the process CPU series."""
+    return {
+        int(dict(labels)["pid"]): dict(labels)["comm"]
+        for (name, labels), _ in _metrics(container).items()
+        if name == "kepler_bridge_process_cpu_seconds_total" and dict(labels)["pid"] != "other"
+    }
+
+
 def test_ascend_daemonset_runs_the_hosts_npu_smi_with_its_driver(
     containers: dict[str, Container],
 ) -> None:
@@ -545,3 +616,95 @@ def test_slim_image_accounts_cpu_from_procfs(containers: dict[str, Container]) -
     )
     doctor = container.doctor()
     assert doctor["ebpf"].startswith("no") and doctor["procfs"].startswith("ok"), doctor
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A registry on loopback for the signing test, stopped at the end."""
+    if not shutil.which("docker-registry"):
+        pytest.fail(
+            "docker-registry not installed: run make deps "
+            "(bash scripts/apt-install.sh docker-registry)",
+            pytrace=False,
+        )
+    with Registry(tmp_path_factory.mktemp("registry")) as started:
+        yield started
+
+
+def _signature_policy(path: Path, registry: Registry, public_key: Path, *repos: str) -> Path:
+    """A containers-policy.json that refuses every image but those of `repos` signed with the
+    key, and the registries.d under $HOME/.config that has podman read sigstore attachments."""
+    sigstore = {
+        "type": "sigstoreSigned",
+        "keyPath": str(public_key),
+        "signedIdentity": {"type": "matchRepository"},
+    }
+    scopes = {f"{registry.host}/{repo}": [sigstore] for repo in repos}
+    policy = {"default": [{"type": "reject"}], "transports": {"docker": scopes}}
+    (path / "policy.json").write_text(json.dumps(policy, indent=2))
+    registries = path / ".config" / "containers" / "registries.d"
+    registries.mkdir(parents=True)
+    (registries / "test.yaml").write_text(
+        f"docker:\n  {registry.host}:\n    use-sigstore-attachments: true\n"
+    )
+    return path / "policy.json"
+
+
+def test_policy_admits_the_signed_image_and_refuses_unsigned_tampered_or_foreign_ones(
+    podman: Podman, images: dict[str, str], registry: Registry, tmp_path: Path
+) -> None:
+    key, public_key = generate_key_pair(tmp_path / "cosign", "release-password")
+    other_key, _ = generate_key_pair(tmp_path / "other", "other-password")
+    for image, target in (
+        (images["full"], "kepler-bridge:0.1.0"),
+        (images["slim"], "kepler-bridge:unsigned"),
+        (BASE, "kepler-bridge:tampered"),
+        (images["slim"], "kepler-bridge-mirror:0.1.0"),
+    ):
+        podman("push", "--tls-verify=false", image, f"{registry.host}/{target}", timeout=600)
+    signed = sign(registry, "kepler-bridge", "0.1.0", key, "release-password")
+    release, tampered_digest = (
+        registry.digest("kepler-bridge", tag) for tag in ("0.1.0", "tampered")
+    )
+    # Other content under the signed name, carrying the release's signature as it is and with its
+    # payload rewritten to name the other content.
+    original = signed["layers"][0]
+    payload = registry.blob("kepler-bridge", original["digest"])
+    payload = payload.replace(release.encode(), tampered_digest.encode())
+    forged = {**original, "digest": registry.put_blob("kepler-bridge", payload)}
+    forged["size"] = len(payload)
+    registry.put_signatures(
+        "kepler-bridge", tampered_digest, {**signed, "layers": [original, forged]}
+    )
+    sign(registry, "kepler-bridge-mirror", "0.1.0", other_key, "other-password")
+    policy = _signature_policy(
+        tmp_path, registry, public_key, "kepler-bridge", "kepler-bridge-mirror"
+    )
+    # The signed manifest is that of the image make test built (its config is the image).
+    manifest = registry.manifest("kepler-bridge", "0.1.0")
+    built = podman("image", "inspect", "--format", "{{.Id}}", images["full"]).stdout.strip()
+    assert manifest["config"]["digest"] == f"sha256:{built}"
+    assert refusal(policy, registry, "kepler-bridge", "0.1.0") == ""
+    unsigned = refusal(policy, registry, "kepler-bridge", "unsigned")
+    assert unsigned == "a signature was required, but no signature exists"
+    tampered = refusal(policy, registry, "kepler-bridge", "tampered")
+    assert tampered == (
+        f"the signature is for {release}, not {tampered_digest}; "
+        "the signature does not verify with the key"
+    ), tampered
+    foreign = refusal(policy, registry, "kepler-bridge-mirror", "0.1.0")
+    assert foreign == "the signature does not verify with the key"
+    assert refusal(policy, registry, "elsewhere", "0.1.0") == "rejected by the policy"
+    # podman enforces the same file (as CRI-O does on a node) and refuses the unsigned image
+    # before it fetches a layer. Debian's build stops at "sigstore disabled" for a signed one.
+    pulled = podman(
+        "pull",
+        "--tls-verify=false",
+        "--signature-policy",
+        str(policy),
+        f"{registry.host}/kepler-bridge:unsigned",
+        check=False,
+        home=tmp_path,
+    )
+    assert pulled.returncode != 0, pulled.stdout
+    assert "A signature was required, but no signature exists" in pulled.stderr, pulled.stderr

@@ -6,8 +6,9 @@ with bcc and pass back the descriptors, so bcc and LLVM never stay resident
 here. Each read() drains the groups that ended since the last one (their final
 runtime, recorded at sched_process_free), then runs one pass of the task
 iterator over the living ones; nothing runs per context switch. Pids are those
-of the initial pid namespace: --procfs must show the host's processes
-(hostPID, or the host's /proc mounted at --procfs).
+of the initial pid namespace, and the iterator walks the pid namespace of the
+process reading it: the agent must run in the host's (hostPID), and --procfs
+must show the host's processes.
 """
 
 from __future__ import annotations
@@ -198,19 +199,31 @@ def btf_problem(path: str = BTF_PATH) -> str:
     )
 
 
-def pid_namespace_problem(procfs: str) -> str:
-    """Why pids from BPF would not match --procfs; '' when procfs shows the initial pid
-    namespace."""
+def pid_namespace_problem(procfs: str, own: str = "/proc/self/ns/pid") -> str:
+    """Why the task iterator would miss processes, or name them by pids --procfs does not show;
+    '' when the agent (`own`) and `procfs` are in the initial pid namespace (or cannot be read)."""
+    agent, shown = _namespace(own), _namespace(f"{procfs}/1/ns/pid")
+    if agent not in ("", INIT_PID_NS):
+        # The kernel's task iterator walks the pid namespace of the process that reads it.
+        return (
+            f"the agent runs in pid namespace {agent}, not the host's: the eBPF task iterator "
+            "sees only the processes of that namespace; run the pod with hostPID: true "
+            "(and the host's /proc at --procfs /host/proc)"
+        )
+    if shown not in ("", INIT_PID_NS):
+        return (
+            f"{procfs} shows pid namespace {shown}, but eBPF reports the host's pids: run the pod "
+            "with hostPID: true, or mount the host's /proc and pass --procfs /host/proc"
+        )
+    return ""
+
+
+def _namespace(link: str) -> str:
+    """The target of a /proc/<pid>/ns/pid link, '' where it cannot be read."""
     try:
-        namespace = os.readlink(f"{procfs}/1/ns/pid")
+        return os.readlink(link)
     except OSError:
         return ""
-    if namespace == INIT_PID_NS:
-        return ""
-    return (
-        f"{procfs} shows pid namespace {namespace}, but eBPF reports the host's pids: "
-        "run the pod with hostPID: true, or mount the host's /proc and pass --procfs /host/proc"
-    )
 
 
 class EbpfSource(ProcessSource):

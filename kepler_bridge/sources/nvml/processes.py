@@ -1,7 +1,9 @@
-"""The processes on one GPU: their memory, SM utilization, comm and container."""
+"""The processes on one GPU: their memory, SM utilization, comm and container; and whether the
+agent's pid namespace hides those of other pods from NVML."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pynvml
@@ -14,6 +16,25 @@ from kepler_bridge.sources.procfs import read_stat
 
 # NVML's answers of nvmlDeviceGetProcessUtilization when no kernel ran since the time asked about.
 NOTHING_RAN = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS)
+
+
+def pid_namespace_problem(procfs: str) -> str:
+    """Why NVML lists no process of another pod: '' when this process is in the pid namespace
+    `procfs` shows (hostPID), or where that cannot be told."""
+    try:
+        with open(f"{procfs}/self/status", encoding="ascii", errors="replace") as file:
+            pids = next(line.split()[1:] for line in file if line.startswith("NSpid:"))
+    except (OSError, StopIteration):
+        return ""
+    if len(pids) < 2:
+        return ""
+    # The driver reports each GPU process by its pid in the caller's pid namespace and leaves out
+    # those that have none there, so from inside a pod it sees only the pod's own processes.
+    return (
+        f"the agent runs in a pid namespace of its own (pid {os.getpid()}, {pids[0]} in {procfs}): "
+        "the NVIDIA driver lists only the GPU processes of that namespace, so no process or pod "
+        "gets GPU energy and it all counts as idle; run the pod with hostPID: true"
+    )
 
 
 def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:

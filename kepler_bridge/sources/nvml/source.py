@@ -15,7 +15,7 @@ from kepler_bridge.sources.nvml import gpm, library
 from kepler_bridge.sources.nvml.device import Device, decoded, unsupported_summary
 from kepler_bridge.sources.nvml.events import XidEvents
 from kepler_bridge.sources.nvml.mig import with_mig
-from kepler_bridge.sources.nvml.processes import gpu_processes
+from kepler_bridge.sources.nvml.processes import gpu_processes, pid_namespace_problem
 from kepler_bridge.sources.nvml.reliability import with_reliability
 from kepler_bridge.sources.sysfs import on_pci_bus
 
@@ -53,6 +53,7 @@ class NvmlSource(Source):
         super().__init__(config)
         self.devices: list[Device] = []
         self.driver_version = ""
+        self.pid_namespace = ""
         self.xids = XidEvents()
 
     def start(self) -> None:
@@ -76,6 +77,9 @@ class NvmlSource(Source):
                 f"NVML cannot list devices: {err}; check `nvidia-smi` on the host"
             ) from None
         self.xids.start([device.index for device in self.devices])
+        self.pid_namespace = pid_namespace_problem(self.config.procfs)
+        if self.pid_namespace:
+            log.warning("nvml: %s", self.pid_namespace)
 
     def stop(self) -> None:
         self.xids.stop()
@@ -98,6 +102,7 @@ class NvmlSource(Source):
             f"{len(reading.gpus)} GPU(s) {', '.join(models)}; driver {self.driver_version}"
             + profiling
             + unsupported_summary(self.devices)
+            + (f"; {self.pid_namespace}" if self.pid_namespace else "")
         )
 
     def _named(self, device: Device) -> GpuReading:
