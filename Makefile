@@ -47,6 +47,8 @@ bench: deps-test
 	$(BIN)/python benchmarks/agent_http.py
 	$(BIN)/python benchmarks/slow_clients.py
 	$(BIN)/python benchmarks/bpf_overhead.py
+	$(BIN)/python benchmarks/state_save.py
+	$(BIN)/python benchmarks/device_churn.py
 
 # On a machine with an NVIDIA GPU: kepler-bridge against nvidia-smi, read-only (README "Check on a
 # real GPU"). It needs no venv: $(PYTHON) with the wheels of dist/gpu-check, built where PyPI is
