@@ -56,6 +56,8 @@ bench: deps-test $(PEERS_VENV)/.installed
 	$(BIN)/python benchmarks/slow_clients.py
 	$(BIN)/python benchmarks/pipelined_clients.py
 	$(BIN)/python benchmarks/bpf_overhead.py
+	$(BIN)/python benchmarks/state_save.py
+	$(BIN)/python benchmarks/device_churn.py
 	$(BIN)/python benchmarks/peers.py
 
 # On a machine with an NVIDIA GPU: kepler-bridge against nvidia-smi, read-only (README "Check on a

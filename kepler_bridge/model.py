@@ -318,6 +318,7 @@ class Snapshot:
     containers: tuple[ContainerCpu, ...] = ()
     ebpf_programs_attached: int | None = None
     energy: Energy = Energy()
+    state_save_errors: int = 0  # failed saves of the counter state for a next worker
 
 
 def top(values: Mapping[K, float], limit: int | None) -> list[K]:

@@ -22,6 +22,7 @@ RELOADABLE = frozenset(
         "metric_names",
         "process_metrics",
         "process_grace",
+        "device_grace",
         "baetyl_memory_unit",
         "command",
         "command_timeout",

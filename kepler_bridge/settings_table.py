@@ -163,6 +163,15 @@ class SettingsTable:
             "how long an ended process keeps its series",
         )
     )
+    device_grace: float = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_DEVICE_GRACE",),
+            parse.bounded(parse.duration, 0, 86400),
+            "5m",
+            "expected a duration from 0 to 24h, such as 5m or 30s",
+            "how long a device the sources stopped listing keeps its counters and series",
+        )
+    )
     tls_cert: str = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_TLS_CERT",),

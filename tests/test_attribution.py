@@ -3,6 +3,9 @@ rules one by one."""
 
 from __future__ import annotations
 
+import json
+from typing import TypeVar
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,11 +20,17 @@ from kepler_bridge.model import (
     PodRef,
     ProcessCpu,
     RaplZone,
+    SourceReading,
 )
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
 from kepler_bridge.sampling.counters import MonotonicCounters
+from kepler_bridge.sampling.device_index import MAX_ABSENT, DeviceIndexes
 from kepler_bridge.sampling.gpu_energy import gpu_shares
+from kepler_bridge.sampling.sampler import Sampler
+from kepler_bridge.store import SnapshotStore
+from scaffold import make_config
 
+T = TypeVar("T", Attribution, MonotonicCounters)
 REAL_MAX_UJ = 262143328850
 PODS = {
     "c1": PodRef("shop", "web-1", "nginx"),
@@ -85,6 +94,15 @@ def increases(
     return sum(
         value - before.get(key, 0.0) for key, value in after.items() if key[:2] == (level, kind)
     )
+
+
+def carried(old: T, new: T) -> T:
+    """`new` (made with `old`'s settings) given `old`'s state through JSON, as a new worker gets
+    it from the state file; that state must come back whole."""
+    saved = json.loads(json.dumps(old.state()))
+    new.restore(saved)
+    assert json.loads(json.dumps(new.state())) == saved
+    return new
 
 
 def assert_monotonic(before: dict[tuple, float], after: dict[tuple, float]) -> None:
@@ -238,6 +256,14 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
             shown = [key for key in after_top if key[:2] == ("process", kind) and key[2] != "other"]
             assert len(shown) <= limit
         previous_full, previous_top = after_full, after_top
+        if draw(st.integers(0, 3), label="a new worker takes over") == 0:
+            counters = carried(counters, MonotonicCounters())
+            full = carried(
+                full, Attribution(gpu_idle_watts=idle_watts, process_limit=None, grace=1e9)
+            )
+            top = carried(
+                top, Attribution(gpu_idle_watts=idle_watts, process_limit=limit, grace=1e9)
+            )
 
 
 def test_cpu_active_energy_is_shared_by_cpu_time() -> None:
@@ -690,3 +716,37 @@ def test_a_device_that_lists_processes_is_idle_without_one_whoever_holds_it() ->
     energy = attribution.update(SampleInputs(2.0, gpus=(nvidia,)))
     assert energy.gpu_idle == (("G", pytest.approx(500.0)),)
     assert energy.gpu_unattributed == () and energy.pods == ()
+
+
+def test_a_device_gone_for_the_grace_is_forgotten_and_comes_back_as_new() -> None:
+    sampler = Sampler(make_config(kube_source="off", device_grace="5s"), SnapshotStore(), slots=[])
+
+    def at(now: float, **energy: float) -> dict[str, tuple[int, float | None, float | None]]:
+        """uuid -> (gpu index, gpu_energy_joules_total, idle joules) of a sample at `now` of the
+        devices given with their driver energy counters."""
+        readings = tuple(gpu(uuid, energy_joules=joules) for uuid, joules in energy.items())
+        snapshot = sampler._assemble(SourceReading(gpus=readings), now)
+        idle = dict(snapshot.energy.gpu_idle)
+        found = {g.uuid: (g.index, g.energy_joules, idle.pop(g.uuid, None)) for g in snapshot.gpus}
+        return found | {uuid: (-1, None, joules) for uuid, joules in idle.items()}
+
+    at(0.0, A=100.0, B=10.0)
+    assert at(1.0, A=200.0, B=20.0) == {"A": (0, 200.0, 100.0), "B": (1, 20.0, 10.0)}
+    assert at(2.0, A=50.0, B=30.0)["A"] == (0, 250.0, 150.0)  # A reset: its counter goes on
+    # Absent, A keeps its idle series for --device-grace (5 s since it was last listed at 2 s).
+    assert at(7.0, B=80.0)["A"] == (-1, None, 150.0)
+    assert "A" not in at(7.5, B=85.0)
+    # Back after that, A is a new device: a new index, counters from the driver's value and zero.
+    assert at(8.0, A=60.0, B=90.0)["A"] == (2, 60.0, None)
+    assert at(9.0, A=70.0, B=100.0)["A"] == (2, 70.0, 10.0)
+
+
+def test_at_most_256_absent_devices_are_remembered_the_longest_absent_forgotten_first() -> None:
+    devices = DeviceIndexes()
+    devices.number([gpu(f"old-{i:03}") for i in range(100)], 0.0)
+    devices.number([gpu(f"new-{i:03}") for i in range(200)], 1.0)
+    devices.number([gpu("present")], 2.0)
+    forgotten = devices.expire(2.0, grace=3600.0)
+    assert forgotten == {f"old-{i:03}" for i in range(44)}
+    assert len(devices.state()["devices"]) == 1 + MAX_ABSENT
+    assert devices.number([gpu("another")], 3.0)[0].index == 301, "an index is never reused"

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -22,11 +23,12 @@ from hypothesis import strategies as st
 from agent import KEPLER_BRIDGE, Agent
 from kepler_bridge.config import ConfigError, load
 from kepler_bridge.model import MAX_DEVICES
+from kepler_bridge.sampling import carry
 from kepler_bridge.sources.cgroup import cgroup2_root
 from kepler_bridge.sources.command import OutputError, parse
 from kepler_bridge.sources.containment import CGROUP_PREFIX
 from kepler_bridge.sources.runner import CommandFailed, run
-from scaffold import require, wait_for
+from scaffold import require, samples, wait_for
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "command"
 GIB = 1024**3
@@ -470,6 +472,53 @@ def test_every_failure_is_a_clear_source_error_and_the_agent_keeps_serving(tmp_p
             lambda: agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}, timeout=15, what="recovery"
         )
         assert agent.samples("kepler_bridge_source_up") == {"": 1.0}
+
+
+# Eight devices that no run before listed: uuids from a run counter kept in the file "$1".
+INVENTING = """\
+n=$(( $(cat "$1") + 1 )); echo $n > "$1"
+printf '{"devices":['
+for i in 1 2 3 4 5 6 7 8; do
+  [ $i = 1 ] || printf ,
+  printf '{"uuid":"new-%d-%d","usedMemory":1,"totalMemory":2,"power":50,"energy":%d}' $n $i $n
+done
+echo ']}'
+"""
+
+
+@pytest.mark.e2e
+def test_devices_invented_every_run_are_forgotten_and_cost_bounded_state(tmp_path: Path) -> None:
+    script, runs = tmp_path / "inventing.sh", tmp_path / "runs"
+    script.write_text(INVENTING)
+    runs.write_text("0")
+    # 8 new devices a sample, 10 samples a second, each kept 1 s after its last run: about 88.
+    bound = 8 * 14
+    with Agent(
+        "--sources",
+        "command",
+        "--command",
+        shlex.join(["sh", str(script), str(runs)]),
+        "--interval",
+        "0.1s",
+        "--device-grace",
+        "1s",
+    ) as agent:
+        (state,) = [
+            path / carry.FILE
+            for place in ("/dev/shm", tempfile.gettempdir())
+            for path in Path(place).glob(f"kepler-bridge-{agent.process.pid}-*")
+        ]
+        sizes, series = [], []
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            uuids = {s.labels["uuid"] for s in samples(agent.metrics()) if "uuid" in s.labels}
+            series.append(len(uuids))
+            sizes.append(len(json.loads(state.read_text())["devices"]["devices"]))
+            time.sleep(0.5)
+        made = int(runs.read_text()) * 8
+    assert made > 3 * bound, f"only {made} devices invented: the test proves nothing"
+    assert max(series) <= bound, f"devices in /metrics over time: {series}"
+    assert max(sizes) <= bound, f"devices in the state file over time: {sizes}"
 
 
 def _down_reason(agent: Agent, expected: str) -> str:

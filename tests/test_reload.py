@@ -22,7 +22,7 @@ from kepler_bridge.http.app import WebSettings
 from kepler_bridge.reload import DerivedSettings
 from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.store import SnapshotStore
-from scaffold import make_config, samples, stat_line
+from scaffold import make_config, samples, stat_line, values
 
 COMMAND_DEVICE = {
     "devices": [{"uuid": "npu-reloaded", "usedMemory": 1, "totalMemory": 4, "percent": 25}]
@@ -120,6 +120,38 @@ def test_a_setting_that_needs_a_restart_is_kept_and_named(tmp_path: Path) -> Non
             what="the command source added by the reload",
         )
         assert "except simulate: restart the agent" in agent.output()
+
+
+@pytest.mark.e2e
+def test_source_errors_never_decrease_when_a_reload_changes_or_unsets_the_command(
+    tmp_path: Path,
+) -> None:
+    failing = tmp_path / "failing.sh"
+    failing.write_text("#!/bin/sh\nexit 1\n")
+    failing.chmod(0o755)
+    path = tmp_path / "agent.yaml"
+    _write(path, _settings(interval="0.1s", command=[str(failing), "first"]))
+    seen: list[float] = []  # every value served, in order
+    with Agent("--config", str(path)) as agent:
+
+        def errors() -> float | None:
+            found = values(agent.metrics(), "kepler_bridge_source_errors_total", "source")
+            if "command" in found:
+                seen.append(found["command"])
+            return found.get("command")
+
+        agent.wait_for(lambda: (errors() or 0) >= 5, what="the failing command counted")
+        for command in ([str(failing), "second"], None, [str(failing), "third"]):
+            _write(path, _settings(interval="0.1s", **({"command": command} if command else {})))
+            counted = seen[-1]
+            agent.wait_for(
+                lambda: (errors() or 0) > counted if command else errors() is None,
+                what=f"the reload to command {command} applied",
+            )
+            for _ in range(5):
+                errors()
+                time.sleep(0.05)
+    assert seen == sorted(seen), f"kepler_bridge_source_errors_total went down: {seen}"
 
 
 def test_the_web_settings_are_made_once_per_settings_change() -> None:

@@ -232,6 +232,9 @@ METRICS: dict[str, str] = {
     "kepler_bridge_sample_duration_seconds": "Time the last sample took to read every source.",
     "kepler_bridge_last_sample_timestamp_seconds": "Unix time of the last published sample.",
     "kepler_bridge_ebpf_programs_attached": "eBPF programs attached by the agent.",
+    "kepler_bridge_state_save_errors_total": (
+        "Failed saves of the counter state a new worker continues from."
+    ),
 }
 
 # Exported whatever the allow/deny lists say: alerts and dashboards need them to tell "down"

@@ -11,9 +11,10 @@ the process, container and pod counters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from kepler_bridge.model import NO_POD, CpuTimes, Energy, GpuReading, PodRef, ProcessKey, RaplZone
+from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.cpu_energy import CpuEnergy, share_cpu
 from kepler_bridge.sampling.gpu_energy import GpuEnergy
 from kepler_bridge.sampling.ledger import Joules, Ledger
@@ -67,6 +68,26 @@ class Attribution:
         self._ledger.configure(
             process_limit=process_limit, grace=grace, max_processes=max_processes
         )
+
+    def forget(self, uuids: set[str]) -> None:
+        """Drop the energy kept of devices gone for good."""
+        self._gpu.forget(uuids)
+
+    def state(self) -> dict[str, Any]:
+        """Plain data for `carry.save`; `restore` takes it back."""
+        return {
+            "last_now": self._last_now,
+            "cpu": self._cpu.state(),
+            "gpu": self._gpu.state(),
+            "ledger": self._ledger.state(),
+        }
+
+    def restore(self, state: object) -> None:
+        """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
+        self._last_now = carry.optional_number(carry.field(state, "last_now"))
+        self._cpu.restore(carry.field(state, "cpu"))
+        self._gpu.restore(carry.field(state, "gpu"))
+        self._ledger.restore(carry.field(state, "ledger"))
 
     def update(self, inputs: SampleInputs) -> Energy:
         """Attribute the interval since the previous call and return every counter."""

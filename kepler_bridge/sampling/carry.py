@@ -3,32 +3,50 @@
 The gunicorn master makes a private directory (mode 0700, on tmpfs where
 /dev/shm exists) and removes it when it exits; the worker's sampler writes
 its state there after every sample and a new worker reads it back, so
-counters continue instead of restarting from zero.
+counters continue instead of restarting from zero. The state is JSON of
+plain numbers and strings: the worker rebuilds its objects from it and
+checks every value (the helpers below), so a crafted file cannot run code
+and a bad one is a clean restart from zero.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import pickle
+import re
 import shutil
+import stat
 import tempfile
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-FILE = "sampler-state.pickle"
+FILE = "sampler-state.json"
 # tmpfs first: the state is rewritten every sample and must not outlive the agent.
 PLACES = ("/dev/shm", None)
+PREFIX = "kepler-bridge-"
+# A state directory: the prefix, the pid of the master that made it, mkdtemp's suffix.
+DIRECTORY = re.compile(re.escape(PREFIX) + r"([0-9]+)-")
+VERSION = 1
+CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class BadState(ValueError):
+    """The saved state is not what this agent writes: counters restart from zero."""
 
 
 def make_dir() -> str:
-    """A new private directory for the state, named after the master's pid.
+    """A new private directory for the state, named after the master's pid, once the ones of
+    masters that no longer run are removed.
 
     '' (with a warning) where none can be made."""
+    for place in PLACES:
+        remove_stale_dirs(place or tempfile.gettempdir())
     problems = []
     for place in PLACES:
         try:
-            return tempfile.mkdtemp(prefix=f"kepler-bridge-{os.getpid()}-", dir=place)
+            return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=place)
         except OSError as err:
             problems.append(f"{place or tempfile.gettempdir()}: {err.strerror or err}")
     log.warning(
@@ -39,34 +57,162 @@ def make_dir() -> str:
     return ""
 
 
+def remove_stale_dirs(place: str) -> None:
+    """Delete the state directories in `place` that a killed master left: ours (same owner, a
+    real directory) and named after a pid that is gone, is no kepler-bridge process, or is this
+    one's (a restarted container's master often has the pid of the one before)."""
+    try:
+        names = os.listdir(place)
+    except OSError:
+        return
+    for name in names:
+        found = DIRECTORY.match(name)
+        if found is None:
+            continue
+        pid, path = int(found.group(1)), os.path.join(place, name)
+        if pid != os.getpid() and _agent_running(pid):
+            continue
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+            log.info("removing %s: the agent that made it no longer runs", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _agent_running(pid: int) -> bool:
+    """Whether `pid` is a running kepler-bridge (the script, or `python -m kepler_bridge`)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            argv = file.read().split(b"\0")
+    except OSError:
+        return False
+    return any(os.path.basename(arg) == b"kepler-bridge" for arg in argv[:2]) or (
+        argv[1:3] == [b"-m", b"kepler_bridge"]
+    )
+
+
 def remove_dir(directory: str) -> None:
     """Delete the state directory and what it holds."""
     if directory:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def save(directory: str, state: object) -> None:
-    """Replace the saved state atomically: a reader sees the old or the new file, never a part."""
+def save(directory: str, state: dict[str, Any]) -> None:
+    """Replace the saved state atomically: a reader sees the old or the new file, never a part.
+
+    The partial file is created afresh (never through a link, never one already there) and is
+    removed when the save fails."""
+    data = json.dumps({"version": VERSION, **state}, separators=(",", ":")).encode()
     path = os.path.join(directory, FILE)
     partial = f"{path}.{os.getpid()}"
-    with open(partial, "wb") as file:
-        pickle.dump(state, file, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(partial, path)
-
-
-def load(directory: str) -> object | None:
-    """The state the previous worker saved, or None when there is none or it cannot be read."""
     try:
-        with open(os.path.join(directory, FILE), "rb") as file:
-            # Only this agent's own processes can write here:
-            # the master made the directory with mode 0700.
-            return pickle.load(file)
+        descriptor = os.open(partial, CREATE, 0o600)
+    except FileExistsError:  # left by a killed worker of the same pid, or put there
+        os.unlink(partial)
+        descriptor = os.open(partial, CREATE, 0o600)
+    try:
+        with open(descriptor, "wb", closefd=True) as file:
+            file.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        _unlink(partial)
+        raise
+
+
+def discard(directory: str) -> None:
+    """Remove the saved state (OSError when it cannot be): after a failed save it is older than
+    what was served, and counters restarting from zero are a reset Prometheus handles, where
+    going back is not."""
+    _unlink(os.path.join(directory, FILE))
+
+
+def load(directory: str) -> dict[str, Any] | None:
+    """The state the previous worker saved, or None when there is none or it is not ours (with
+    one warning: counters restart from zero). Partial files of killed workers are removed."""
+    _remove_partials(directory)
+    try:
+        descriptor = os.open(os.path.join(directory, FILE), os.O_RDONLY | os.O_NOFOLLOW)
+        with open(descriptor, "rb", closefd=True) as file:
+            state = json.loads(file.read())
+        if not isinstance(state, dict) or state.get("version") != VERSION:
+            raise BadState(f"not a version {VERSION} state")
+        return state
     except FileNotFoundError:
         return None
-    except (
-        Exception
-    ) as err:  # e.g. the package was upgraded under the running master and its classes changed
+    except Exception as err:  # not JSON, too deep, too big, a link: whatever it is, not ours
         log.warning(
             "counter state in %s unreadable, counters restart from zero: %s", directory, err
         )
         return None
+
+
+def _remove_partials(directory: str) -> None:
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(f"{FILE}."):
+            try:
+                _unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# Checks for rebuilding objects from a loaded state; each raises BadState on a wrong type.
+
+
+def text(value: object) -> str:
+    if not isinstance(value, str):
+        raise BadState(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def integer(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadState(f"expected a whole number, got {type(value).__name__}")
+    return value
+
+
+def number(value: object) -> float:
+    """An int or a float, kept as it is."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadState(f"expected a number, got {type(value).__name__}")
+    return value
+
+
+def optional_number(value: object) -> float | None:
+    return None if value is None else number(value)
+
+
+def code(value: object) -> int | str:
+    """An XID code: a number, or a name such as "other"."""
+    return value if isinstance(value, str) else integer(value)
+
+
+def field(state: object, name: str) -> Any:
+    """One field of a mapping in the state."""
+    if not isinstance(state, dict) or name not in state:
+        raise BadState(f"missing {name!r}")
+    return state[name]
+
+
+def rows(value: object, *cells: Callable[[object], Any]) -> list[tuple[Any, ...]]:
+    """A list of rows, each a list of len(cells) values passed through its cell's check."""
+    if not isinstance(value, list):
+        raise BadState(f"expected a list, got {type(value).__name__}")
+    checked = []
+    for row in value:
+        if not isinstance(row, list) or len(row) != len(cells):
+            raise BadState(f"expected rows of {len(cells)} values")
+        checked.append(tuple(check(cell) for check, cell in zip(cells, row)))
+    return checked

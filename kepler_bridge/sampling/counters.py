@@ -7,6 +7,8 @@ import dataclasses
 from typing import Any, Iterable, Mapping, TypeVar
 
 from kepler_bridge.model import GpuReading, NvLink, ProcessCpu, ProcessKey
+from kepler_bridge.sampling import carry
+from kepler_bridge.sampling.carry import code, integer, number, optional_number, text
 from kepler_bridge.sampling.top import TopCounter
 
 Number = TypeVar("Number", int, float)
@@ -42,12 +44,19 @@ class Monotonic:
         self.last_raw = raw
         return self.value
 
+    @classmethod
+    def of(cls, last_raw: float | None, value: float) -> Monotonic:
+        """One in the state a saved one had."""
+        state = cls()
+        state.last_raw, state.value = last_raw, value
+        return state
+
 
 class MonotonicCounters:
     """Per-device and per-container counter state owned by the sampler thread."""
 
     def __init__(self, process_limit: int | None = None) -> None:
-        self._gpu: dict[tuple[str, str], Monotonic] = {}
+        self._gpu: dict[str, dict[str, Monotonic]] = {}  # uuid -> counter name -> state
         self._xid: dict[str, dict[int | str, Monotonic]] = {}
         self._process_seen: dict[ProcessKey, float] = {}
         self._process_total: dict[ProcessKey, float] = {}
@@ -58,10 +67,19 @@ class MonotonicCounters:
         """A new --process-metrics: series shown from now on follow it; none decreases."""
         self._process_family.limit = process_limit
 
+    def forget(self, uuids: Iterable[str]) -> None:
+        """Drop the counters of devices gone for good: if one comes back, they start again."""
+        for uuid in uuids:
+            self._gpu.pop(uuid, None)
+            self._xid.pop(uuid, None)
+
     def _value(self, uuid: str, name: str, raw: float) -> float:
-        state = self._gpu.get((uuid, name))
+        device = self._gpu.get(uuid)
+        if device is None:
+            device = self._gpu[uuid] = {}
+        state = device.get(name)
         if state is None:
-            state = self._gpu[(uuid, name)] = Monotonic()
+            state = device[name] = Monotonic()
         return state.update(raw)
 
     def gpu(self, reading: GpuReading) -> GpuReading:
@@ -173,3 +191,53 @@ class MonotonicCounters:
         for container in set(self._container_total) - present:
             del self._container_total[container]
         return tuple(sorted(self._container_total.items()))
+
+    def state(self) -> dict[str, Any]:
+        """Plain data for `carry.save`; `restore` takes it back."""
+        return {
+            "gpu": _monotonic_rows(self._gpu),
+            "xid": _monotonic_rows(self._xid),
+            "process_seen": [[*key, seconds] for key, seconds in self._process_seen.items()],
+            "process_total": [[*key, seconds] for key, seconds in self._process_total.items()],
+            "process_other": self._process_family.other,
+            "process_offsets": [
+                [*key, offset] for key, offset in self._process_family.offsets.items()
+            ],
+            "containers": [[cid, seconds] for cid, seconds in self._container_total.items()],
+        }
+
+    def restore(self, state: object) -> None:
+        """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
+        self._gpu = _monotonic_states(carry.field(state, "gpu"), text)
+        self._xid = _monotonic_states(carry.field(state, "xid"), code)
+        self._process_seen = _process_values(carry.field(state, "process_seen"))
+        self._process_total = _process_values(carry.field(state, "process_total"))
+        self._process_family.restore(
+            optional_number(carry.field(state, "process_other")),
+            _process_values(carry.field(state, "process_offsets")),
+        )
+        found = carry.rows(carry.field(state, "containers"), text, number)
+        self._container_total = {cid: seconds for cid, seconds in found}
+
+
+def _monotonic_rows(devices: Mapping[str, Mapping[Any, Monotonic]]) -> list[list[Any]]:
+    """[uuid, name, last raw value, value] of each counter of each device."""
+    return [
+        [uuid, name, state.last_raw, state.value]
+        for uuid, counters in devices.items()
+        for name, state in counters.items()
+    ]
+
+
+def _monotonic_states(value: object, name: Any) -> dict[str, dict[Any, Monotonic]]:
+    """The device counters of `_monotonic_rows`' rows; `name` checks a counter's name."""
+    devices: dict[str, dict[Any, Monotonic]] = {}
+    for uuid, key, last_raw, current in carry.rows(value, text, name, optional_number, number):
+        devices.setdefault(uuid, {})[key] = Monotonic.of(last_raw, current)
+    return devices
+
+
+def _process_values(value: object) -> dict[ProcessKey, float]:
+    """Rows [pid, comm, container id, value] as a mapping by process."""
+    found = carry.rows(value, integer, text, text, number)
+    return {ProcessKey(pid, comm, cid): seconds for pid, comm, cid, seconds in found}

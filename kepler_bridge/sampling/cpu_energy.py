@@ -9,9 +9,11 @@ configured, the estimate cpu_tdp_watts x usage x interval is all active.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from kepler_bridge.model import CpuTimes, CpuZoneEnergy, ProcessKey, RaplZone
+from kepler_bridge.sampling import carry
+from kepler_bridge.sampling.carry import integer, number, text
 from kepler_bridge.sampling.counters import increase
 
 # Zone kinds that measure the CPU as a whole, best first.
@@ -51,6 +53,23 @@ class CpuEnergy:
             CpuZoneEnergy(zone, source, joules)
             for (zone, source), joules in sorted(self._zones.items())
         )
+
+    def state(self) -> dict[str, Any]:
+        """Plain data for `carry.save`; `restore` takes it back."""
+        last = self._last_cpu
+        return {
+            "last_cpu": None if last is None else [last.busy_seconds, last.total_seconds],
+            "last_uj": list(map(list, self._last_uj.items())),
+            "zones": [[*key, joules] for key, joules in self._zones.items()],
+        }
+
+    def restore(self, state: object) -> None:
+        """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
+        last = carry.field(state, "last_cpu")
+        self._last_cpu = None if last is None else CpuTimes(*carry.rows([last], number, number)[0])
+        self._last_uj = dict(carry.rows(carry.field(state, "last_uj"), text, integer))
+        found = carry.rows(carry.field(state, "zones"), text, text, number)
+        self._zones = {(zone, source): joules for zone, source, joules in found}
 
     def _usage(self, times: CpuTimes | None) -> tuple[float | None, float]:
         """The node's CPU usage ratio over the interval and the CPU seconds all CPUs had in it."""

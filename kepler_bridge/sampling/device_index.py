@@ -1,32 +1,40 @@
-"""Node-wide `gpu` indexes that stay with a device for the agent's life.
+"""Node-wide `gpu` indexes that stay with a device for the agent's life, and when it is gone.
 
-A device keeps its index whatever order the sources list devices in.
+A device keeps its index whatever order the sources list devices in, and an
+index is never reused. One
+absent from the readings for `--device-grace` is forgotten: the sampler
+drops its counters too, and if it comes back it starts again like a new
+device. At most MAX_ABSENT absent devices are remembered, the longest
+absent forgotten first, so a source inventing uuids costs bounded memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Any, Iterable
 
-from kepler_bridge.model import GpuReading
+from kepler_bridge.model import MAX_DEVICES, GpuReading
+from kepler_bridge.sampling import carry
+from kepler_bridge.sampling.carry import integer, number, text
 
-# Identities remembered at most; beyond it (a command inventing uuids)
-# the ones absent from the sample are forgotten.
-MAX_KNOWN = 4096
+MAX_ABSENT = MAX_DEVICES
+
+Identity = tuple[str, str]  # vendor, uuid
 
 
 class DeviceIndexes:
     """Gives each device (vendor, uuid) the next unused index when first seen, and keeps it."""
 
     def __init__(self) -> None:
-        self._known: dict[tuple[str, str], int] = {}
+        self._known: dict[Identity, int] = {}
+        self._seen: dict[Identity, float] = {}  # monotonic time of the last sample listing it
         self._next = 0
 
-    def number(self, gpus: Iterable[GpuReading]) -> tuple[GpuReading, ...]:
+    def number(self, gpus: Iterable[GpuReading], now: float) -> tuple[GpuReading, ...]:
         """The readings with their node-wide index, in index order.
 
         A device listed twice is kept once (the first)."""
-        numbered: dict[tuple[str, str], GpuReading] = {}
+        numbered: dict[Identity, GpuReading] = {}
         for gpu in gpus:
             identity = (gpu.vendor, gpu.uuid)
             if (
@@ -35,7 +43,40 @@ class DeviceIndexes:
                 continue
             if identity not in self._known:
                 self._known[identity], self._next = self._next, self._next + 1
+            self._seen[identity] = now
             numbered[identity] = dataclasses.replace(gpu, index=self._known[identity])
-        if len(self._known) > MAX_KNOWN:
-            self._known = {identity: gpu.index for identity, gpu in numbered.items()}
         return tuple(sorted(numbered.values(), key=lambda gpu: gpu.index))
+
+    def expire(self, now: float, grace: float) -> set[str]:
+        """Forget the devices absent for more than `grace` seconds, and the longest absent beyond
+        MAX_ABSENT; the uuids no remembered device has any more."""
+        absent = sorted((seen, identity) for identity, seen in self._seen.items() if seen < now)
+        gone = [
+            identity
+            for position, (seen, identity) in enumerate(absent)
+            if now - seen > grace or position < len(absent) - MAX_ABSENT
+        ]
+        for identity in gone:
+            del self._known[identity], self._seen[identity]
+        return {uuid for _, uuid in gone} - {uuid for _, uuid in self._known}
+
+    def state(self) -> dict[str, Any]:
+        """Plain data for `carry.save`: the next index and [vendor, uuid, index, last seen] per
+        device."""
+        return {
+            "next": self._next,
+            "devices": [
+                [vendor, uuid, index, self._seen[(vendor, uuid)]]
+                for (vendor, uuid), index in self._known.items()
+            ],
+        }
+
+    def restore(self, state: object) -> None:
+        """Take the devices a previous worker saved; raises carry.BadState on a wrong value."""
+        found = carry.rows(carry.field(state, "devices"), text, text, integer, number)
+        self._next = integer(carry.field(state, "next"))
+        self._known = {(vendor, uuid): index for vendor, uuid, index, _ in found}
+        self._seen = {(vendor, uuid): seen for vendor, uuid, _, seen in found}
+        indexes = set(self._known.values())
+        if len(indexes) != len(self._known) or any(not 0 <= i < self._next for i in indexes):
+            raise carry.BadState("device indexes that this agent does not give")

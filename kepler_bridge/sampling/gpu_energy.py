@@ -24,9 +24,11 @@ lists any, the rule above applies.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 from kepler_bridge.model import GpuProcess, GpuReading, Holder, MigInstance, ProcessKey
+from kepler_bridge.sampling import carry
+from kepler_bridge.sampling.carry import number, text
 from kepler_bridge.sampling.counters import increase
 
 # Why a device's active energy went to no container: several hold it, or none does.
@@ -112,6 +114,34 @@ class GpuEnergy:
         """Set --gpu-idle-watts (None: the lowest power seen); called again on reload."""
         self.idle_watts = idle_watts
 
+    def forget(self, uuids: set[str]) -> None:
+        """Drop what is kept of devices gone for good; their series end."""
+        for uuid in uuids:
+            self._last_joules.pop(uuid, None)
+            self._lowest_watts.pop(uuid, None)
+            self._idle.pop(uuid, None)
+        for key in [key for key in self._unattributed if key[0] in uuids]:
+            del self._unattributed[key]
+
+    def state(self) -> dict[str, Any]:
+        """Plain data for `carry.save`; `restore` takes it back."""
+        return {
+            "last_joules": list(map(list, self._last_joules.items())),
+            "lowest_watts": list(map(list, self._lowest_watts.items())),
+            "idle": list(map(list, self._idle.items())),
+            "unattributed": [[*key, joules] for key, joules in self._unattributed.items()],
+        }
+
+    def restore(self, state: object) -> None:
+        """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
+        self._last_joules = _by_uuid(carry.field(state, "last_joules"))
+        self._lowest_watts = _by_uuid(carry.field(state, "lowest_watts"))
+        self._idle = _by_uuid(carry.field(state, "idle"))
+        found = carry.rows(carry.field(state, "unattributed"), text, text, number)
+        if any(reason not in UNATTRIBUTED_REASONS for _, reason, _ in found):
+            raise carry.BadState("unknown reason of unattributed energy")
+        self._unattributed = {(uuid, reason): joules for uuid, reason, joules in found}
+
     def share(
         self, gpus: Iterable[GpuReading], seconds: float
     ) -> tuple[dict[ProcessKey, float], dict[Holder, float]]:
@@ -173,3 +203,8 @@ class GpuEnergy:
             owned[holders[0]] = owned.get(holders[0], 0.0) + active
         else:
             self._unattributed[(uuid, "shared" if holders else "no_owner")] += active
+
+
+def _by_uuid(value: object) -> dict[str, float]:
+    """Rows [uuid, value] of a saved state as a mapping."""
+    return dict(carry.rows(value, text, number))

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping, TypeVar
+from typing import Any, Hashable, Iterable, Mapping, TypeVar
 
 from kepler_bridge.model import Holder, PodRef, ProcessKey, WorkloadEnergy
+from kepler_bridge.sampling import carry
+from kepler_bridge.sampling.carry import integer, number, optional_number, text
 from kepler_bridge.sampling.top import TopCounter
 
 KINDS = ("cpu", "gpu")  # the fields of Joules, and the `kind` of each per-process family
@@ -165,6 +167,82 @@ class Ledger:
             )
             for key in absent[:excess]:
                 del self._processes[key]
+
+    def state(self) -> dict[str, Any]:
+        """Plain data for `carry.save`: each tally as its key, last sight and joules, and each
+        kind's family as its `other` and the offsets of its shown series."""
+        return {
+            "processes": _tally_rows(
+                ((*key, *_owner_cells(tally.labels.owner)), tally)
+                for key, tally in self._processes.items()
+            ),
+            "containers": _tally_rows(self._containers.items()),
+            "pods": _tally_rows(self._pods.items()),
+            "families": {
+                kind: {
+                    "other": family.other,
+                    "offsets": [
+                        [*_labels_row(key), offset] for key, offset in family.offsets.items()
+                    ],
+                }
+                for kind, family in self._families.items()
+            },
+        }
+
+    def restore(self, state: object) -> None:
+        """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
+        processes = _tallies(carry.field(state, "processes"), integer, text, text, *POD)
+        containers = _tallies(carry.field(state, "containers"), text, *POD)
+        pods = _tallies(carry.field(state, "pods"), text, text)
+        self._processes = {
+            ProcessKey(*key[:3]): Tally(_labels([str(key[0]), *key[1:]]), seen, joules)
+            for key, seen, joules in processes
+        }
+        self._containers = {
+            key: Tally(_labels(["", "", *key]), seen, joules) for key, seen, joules in containers
+        }
+        self._pods = {
+            key: Tally(_labels(["", "", "", *key, ""]), seen, joules) for key, seen, joules in pods
+        }
+        families = carry.field(state, "families")
+        for kind, family in self._families.items():
+            saved = carry.field(families, kind)
+            found = carry.rows(carry.field(saved, "offsets"), *(text,) * 6, number)
+            family.restore(
+                optional_number(carry.field(saved, "other")),
+                {_labels(list(cells[:6])): cells[6] for cells in found},
+            )
+
+
+POD = (text, text, text)  # namespace, pod, container
+
+
+def _tally_rows(tallies: Iterable[tuple[tuple[Any, ...], Tally]]) -> list[list[Any]]:
+    """[*key, last seen, cpu joules, gpu joules] of each (key, tally)."""
+    return [[*key, tally.seen, tally.joules.cpu, tally.joules.gpu] for key, tally in tallies]
+
+
+def _owner_cells(owner: PodRef) -> tuple[str, str, str]:
+    return owner.namespace, owner.pod, owner.container
+
+
+def _tallies(value: object, *key: Any) -> list[tuple[tuple[Any, ...], float, Joules]]:
+    """(key, last seen, joules) of `_tally_rows`' rows, the key's cells checked by `key`."""
+    return [
+        (cells[: len(key)], cells[-3], Joules(cells[-2], cells[-1]))
+        for cells in carry.rows(value, *key, number, number, number)
+    ]
+
+
+def _labels_row(labels: WorkloadEnergy) -> list[str]:
+    """A process's labels as a row: pid, comm, container id, namespace, pod, container."""
+    return [labels.pid, labels.comm, labels.container_id, *_owner_cells(labels.owner)]
+
+
+def _labels(cells: list[str]) -> WorkloadEnergy:
+    """The labels of a `_labels_row` row."""
+    pid, comm, container_id, namespace, pod, container = cells
+    return WorkloadEnergy(pid, comm, container_id, PodRef(namespace, pod, container))
 
 
 def _ranks(kind: str, joules: Joules) -> bool:

@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from kepler_bridge.config import Config
@@ -26,21 +25,16 @@ from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
 from kepler_bridge.sampling.counters import MonotonicCounters
 from kepler_bridge.sampling.device_index import DeviceIndexes
-from kepler_bridge.sampling.slots import Slot, build_slots, read_all, replace_command
+from kepler_bridge.sampling.slots import (
+    Slot,
+    build_slots,
+    carry_errors,
+    read_all,
+    replace_command,
+)
 from kepler_bridge.store import SnapshotStore
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class WorkerState:
-    """What a new worker takes over from the one before it: counter states, device indexes,
-    the attribution ledger and source error counts."""
-
-    counters: MonotonicCounters
-    devices: DeviceIndexes
-    attribution: Attribution
-    source_errors: dict[str, int]
 
 
 class Sampler:
@@ -66,7 +60,10 @@ class Sampler:
         self._attribution = Attribution(**_attribution_settings(config))
         self.kube = KubeMetadata(config)
         self._state_dir = state_dir
-        self._save_failed = False
+        self._save_errors = 0
+        self._save_warned = False
+        # Errors of sources with no slot now (a command unset by a reload), kept for their return.
+        self._retired_errors: dict[str, int] = {}
         self._settings = SettingsWatch(flags, config.config_file)
         if state_dir:
             self._take_over(carry.load(state_dir))
@@ -91,7 +88,7 @@ class Sampler:
         for slot in self.slots:
             slot.configure(config)
         if old.command != config.command:
-            self.slots = replace_command(self.slots, config)
+            self.slots = replace_command(self.slots, config, self._retired_errors)
         if any(getattr(old, name) != getattr(config, name) for name in KUBE):
             self.kube.stop(1.0)
             self.kube = KubeMetadata(config)
@@ -112,37 +109,69 @@ class Sampler:
         for slot in self.slots:
             slot.stop()
 
-    def _take_over(self, carried: object) -> None:
-        if isinstance(carried, WorkerState):
-            self._counters, self._devices = carried.counters, carried.devices
-            self._attribution = carried.attribution
-            for slot in self.slots:
-                slot.errors_total += carried.source_errors.get(slot.name, 0)
-            # The state came with the settings of the worker that saved it; these are in force.
-            self.configure(self.config)
-            # That worker may have reloaded settings since start-up: read them as they are now.
-            self._settings.ask()
+    def _take_over(self, carried: dict[str, Any] | None) -> None:
+        """Continue from the state a previous worker saved (None: there is none)."""
+        if carried is None:
+            return
+        counters, devices = MonotonicCounters(self.config.process_metrics), DeviceIndexes()
+        attribution = Attribution(**_attribution_settings(self.config))
+        try:
+            counters.restore(carry.field(carried, "counters"))
+            devices.restore(carry.field(carried, "devices"))
+            attribution.restore(carry.field(carried, "attribution"))
+            errors = carry.rows(carry.field(carried, "source_errors"), carry.text, carry.integer)
+            save_errors = carry.integer(carry.field(carried, "save_errors"))
+        except Exception as err:  # carry.BadState, or a crafted value no check foresaw
+            log.warning(
+                "counter state in %s is not this agent's, counters restart from zero: %s",
+                self._state_dir,
+                err,
+            )
+            return
+        self._counters, self._devices, self._attribution = counters, devices, attribution
+        self._save_errors = save_errors
+        self._retired_errors = carry_errors(self.slots, dict(errors))
+        # The state came with the settings of the worker that saved it; these are in force.
+        self.configure(self.config)
+        # That worker may have reloaded settings since start-up: read them as they are now.
+        self._settings.ask()
 
     def _save(self) -> None:
+        """Save the state for a next worker; when that fails, remove the older one: a new
+        worker then starts from zero instead of below what was served."""
         if not self._state_dir:
             return
-        state = WorkerState(
-            self._counters,
-            self._devices,
-            self._attribution,
-            {slot.name: slot.errors_total for slot in self.slots},
-        )
+        errors = {**self._retired_errors, **{slot.name: slot.errors_total for slot in self.slots}}
+        state = {
+            "counters": self._counters.state(),
+            "devices": self._devices.state(),
+            "attribution": self._attribution.state(),
+            "source_errors": [[name, count] for name, count in errors.items()],
+            "save_errors": self._save_errors,
+        }
         try:
             carry.save(self._state_dir, state)
         except Exception as err:  # the state is a convenience: sampling goes on without it
-            if not self._save_failed:
-                log.warning(
-                    "cannot save counter state in %s (counters restart from zero if the "
-                    "worker restarts): %s; free space on its file system",
-                    self._state_dir,
-                    err,
-                )
-            self._save_failed = True
+            self._save_errors += 1
+            self._save_failed(err)
+
+    def _save_failed(self, err: Exception) -> None:
+        """Remove the older state a failed save leaves; warn once per worker."""
+        try:
+            carry.discard(self._state_dir)
+            kept = ""
+        except OSError as stuck:
+            kept = f"; removing the older state failed too ({stuck}): a new worker would go back"
+        if not self._save_warned:
+            self._save_warned = True
+            log.warning(
+                "cannot save counter state in %s (counters restart from zero if the worker "
+                "restarts; counted in kepler_bridge_state_save_errors_total): %s%s; free space "
+                "on its file system",
+                self._state_dir,
+                err,
+                kept,
+            )
 
     def _run(self) -> None:
         deadline = time.monotonic()
@@ -153,7 +182,7 @@ class Sampler:
             snapshot = self.sample()
             # Saved before publishing: a new worker continues from at least what any scrape saw.
             self._save()
-            self.store.publish(snapshot)
+            self.store.publish(dataclasses.replace(snapshot, state_save_errors=self._save_errors))
             deadline += self.config.interval
             now = time.monotonic()
             if deadline < now:  # fell behind (slow driver): skip missed ticks instead of bursting
@@ -165,12 +194,22 @@ class Sampler:
         started = time.monotonic()
         return self._assemble(read_all(self.slots, self.config.interval, started), started)
 
+    def _number(self, reading: SourceReading, now: float) -> tuple[GpuReading, ...]:
+        """The sample's devices with their `gpu` index; the devices gone for --device-grace are
+        forgotten, their counters and energy with them."""
+        numbered = self._devices.number(reading.gpus, now)
+        gone = self._devices.expire(now, self.config.device_grace)
+        if gone:
+            self._counters.forget(gone)
+            self._attribution.forget(gone)
+        return numbered
+
     def _assemble(self, reading: SourceReading, started: float) -> Snapshot:
         """The snapshot of one sample: counters made monotonic, owners joined, energy attributed."""
         # Kubernetes owners are joined here, once per sample: every output reads them from the rows.
         kube = self.kube.view()
         node_gpus = tuple(
-            join_owners(self._counters.gpu(gpu), kube) for gpu in self._devices.number(reading.gpus)
+            join_owners(self._counters.gpu(gpu), kube) for gpu in self._number(reading, started)
         )
         increases = self._counters.cpu_increases(reading.processes)
         shown, other_seconds = self._counters.process_seconds(increases)

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from kepler_bridge.config import Config
 from kepler_bridge.log_limit import EveryInterval
@@ -205,13 +206,28 @@ def check_source(name: str, config: Config) -> tuple[bool, str]:
         source.stop()
 
 
-def replace_command(slots: list[Slot], config: Config) -> list[Slot]:
+def replace_command(slots: list[Slot], config: Config, retired: dict[str, int]) -> list[Slot]:
     """The slots with the command source stopped and, where --command is still set, started again
-    with the new one."""
+    with the new one.
+
+    Its errors so far go to `retired` and a new command slot counts on from there, so
+    source_errors_total never decreases; while --command is unset they wait in `retired`."""
     kept = [slot for slot in slots if slot.name != "command"]
     for slot in slots:
         if slot.name == "command":
             slot.stop()
+            retired["command"] = retired.get("command", 0) + slot.errors_total
     if ("command",) in selected_groups(config):
-        kept.append(open_slot("command", config))
+        command = open_slot("command", config)
+        command.errors_total += retired.pop("command", 0)
+        kept.append(command)
     return kept
+
+
+def carry_errors(slots: list[Slot], errors: Mapping[str, int]) -> dict[str, int]:
+    """Add each source's errors counted by a previous worker to its slot; return those of sources
+    with no slot now, which wait for one."""
+    waiting = dict(errors)
+    for slot in slots:
+        slot.errors_total += waiting.pop(slot.name, 0)
+    return waiting

@@ -44,3 +44,12 @@ class TopCounter(Generic[K]):
             self.other += sum(value for key, value in increases.items() if key not in offsets)
         self._offsets = offsets
         return [(key, totals[key] - offsets[key]) for key in shown]
+
+    @property
+    def offsets(self) -> Mapping[K, float]:
+        """The shown keys and what each total had when its series started, for the saved state."""
+        return self._offsets
+
+    def restore(self, other: float | None, offsets: Mapping[K, float]) -> None:
+        """Take `other` and `offsets` as a previous worker saved them."""
+        self.other, self._offsets = other, dict(offsets)
