@@ -134,7 +134,7 @@ class SnapshotCollector(Collector):
         duration.add_metric([snap.node], snap.duration_seconds)
         timestamp = gauge("kepler_bridge_last_sample_timestamp_seconds", ("node",))
         timestamp.add_metric([snap.node], snap.timestamp)
-        saves = _counter("kepler_bridge_state_save_errors_total", ("node",))
+        saves = counter("kepler_bridge_state_save_errors_total", ("node",))
         saves.add_metric([snap.node], float(snap.state_save_errors))
         yield from (build, up, state, errors, duration, timestamp, saves)
         if snap.ebpf_programs_attached is not None:
