@@ -7,7 +7,9 @@ check stop with "Debian-local change: sigstore disabled". So this module writes 
 `cosign generate-key-pair` and `cosign sign --key` write, byte for byte in format (an encrypted
 P-256 key; a simple-signing payload in a `sha256-<digest>.sig` attachment of the registry), and
 checks a signature as `cosign verify --key` and containers/image's `sigstoreSigned` requirement
-with `matchRepository` do. The key and signature arithmetic is the openssl CLI's.
+with `matchRepository` do. The key and signature arithmetic is the openssl CLI's. What admits a
+signature here is this module, not podman: tests/simple_signing.py has podman's own policy engine
+admit and refuse images signed with GPG.
 """
 
 from __future__ import annotations

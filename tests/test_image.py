@@ -15,6 +15,7 @@ import os
 import platform
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -27,6 +28,7 @@ from fixtures.ascend import ascend_host
 from image_signing import Registry, generate_key_pair, refusal, sign
 from kepler_bridge import __version__
 from scaffold import free_port, require, samples, wait_for
+from simple_signing import Keyring, lookaside, signature_file, signed_by_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -138,12 +140,16 @@ class Podman:
         self.build_options = ["--format", "docker", "--network", "host", "--pull=never"]
 
     def __call__(
-        self, *args: str, timeout: float = 60, check: bool = True, home: Path | None = None
+        self, *args: str, timeout: float = 60, check: bool = True, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess:
-        """podman `args`; `home` is $HOME (containers/image reads registries.d under it)."""
-        env = self.env if home is None else {**self.env, "HOME": str(home)}
+        """podman `args`, with `env` added to its environment (e.g. $HOME: containers/image reads
+        registries.d under it)."""
         result = subprocess.run(
-            ["podman", *args], env=env, capture_output=True, text=True, timeout=timeout
+            ["podman", *args],
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         if check and result.returncode != 0:
             pytest.fail(
@@ -653,6 +659,9 @@ def _signature_policy(path: Path, registry: Registry, public_key: Path, *repos: 
 def test_policy_admits_the_signed_image_and_refuses_unsigned_tampered_or_foreign_ones(
     podman: Podman, images: dict[str, str], registry: Registry, tmp_path: Path
 ) -> None:
+    """cosign's format, checked by our own code (tests/image_signing.py): Debian's podman has
+    sigstore disabled, so only its refusal of the unsigned image is podman's own; the test below
+    has podman's policy engine admit and refuse GPG-signed images."""
     key, public_key = generate_key_pair(tmp_path / "cosign", "release-password")
     other_key, _ = generate_key_pair(tmp_path / "other", "other-password")
     for image, target in (
@@ -704,7 +713,99 @@ def test_policy_admits_the_signed_image_and_refuses_unsigned_tampered_or_foreign
         str(policy),
         f"{registry.host}/kepler-bridge:unsigned",
         check=False,
-        home=tmp_path,
+        env={"HOME": str(tmp_path)},
     )
     assert pulled.returncode != 0, pulled.stdout
     assert "A signature was required, but no signature exists" in pulled.stderr, pulled.stderr
+
+
+def _private_containers_config(home: Path, registry: Registry) -> dict[str, str]:
+    """podman's environment for simple signing: $HOME holding the registries.d that names the
+    lookaside folder home/lookaside, and a registries.conf without search registries or mirrors
+    (not the machine's)."""
+    lookaside(home, registry.host, home / "lookaside")
+    (home / "registries.conf").write_text("unqualified-search-registries = []\n")
+    return {"HOME": str(home), "CONTAINERS_REGISTRIES_CONF": str(home / "registries.conf")}
+
+
+def test_podmans_own_policy_engine_admits_the_signed_image_and_refuses_unsigned_or_tampered(
+    podman: Podman, images: dict[str, str], registry: Registry, tmp_path: Path
+) -> None:
+    """Enforced by podman (containers/image's `signedBy`, as CRI-O on a node), not by our code:
+    the image make test built, signed by `podman push --sign-by` with a GPG key (simple signing:
+    Debian's podman has sigstore disabled, see the test above for cosign's format), is admitted
+    by a policy that rejects everything else; the unsigned image is refused, and so are the same
+    image with the release's signature copied to it or with a forged one, and an image signed
+    with another key."""
+    env = _private_containers_config(tmp_path, registry)
+    store, repo = tmp_path / "lookaside", "gpg/kepler-bridge"
+    name = f"{registry.host}/{repo}"
+    with Keyring("kepler-bridge release") as release, Keyring("someone else") as other:
+        for image, tag, key in (
+            (images["full"], "0.1.0", release),
+            (images["slim"], "unsigned", None),
+            (BASE, "foreign", other),
+        ):
+            signing = ["--sign-by", key.fingerprint] if key else []
+            keys = {"GNUPGHOME": str(key.home)} if key else {}
+            podman(
+                "push",
+                "--tls-verify=false",
+                *signing,
+                image,
+                f"{name}:{tag}",
+                timeout=600,
+                env={**env, **keys},
+            )
+        policy = signed_by_policy(
+            tmp_path / "policy.json", release.export(tmp_path / "release.asc"), name
+        )
+        other_fingerprint = other.fingerprint
+    # The pulls' own storage, so that the test's cached images stay unsigned (podman stores the
+    # signatures with an image); short, for podman limits runroot to 50 characters.
+    scratch = Path(tempfile.mkdtemp(prefix="kb-pull-", dir="/tmp"))
+    local = ["--root", str(scratch / "storage"), "--runroot", str(scratch / "run")]
+
+    def pull(tag: str) -> subprocess.CompletedProcess:
+        return podman(
+            *local,
+            "pull",
+            "--tls-verify=false",
+            "--signature-policy",
+            str(policy),
+            f"{name}:{tag}",
+            check=False,
+            timeout=600,
+            env=env,
+        )
+
+    try:
+        release_digest, unsigned_digest = (registry.digest(repo, t) for t in ("0.1.0", "unsigned"))
+        signature = signature_file(store, repo, release_digest).read_bytes()
+        # The unsigned image; then with the release's signature as it is; then with that
+        # signature's payload rewritten to name it (the same length: the packets stay well-formed).
+        assert signature.count(release_digest.encode()) == 1, "the payload is uncompressed"
+        forged = signature.replace(release_digest.encode(), unsigned_digest.encode())
+        copied = signature_file(store, repo, unsigned_digest)
+        for tampered, reason in (
+            (None, "A signature was required, but no signature exists"),
+            (signature, f"Signature for digest {release_digest} does not match"),
+            (forged, "Invalid GPG signature: gpgme.Signature{Summary:4,"),  # 4: red, bad
+        ):
+            if tampered is not None:
+                copied.parent.mkdir(exist_ok=True)
+                copied.write_bytes(tampered)
+            refused = pull("unsigned")
+            assert refused.returncode != 0, refused.stdout
+            assert f"Source image rejected: {reason}" in refused.stderr, refused.stderr
+        foreign = pull("foreign")
+        assert foreign.returncode != 0, foreign.stdout
+        assert "Source image rejected: Invalid GPG signature" in foreign.stderr, foreign.stderr
+        assert f'Fingerprint:"{other_fingerprint}"' in foreign.stderr, foreign.stderr
+        assert podman(*local, "images", "--quiet").stdout == "", "a refused image was stored"
+        admitted = pull("0.1.0")
+        assert admitted.returncode == 0, admitted.stderr
+        built = podman("image", "inspect", "--format", "{{.Id}}", images["full"]).stdout.strip()
+        assert admitted.stdout.split()[-1] == built, "the admitted image is the one make test built"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
