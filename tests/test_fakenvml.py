@@ -1175,3 +1175,25 @@ def test_reliability_counters(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetPcieReplayCounter", h)
     raises(nvml, "NVMLError_NotSupported", "nvmlDeviceGetViolationStatus", h, 1)
     assert nvml.call("nvmlDeviceGetViolationStatus", h, 0)["violationTime"] == 1_500_000_000
+
+
+def test_event_wait_sleeps_instead_of_polling(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
+    """A thread waiting for events is switched out about once, not at every poll of the config:
+    the fake must not charge a benchmark's agent CPU time a real driver would not."""
+    result = nvml.exec("""
+        import threading
+        es = pynvml.nvmlEventSetCreate()
+        pynvml.nvmlDeviceRegisterEvents(H(0), pynvml.nvmlEventTypeXidCriticalError, es)
+        def switches():
+            path = f"/proc/self/task/{threading.get_native_id()}/status"
+            with open(path) as status:
+                line = next(l for l in status if l.startswith("voluntary_ctxt_switches"))
+            return int(line.split()[1])
+        before = switches()
+        try:
+            pynvml.nvmlEventSetWait(es, 900)
+        except pynvml.NVMLError_Timeout:
+            pass
+        result = switches() - before
+    """)
+    assert result <= 4  # polling every 50 ms switched out 18 times
