@@ -29,6 +29,7 @@ RELOADABLE = frozenset(
         "cpu_tdp_watts",
         "gpu_idle_watts",
         "nvml_reprobe_interval",
+        "nvml_counter_interval",
         "kube_source",
         "kubelet_url",
         "metaserver_url",

@@ -118,6 +118,17 @@ class SettingsTable:
             "doubling while it still cannot, up to 10 times this",
         )
     )
+    nvml_counter_interval: float = field(
+        metadata=parse.setting(
+            ("KEPLER_BRIDGE_NVML_COUNTER_INTERVAL",),
+            parse.bounded(parse.duration, 0, 3600),
+            "10s",
+            "expected a duration from 0 to 1h, such as 10s or 1m",
+            "how often NVML's slow counters are read (ECC errors, remapped rows, retired pages, "
+            "PCIe replays, NVLink errors, clock-event time), their last values exported in "
+            "between; 0 = every sample",
+        )
+    )
     simulate: int = field(
         metadata=parse.setting(
             ("KEPLER_BRIDGE_SIMULATE",),

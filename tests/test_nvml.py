@@ -565,7 +565,8 @@ def test_reliability_not_supported_is_absent_and_not_asked_again(fake_nvml: Fake
         ],
     )
     fake_nvml.gpu(1, memory_v2=False)
-    with nvml_agent(fake_nvml) as agent:
+    # the slow counters read every sample, so six samples ask GPU 1 six times
+    with nvml_agent(fake_nvml, "--nvml-counter-interval", "0") as agent:
         agent.wait_for(
             lambda: fake_nvml.calls().get("nvmlDeviceGetPcieReplayCounter", 0) >= 6,
             what="6 PCIe replay reads",
@@ -604,7 +605,7 @@ def test_reliability_not_supported_is_absent_and_not_asked_again(fake_nvml: Fake
 
 def test_an_nvlink_going_down_keeps_its_counters_monotonic(fake_nvml: FakeNvml) -> None:
     fake_nvml.gpu(0, nvlink_count=2, nvlink_tx_kib=[10, 10], nvlink_replay=[4, 4])
-    with nvml_agent(fake_nvml) as agent:
+    with nvml_agent(fake_nvml, "--nvml-counter-interval", "0") as agent:
         agent.wait_for(
             lambda: _by_labels(agent.metrics(), "gpu_nvlink_up", "link") == {("0",): 1, ("1",): 1},
             what="both links up",
@@ -648,6 +649,47 @@ def test_an_nvlink_going_down_keeps_its_counters_monotonic(fake_nvml: FakeNvml) 
         agent.wait_for(lambda: agent.samples("gpu_row_remap_failed")["0"] == 1, what="failure")
         rows = _by_labels(agent.metrics(), "gpu_remapped_rows_total", "cause")
         assert rows[("uncorrectable",)] == 4
+
+
+def test_slow_counters_read_once_per_counter_interval_and_kept_between(
+    fake_nvml: FakeNvml,
+) -> None:
+    """ECC, PCIe replays, clock-event time and NVLink errors are read once per
+    --nvml-counter-interval; every scrape between carries the last values, and a link coming up
+    is read at once."""
+    fake_nvml.gpu(0, nvlink_count=2, nvlink_replay=[4, 4], pcie_replay_counter=9)
+    with nvml_agent(fake_nvml, "--nvml-counter-interval", "3s") as agent:
+        before = fake_nvml.calls()
+        fake_nvml.gpu(0, nvlink_count=2, nvlink_replay=[4, 4], pcie_replay_counter=11)
+        seen = []
+        deadline = time.monotonic() + 8
+        while 11.0 not in seen and time.monotonic() < deadline:
+            text = agent.metrics()
+            seen.append(_by_labels(text, "gpu_pcie_replays_total")[()])
+            assert {s.labels["gpu"] for s in samples(text, "gpu_ecc_errors_total")} == {"0", "1"}
+            assert len(_by_labels(text, "gpu_clock_event_seconds_total", "reason")) == 6
+            time.sleep(0.1)
+        assert seen[0] == 9.0 and seen[-1] == 11.0 and set(seen) == {9.0, 11.0}, seen
+        calls = fake_nvml.calls()
+        power = calls["nvmlDeviceGetPowerUsage"] - before["nvmlDeviceGetPowerUsage"]
+        replays = calls["nvmlDeviceGetPcieReplayCounter"] - before["nvmlDeviceGetPcieReplayCounter"]
+        assert 0 < replays * 4 <= power  # 0.25 s samples, 3 s between reads: 12 to 1
+        # a link that comes back is read at once, not at the next read of the counters
+        fake_nvml.gpu(0, nvlink_down=[1])
+        agent.wait_for(
+            lambda: _by_labels(agent.metrics(), "gpu_nvlink_up", "link") == {("0",): 1, ("1",): 0},
+            what="link 1 down",
+        )
+        fake_nvml.gpu(0, nvlink_down=[], nvlink_replay=[4, 6])
+        back = agent.wait_for(
+            lambda: (text := agent.metrics()) and (("1", "replay") in _errors(text)) and text,
+            what="link 1 back",
+        )
+        assert _errors(back)[("1", "replay")] == 6
+
+
+def _errors(text: str) -> dict[tuple[str, ...], float]:
+    return _by_labels(text, "gpu_nvlink_errors_total", "link", "kind")
 
 
 TRANSIENT = ["utilization", "temperature", "power_usage", "fan_speed"]

@@ -48,15 +48,28 @@ class Device:
     comms: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (comm, container id)
     gpm: Gpm = field(default_factory=Gpm)
     mig_profiles: dict[int, Any] | None = None  # mig.py's GPU instance profiles, asked once
+    lists: dict[str, Any] = field(default_factory=dict)  # processes.py's buffers, by NVML call
+    # reliability.py's slow counters (GpuReading fields) as last read, and when; links.py's
+    # error counters of each link that was up.
+    counters: dict[str, Any] | None = None
+    counters_at: float = 0.0
+    counters_due: bool = True  # set by begin(): read the slow counters in this sample
+    link_errors: dict[int, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
     def fail(self, message: str, interval: float, now: float) -> None:
         self.handle, self.error = None, message
         self.gpm.close()
+        self.counters = None
+        self.link_errors.clear()
         self.retry.failed(interval, now)
 
-    def begin(self, now: float, reprobe: float) -> None:
-        """A new sample at `now`; values not supported are asked again after `reprobe` s."""
+    def begin(self, now: float, reprobe: float, counter_period: float) -> None:
+        """A new sample at `now`; values not supported are asked again after `reprobe` s, the
+        slow counters read again once `counter_period` s passed since their last read."""
         self.now, self.reprobe = now, reprobe
+        self.counters_due = self.counters is None or now >= self.counters_at + counter_period
+        if self.counters_due:
+            self.counters_at = now
         self.answered.clear()
 
     def query(self, name: str, call: Callable[[], Any]) -> Any:

@@ -1,4 +1,4 @@
-"""The NVLinks of a GPU: state, traffic and error counters per link."""
+"""The NVLinks of a GPU: state and traffic per link each sample, error counters less often."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def nvlinks(device: Device) -> tuple[NvLink, ...]:
     states = [(link, _state(device, link)) for link in range(count)]
     up = [link for link, state in states if state]
     traffic = _traffic(device, up)
+    for link in set(device.link_errors) - set(up):
+        del device.link_errors[link]  # read again as soon as it is back
     return tuple(
         NvLink(link, True, *traffic.get(link, (None, None)), _errors(device, link))
         if state
@@ -82,6 +84,10 @@ def _traffic(device: Device, links: list[int]) -> dict[int, tuple[int | None, in
 
 
 def _errors(device: Device, link: int) -> tuple[tuple[str, int], ...]:
+    """The link's error counters: slow counters, read when the GPU's are (reliability.py) and
+    when the link comes up."""
+    if not device.counters_due and link in device.link_errors:
+        return device.link_errors[link]
     counts = (
         (
             kind,
@@ -92,4 +98,6 @@ def _errors(device: Device, link: int) -> tuple[tuple[str, int], ...]:
         )
         for counter, kind in ERROR_KINDS
     )
-    return tuple((kind, count) for kind, count in counts if count is not None)
+    errors = tuple((kind, count) for kind, count in counts if count is not None)
+    device.link_errors[link] = errors
+    return errors

@@ -14,9 +14,10 @@ from typing import Any, NamedTuple
 
 import pynvml
 
-from kepler_bridge.model import GpuReading, MigInstance
+from kepler_bridge.model import MigInstance
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.nvml.device import UNSUPPORTED, Device, decoded
+from kepler_bridge.sources.nvml.processes import COMPUTE, running_processes
 
 # A MIG slot that holds no device, or a device destroyed since its handle was taken.
 GONE = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -29,24 +30,20 @@ class Profile(NamedTuple):
     slices: int | None
 
 
-def with_mig(device: Device, reading: GpuReading) -> GpuReading:
-    """The reading with its MIG devices when the GPU is in MIG mode.
+def add_mig(device: Device, fields: dict[str, Any]) -> None:
+    """Add the GPU's MIG devices to its GpuReading fields when it is in MIG mode.
 
     A MIG parent reports no utilization (absent, never zero), and memory summed over its GPU
     instances where the parent cannot report its own."""
     mode = device.query("mig_mode", lambda: pynvml.nvmlDeviceGetMigMode(device.handle))
     if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
         device.gpm.read_instances(device.handle, set(), device.index)  # frees any left
-        return reading
+        return
     instances = _profiled(device, _instances(device))
-    used, total = reading.memory_used_bytes, reading.memory_total_bytes
-    if total is None:
-        used, total = _summed(instances)
-    return dataclasses.replace(
-        reading,
+    if fields.get("memory_total_bytes") is None:
+        fields["memory_used_bytes"], fields["memory_total_bytes"] = _summed(instances)
+    fields.update(
         utilization=None,
-        memory_used_bytes=used,
-        memory_total_bytes=total,
         mig_uuids=tuple(instance.uuid for instance in instances),
         mig_instances=instances,
     )
@@ -92,7 +89,7 @@ def _instance(device: Device, mig: Any) -> MigInstance:
         slices=profile.slices,
         memory_used_bytes=used,
         memory_total_bytes=total,
-        pids=tuple(sorted({p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(mig)})),
+        pids=tuple(sorted({pid for pid, _ in running_processes(device, COMPUTE, mig)})),
     )
 
 

@@ -1,10 +1,17 @@
 """The processes on one GPU: their memory, SM utilization, comm and container; and whether the
-agent's pid namespace hides those of other pods from NVML."""
+agent's pid namespace hides those of other pods from NVML.
+
+The process lists are read into buffers kept per GPU and NVML call, with the records unpacked
+straight from them: one NVML call each while the buffer is large enough (pynvml's wrappers ask
+twice, the first time for the count, and convert each record field by field)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import struct
 import time
+from typing import Any, Callable
 
 import pynvml
 
@@ -14,8 +21,19 @@ from kepler_bridge.sources.cgroup import read_container_id
 from kepler_bridge.sources.nvml.device import Device
 from kepler_bridge.sources.procfs import read_stat
 
-# NVML's answers of nvmlDeviceGetProcessUtilization when no kernel ran since the time asked about.
-NOTHING_RAN = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS)
+COMPUTE = "nvmlDeviceGetComputeRunningProcesses_v3"
+GRAPHICS = "nvmlDeviceGetGraphicsRunningProcesses_v3"
+UTILIZATION = "nvmlDeviceGetProcessUtilization"
+# nvmlProcessInfo_t as the _v3 lists fill it: pid, used memory, GPU and compute instance ids.
+PROCESS_INFO = struct.Struct("@IQII")
+# nvmlProcessUtilizationSample_t: pid, time stamp (µs), SM, memory, encoder, decoder utilization.
+UTILIZATION_SAMPLE = struct.Struct("@IQIIII")
+NOT_AVAILABLE = 2**64 - 1  # the used memory of a process when NVML cannot tell (Windows WDDM)
+FIRST_CAPACITY = 32  # records a new buffer holds
+GROW_TRIES = 4  # NVML may answer "too small" again when the list grew meanwhile
+
+# NVML's answer of nvmlDeviceGetProcessUtilization when no kernel ran since the time asked about.
+NOTHING_RAN = pynvml.NVML_ERROR_NOT_FOUND
 
 
 def pid_namespace_problem(procfs: str) -> str:
@@ -41,13 +59,10 @@ def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:
     """The compute and graphics processes on the GPU, by pid; comm and container looked up once."""
     h = device.handle
     memory: dict[int, int | None] = {}
-    for name, call in (
-        ("compute_processes", pynvml.nvmlDeviceGetComputeRunningProcesses),
-        ("graphics_processes", pynvml.nvmlDeviceGetGraphicsRunningProcesses),
-    ):
-        for proc in device.query(name, lambda: call(h)) or ():
-            if memory.get(proc.pid) is None:
-                memory[proc.pid] = ranges.byte_count(proc.usedGpuMemory)
+    for name, call in (("compute_processes", COMPUTE), ("graphics_processes", GRAPHICS)):
+        for pid, used in device.query(name, lambda: running_processes(device, call, h)) or ():
+            if memory.get(pid) is None:
+                memory[pid] = ranges.byte_count(used)
     if not memory:
         return ()
     utilization = _utilization(device)
@@ -66,26 +81,62 @@ def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:
     )
 
 
+def running_processes(device: Device, call: str, handle: Any) -> list[tuple[int, int | None]]:
+    """(pid, used memory bytes or None where NVML cannot tell) of each process in one of NVML's
+    process lists (COMPUTE or GRAPHICS) of a GPU or MIG device; NVMLError raises."""
+    records = _listed(
+        device, call, PROCESS_INFO, lambda function, count, buffer: function(handle, count, buffer)
+    )
+    return [(pid, None if used == NOT_AVAILABLE else used) for pid, used, _, _ in records]
+
+
+def _listed(
+    device: Device,
+    call: str,
+    record: struct.Struct,
+    ask: Callable[[Any, Any, ctypes.Array], int],
+) -> list[tuple[Any, ...]]:
+    """The records of an NVML list call, asked with `ask(function, count pointer, buffer)`, read
+    into the device's buffer for that call, which grows when NVML says it is too small."""
+    function = pynvml._nvmlGetFunctionPointer(call)
+    buffer = device.lists.get(call) or ctypes.create_string_buffer(record.size * FIRST_CAPACITY)
+    for _ in range(GROW_TRIES):
+        count = ctypes.c_uint(len(buffer) // record.size)
+        result = ask(function, ctypes.byref(count), buffer)
+        if result != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            break
+        buffer = ctypes.create_string_buffer(record.size * (count.value * 2 + 5))
+    device.lists[call] = buffer
+    if result != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(result)
+    return list(record.iter_unpack(ctypes.string_at(buffer, count.value * record.size)))
+
+
 def _utilization(device: Device) -> dict[int, float] | None:
     """SM utilization per pid since the last sample; {} when nothing ran, None when not reported."""
-    since = device.last_process_sample_us
+    since = ctypes.c_ulonglong(device.last_process_sample_us)
     device.last_process_sample_us = int(time.time() * 1e6)
     try:
         samples = device.query(
             "process_utilization",
-            lambda: pynvml.nvmlDeviceGetProcessUtilization(device.handle, since),
+            lambda: _listed(
+                device,
+                UTILIZATION,
+                UTILIZATION_SAMPLE,
+                lambda function, count, buffer: function(device.handle, buffer, count, since),
+            ),
         )
     except pynvml.NVMLError as err:
-        if err.value in NOTHING_RAN:
+        if err.value == NOTHING_RAN:
             return {}
         raise
     if samples is None:
         return None
     latest: dict[int, tuple[int, float]] = {}
-    for sample in samples:
-        util = ranges.ratio_from_percent(sample.smUtil)
-        if util is not None and sample.timeStamp >= latest.get(sample.pid, (0, 0.0))[0]:
-            latest[sample.pid] = (sample.timeStamp, util)
+    for pid, stamp, sm, _, _, _ in samples:
+        util = ranges.ratio_from_percent(sm)
+        if util is not None and stamp >= latest.get(pid, (0, 0.0))[0]:
+            latest[pid] = (stamp, util)
     return {pid: util for pid, (_, util) in latest.items()}
 
 

@@ -1,13 +1,12 @@
-"""A GPU's reliability counters: remapped rows, retired pages, PCIe replays, clock-event time,
-and its NVLinks."""
+"""A GPU's slow counters: ECC errors, remapped rows, retired pages, PCIe replays and clock-event
+time, read once per --nvml-counter-interval; and its NVLinks."""
 
 from __future__ import annotations
 
-import dataclasses
+from typing import Any
 
 import pynvml
 
-from kepler_bridge.model import GpuReading
 from kepler_bridge.sources.nvml.device import Device
 from kepler_bridge.sources.nvml.links import nvlinks
 
@@ -26,9 +25,17 @@ RETIREMENT_CAUSES = (
 )
 
 
-def with_reliability(device: Device, reading: GpuReading) -> GpuReading:
-    """The reading with the GPU's reliability counters and NVLinks added; absent where the GPU
-    cannot report them."""
+def reliability(device: Device) -> dict[str, Any]:
+    """GpuReading fields of the GPU's NVLinks and slow counters: the counters read in the samples
+    `Device.begin` marks due, their last values in between; absent where the GPU cannot report
+    them."""
+    if device.counters_due or device.counters is None:
+        device.counters = {**_memory_errors(device), **_pcie_and_clocks(device)}
+    return {"nvlinks": nvlinks(device), **device.counters}
+
+
+def _memory_errors(device: Device) -> dict[str, Any]:
+    """ECC errors, remapped rows and retired pages."""
     h = device.handle
     rows = device.query("remapped_rows", lambda: pynvml.nvmlDeviceGetRemappedRows(h))
     single, double = (
@@ -38,23 +45,32 @@ def with_reliability(device: Device, reading: GpuReading) -> GpuReading:
     pending = device.query(
         "retired_pages_pending", lambda: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h)
     )
-    return dataclasses.replace(
-        reading,
-        nvlinks=nvlinks(device),
-        remapped_rows_correctable=rows[0] if rows else None,
-        remapped_rows_uncorrectable=rows[1] if rows else None,
-        row_remap_pending=bool(rows[2]) if rows else None,
-        row_remap_failed=bool(rows[3]) if rows else None,
-        retired_pages_single_bit=None if single is None else len(single),
-        retired_pages_double_bit=None if double is None else len(double),
-        retired_pages_pending=None if pending is None else pending == pynvml.NVML_FEATURE_ENABLED,
-        pcie_replays=device.query("pcie_replays", lambda: pynvml.nvmlDeviceGetPcieReplayCounter(h)),
-        clock_event_seconds=_clock_events(device),
+    return {
+        "ecc_corrected_total": _ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+        "ecc_uncorrected_total": _ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+        "remapped_rows_correctable": rows[0] if rows else None,
+        "remapped_rows_uncorrectable": rows[1] if rows else None,
+        "row_remap_pending": bool(rows[2]) if rows else None,
+        "row_remap_failed": bool(rows[3]) if rows else None,
+        "retired_pages_single_bit": None if single is None else len(single),
+        "retired_pages_double_bit": None if double is None else len(double),
+        "retired_pages_pending": (
+            None if pending is None else pending == pynvml.NVML_FEATURE_ENABLED
+        ),
+    }
+
+
+def _ecc(device: Device, kind: int) -> int | None:
+    count = device.query(
+        f"ecc{kind}",
+        lambda: pynvml.nvmlDeviceGetTotalEccErrors(device.handle, kind, pynvml.NVML_VOLATILE_ECC),
     )
+    return count if count is not None and count < 2**63 else None
 
 
-def _clock_events(device: Device) -> tuple[tuple[str, float], ...]:
-    """Seconds the clocks were held down for each reason since the driver loaded."""
+def _pcie_and_clocks(device: Device) -> dict[str, Any]:
+    """PCIe replays, and the seconds the clocks were held down for each reason since the driver
+    loaded."""
     times = (
         (
             reason,
@@ -65,4 +81,11 @@ def _clock_events(device: Device) -> tuple[tuple[str, float], ...]:
         )
         for policy, reason in CLOCK_EVENT_REASONS
     )
-    return tuple((reason, time.violationTime / 1e9) for reason, time in times if time is not None)
+    return {
+        "pcie_replays": device.query(
+            "pcie_replays", lambda: pynvml.nvmlDeviceGetPcieReplayCounter(device.handle)
+        ),
+        "clock_event_seconds": tuple(
+            (reason, time.violationTime / 1e9) for reason, time in times if time is not None
+        ),
+    }

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
+from typing import Any
 
 import pynvml
 
@@ -14,9 +14,9 @@ from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, 
 from kepler_bridge.sources.nvml import gpm, library
 from kepler_bridge.sources.nvml.device import Device, decoded, unsupported_summary
 from kepler_bridge.sources.nvml.events import XidEvents
-from kepler_bridge.sources.nvml.mig import with_mig
+from kepler_bridge.sources.nvml.mig import add_mig
 from kepler_bridge.sources.nvml.processes import gpu_processes, pid_namespace_problem
-from kepler_bridge.sources.nvml.reliability import with_reliability
+from kepler_bridge.sources.nvml.reliability import reliability
 from kepler_bridge.sources.sysfs import on_pci_bus
 
 log = logging.getLogger(__name__)
@@ -105,19 +105,19 @@ class NvmlSource(Source):
             + (f"; {self.pid_namespace}" if self.pid_namespace else "")
         )
 
-    def _named(self, device: Device) -> GpuReading:
-        """The GPU's reading with only what names it: index, uuid, model, driver, PCI bus id."""
-        return GpuReading(
-            index=device.index,
-            uuid=device.uuid,
-            vendor="nvidia",
-            model=device.model,
-            driver_version=self.driver_version,
-            pci_bus_id=device.pci_bus_id,
-        )
+    def _names(self, device: Device) -> dict[str, Any]:
+        """The GpuReading fields that name the GPU: index, uuid, model, driver, PCI bus id."""
+        return {
+            "index": device.index,
+            "uuid": device.uuid,
+            "vendor": "nvidia",
+            "model": device.model,
+            "driver_version": self.driver_version,
+            "pci_bus_id": device.pci_bus_id,
+        }
 
     def _down(self, device: Device) -> GpuReading:
-        return dataclasses.replace(self._named(device), up=False, error=device.error)
+        return GpuReading(**self._names(device), up=False, error=device.error)
 
     def _read_device(self, device: Device, now: float) -> GpuReading:
         if device.handle is None:
@@ -128,9 +128,12 @@ class NvmlSource(Source):
             except pynvml.NVMLError as err:
                 device.fail(str(err), self.config.interval, now)
                 return self._down(device)
-        device.begin(now, self.config.nvml_reprobe_interval)
+        # Half an interval early, so sampling jitter never makes a read of the slow counters
+        # wait a whole interval more.
+        counter_period = self.config.nvml_counter_interval - self.config.interval / 2
+        device.begin(now, self.config.nvml_reprobe_interval, counter_period)
         try:
-            reading = with_reliability(device, self._values(device))
+            reading = self._values(device)
         except pynvml.NVMLError as err:
             return self._failed(device, str(err), now)
         if not device.answered:
@@ -157,8 +160,9 @@ class NvmlSource(Source):
         transmit, receive = _pcie(device)
         pstate = device.query("pstate", lambda: pynvml.nvmlDeviceGetPerformanceState(device.handle))
         xids = self.xids.counter.of(device.index)
-        values = dataclasses.replace(
-            _with_memory(device, self._named(device)),
+        fields = dict(
+            self._names(device),
+            **_memory(device),
             utilization=utilization,
             memory_utilization=memory_utilization,
             encoder_utilization=encoder,
@@ -175,15 +179,15 @@ class NvmlSource(Source):
             pcie_receive_bytes_per_second=receive,
             performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
             throttled=_throttled(device),
-            ecc_corrected_total=_ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-            ecc_uncorrected_total=_ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
             xid_errors=xids.counts,
             last_xid_timestamp=xids.last_seen,
             last_xid_code=xids.last_code,
             processes=gpu_processes(device, self.config.procfs),
             **device.profiling(),
+            **reliability(device),
         )
-        return with_mig(device, values)
+        add_mig(device, fields)
+        return GpuReading(**fields)
 
 
 def _acquire(device: Device) -> None:
@@ -210,8 +214,8 @@ def _utilization(device: Device) -> tuple[float | None, float | None, float | No
     )
 
 
-def _with_memory(device: Device, reading: GpuReading) -> GpuReading:
-    """The reading with total, used, free and reserved memory bytes (reserved from the v2 call
+def _memory(device: Device) -> dict[str, int | None]:
+    """GpuReading fields of total, used, free and reserved memory bytes (reserved from the v2 call
     only); each but the total only where it fits in the total."""
     h = device.handle
     info = device.query(
@@ -221,19 +225,18 @@ def _with_memory(device: Device, reading: GpuReading) -> GpuReading:
         info = device.query("memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(h))
     total = None if info is None else ranges.byte_count(info.total)
     if info is None or total is None:
-        return reading
+        return {}
 
     def part(value: int | None) -> int | None:
         count = ranges.byte_count(value)
         return count if count is not None and count <= total else None
 
-    return dataclasses.replace(
-        reading,
-        memory_used_bytes=part(info.used),
-        memory_total_bytes=total,
-        memory_free_bytes=part(info.free),
-        memory_reserved_bytes=part(getattr(info, "reserved", None)),
-    )
+    return {
+        "memory_used_bytes": part(info.used),
+        "memory_total_bytes": total,
+        "memory_free_bytes": part(info.free),
+        "memory_reserved_bytes": part(getattr(info, "reserved", None)),
+    }
 
 
 def _power(device: Device) -> tuple[float | None, float | None, float | None]:
@@ -311,11 +314,3 @@ def _throttled(device: Device) -> tuple[tuple[str, bool], ...]:
     if mask is None or mask >= 1 << 32:
         return ()
     return tuple((name, bool(mask & bit)) for bit, name in THROTTLE_REASONS)
-
-
-def _ecc(device: Device, kind: int) -> int | None:
-    count = device.query(
-        f"ecc{kind}",
-        lambda: pynvml.nvmlDeviceGetTotalEccErrors(device.handle, kind, pynvml.NVML_VOLATILE_ECC),
-    )
-    return count if count is not None and count < 2**63 else None
