@@ -36,10 +36,10 @@ from kepler_bridge.sources.ebpf.btf import BTF_PATH, Btf, BtfError
 from kepler_bridge.sources.ebpf.source import (
     EbpfSource,
     btf_problem,
-    group_records,
     load_program,
     pid_namespace_problem,
 )
+from kepler_bridge.sources.ebpf.tasks import TaskGroups, group_records
 from kepler_bridge.store import SnapshotStore
 from scaffold import make_config, wait_for
 
@@ -515,3 +515,26 @@ def test_member_offsets_inside_an_anonymous_struct(tmp_path: Path) -> None:
         btf.member("signal_struct", "live")
     with pytest.raises(BtfError, match="not BTF"):
         Btf(b"\0" * 64)
+
+
+def test_task_groups_sum_again_only_the_groups_that_changed() -> None:
+    def record(tgid: int, tid: int, runtime: int, seq: int = 4) -> bytes:
+        return _TASK.pack(tgid, tid, runtime, seq, tid == tgid, 5, 7, b"app")
+
+    groups = TaskGroups()
+    first = [record(10, 10, 100), record(10, 11, 20), record(20, 20, 50), record(30, 30, 1, seq=1)]
+    changed, gone = groups.update(b"".join(first))
+    assert {tgid: runtime for tgid, (_, runtime) in changed.items()} == {10: 120, 20: 50}
+    assert gone == set()
+    # the same pass again: nothing to look at, except the group that was torn
+    assert groups.update(b"".join(first)) == ({}, set())
+    fixed = [*first[:3], record(30, 30, 1)]
+    changed, _ = groups.update(b"".join(fixed))
+    assert {tgid: runtime for tgid, (_, runtime) in changed.items()} == {30: 1}
+    # a thread runs, a leader goes, a group dropped by the cap is summed again
+    groups.retry.add(20)
+    changed, gone = groups.update(b"".join([fixed[0], record(10, 11, 25), fixed[2]]))
+    assert {tgid: runtime for tgid, (_, runtime) in changed.items()} == {10: 125, 20: 50}
+    assert gone == {30}
+    changed, gone = groups.update(b"".join([record(10, 11, 25), fixed[2]]))
+    assert changed == {} and gone == {10}  # a thread without its leader is no process

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 from kepler_bridge.model import ProcessCpu
-from kepler_bridge.sources.process_table import ProcessTable
+from kepler_bridge.sources.process_table import ProcessTable, TrackedProcess
 
 
 class Clock:
@@ -102,7 +104,42 @@ def test_counter_never_decreases() -> None:
     table = ProcessTable(max_processes=10, grace=30, clock=Clock())
     entry = table.begin(42, 100, "burn", "", 1.5)
     assert by_pid(table.rows())[42].cpu_seconds == 1.5
-    entry.cpu_seconds = 1.4
+    table.count(entry, 1.4)
     assert by_pid(table.rows())[42].cpu_seconds == 1.5
-    entry.cpu_seconds = 1.7
+    table.count(entry, 1.7)
     assert by_pid(table.rows())[42].cpu_seconds == 1.7
+
+
+def _reference_rows(table: ProcessTable) -> tuple[ProcessCpu, ...]:
+    """The rule, computed afresh from every entry: one row per labels, the newest process's."""
+    newest: dict[tuple[int, str, str], TrackedProcess] = {}
+    for entry in table._entries.values():
+        labels = (entry.pid, entry.comm, entry.container_id)
+        if labels not in newest or newest[labels].start < entry.start:
+            newest[labels] = entry
+    return tuple(ProcessCpu(e.pid, e.comm, e.cpu_seconds, e.container_id) for e in newest.values())
+
+
+def test_rows_kept_from_the_last_sample_match_rows_made_afresh() -> None:
+    """Only the processes that changed get new rows; the rows, in their order, stay those of the
+    rule over every process (pid reuse, exec, ends, the cap and the grace period mixed)."""
+    rng = random.Random(18)
+    clock = Clock()
+    table = ProcessTable(max_processes=40, grace=3, clock=clock)
+    for _ in range(300):
+        for _ in range(rng.randrange(8)):
+            pid = rng.randrange(60)
+            entry = table.current(pid)
+            action = rng.random()
+            if entry is None or action < 0.2:
+                start = (entry.start + rng.randrange(1, 3)) if entry else rng.randrange(50)
+                table.begin(pid, start, rng.choice("ab"), rng.choice(("", "c" * 64)), rng.random())
+            elif action < 0.6:
+                table.count(entry, entry.cpu_seconds + rng.choice((0.0, -0.1, 0.3)))
+            elif action < 0.8:
+                table.relabel(entry, rng.choice("ab"), entry.container_id)
+            else:
+                table.end(entry)
+        clock.now += rng.choice((0.5, 1.0))
+        rows = table.rows()
+        assert rows == _reference_rows(table)

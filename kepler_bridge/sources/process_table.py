@@ -9,6 +9,9 @@ Shared by the ebpf and procfs sources. Rules:
   most CPU seconds, live or ended. An evicted live process that keeps running
   comes back with its whole counter, read again from its source.
 - reported counters never decrease for the same process.
+
+A source changes a tracked process only through the table (`count`, `relabel`, `end`), so the
+table remakes the rows of the processes that changed and keeps the others' from the last sample.
 """
 
 from __future__ import annotations
@@ -25,14 +28,13 @@ from kepler_bridge.sources.base import Source
 @dataclass(slots=True)
 class TrackedProcess:
     """One process; ``start`` is its start time after boot (clock ticks for procfs,
-    nanoseconds for ebpf)."""
+    nanoseconds for ebpf). Labels and counter change through ProcessTable.count and relabel."""
 
     pid: int
     start: int
     comm: str
     container_id: str
     cpu_seconds: float
-    shown: float = 0.0
     ended_at: float | None = None
     # Kept by the ebpf source to notice exec (comm change) and cgroup moves cheaply.
     raw_comm: bytes = b""
@@ -49,6 +51,11 @@ class ProcessTable:
         self.clock = clock
         self._entries: dict[tuple[int, int], TrackedProcess] = {}
         self._current: dict[int, tuple[int, int]] = {}
+        # The row of each entry, in the entries' order, and the entries whose row is to be made
+        # again (a dict: new entries get their rows in the order they began).
+        self._rows: dict[tuple[int, int], ProcessCpu] = {}
+        self._stale: dict[tuple[int, int], None] = {}
+        self.evicted: list[int] = []  # pids of live processes the cap dropped at the last rows()
 
     def configure(self, max_processes: int, grace: float) -> None:
         """The cap and the grace period from now on (a reload); entries already kept follow them."""
@@ -76,6 +83,7 @@ class ProcessTable:
         entry = TrackedProcess(pid, start, comm, container_id, cpu_seconds)
         key = (pid, start)
         self._entries[key] = entry
+        self._stale[key] = None
         # An older process reported late (it ended before a newer one took its pid)
         # leaves the newer current.
         if old is None or old.start < start:
@@ -83,6 +91,18 @@ class ProcessTable:
                 old.ended_at = self.clock()
             self._current[pid] = key
         return entry
+
+    def count(self, entry: TrackedProcess, cpu_seconds: float) -> None:
+        """The process's CPU seconds read again; the counter never goes down."""
+        if cpu_seconds > entry.cpu_seconds:
+            entry.cpu_seconds = cpu_seconds
+            self._stale[(entry.pid, entry.start)] = None
+
+    def relabel(self, entry: TrackedProcess, comm: str, container_id: str) -> None:
+        """The process's comm (after exec) and container (after a cgroup move)."""
+        if comm != entry.comm or container_id != entry.container_id:
+            entry.comm, entry.container_id = comm, container_id
+            self._stale[(entry.pid, entry.start)] = None
 
     def end(self, entry: TrackedProcess) -> None:
         """Mark a process ended now (its counter stays for the grace period)."""
@@ -100,16 +120,18 @@ class ProcessTable:
         """Expire and cap, then the rows to report."""
         self._expire()
         self._cap()
-        by_labels: dict[ProcessKey, TrackedProcess] = {}
-        for entry in self._entries.values():
-            entry.shown = max(entry.shown, entry.cpu_seconds)
-            labels = ProcessKey(entry.pid, entry.comm, entry.container_id)
-            shown = by_labels.get(labels)
-            if (
-                shown is None or shown.start < entry.start
-            ):  # the newer process with the same labels wins
-                by_labels[labels] = entry
-        return tuple(ProcessCpu(e.pid, e.comm, e.shown, e.container_id) for e in by_labels.values())
+        for key in self._stale:
+            e = self._entries[key]
+            self._rows[key] = ProcessCpu(e.pid, e.comm, e.cpu_seconds, e.container_id)
+        self._stale.clear()
+        if len(self._rows) == len(self._current):  # one process per pid: no labels are shared
+            return tuple(self._rows.values())
+        by_labels: dict[ProcessKey, tuple[int, ProcessCpu]] = {}
+        for (_, start), row in self._rows.items():
+            shown = by_labels.get(row.key)
+            if shown is None or shown[0] < start:  # the newer process with the same labels wins
+                by_labels[row.key] = (start, row)
+        return tuple(row for _, row in by_labels.values())
 
     def _expire(self) -> None:
         now = self.clock()
@@ -122,15 +144,20 @@ class ProcessTable:
             self._drop(key)
 
     def _cap(self) -> None:
+        self.evicted = []
         excess = len(self._entries) - self.max_processes
         if self.max_processes <= 0 or excess <= 0:
             return
         smallest = sorted(self._entries, key=lambda key: self._entries[key].cpu_seconds)[:excess]
         for key in smallest:
+            if self._entries[key].ended_at is None:
+                self.evicted.append(key[0])
             self._drop(key)
 
     def _drop(self, key: tuple[int, int]) -> None:
         del self._entries[key]
+        self._rows.pop(key, None)
+        self._stale.pop(key, None)
         if self._current.get(key[0]) == key:
             del self._current[key[0]]
 

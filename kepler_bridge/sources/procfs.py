@@ -91,8 +91,9 @@ class ProcfsSource(ProcessSource):
                     continue
                 self.table.begin(pid, stat.start, stat.comm, container_id, stat.cpu_seconds)
             else:
-                entry.comm, entry.ended_at = stat.comm, None
-                entry.cpu_seconds = max(entry.cpu_seconds, stat.cpu_seconds)
+                entry.ended_at = None
+                self.table.relabel(entry, stat.comm, entry.container_id)
+                self.table.count(entry, stat.cpu_seconds)
             alive.add(pid)
         self.table.end_missing(alive)
         return SourceReading(processes=self.table.rows())

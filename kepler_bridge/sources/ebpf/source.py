@@ -5,7 +5,9 @@ start() has a short-lived child (loader.py) compile and load the programs
 with bcc and pass back the descriptors, so bcc and LLVM never stay resident
 here. Each read() drains the groups that ended since the last one (their final
 runtime, recorded at sched_process_free), then runs one pass of the task
-iterator over the living ones; nothing runs per context switch. Pids are those
+iterator over the living ones, of which only the groups whose records changed
+since the last pass are looked at again (tasks.py); nothing runs per context
+switch. Pids are those
 of the initial pid namespace, and the iterator walks the pid namespace of the
 process reading it: the agent must run in the host's (hostPID), and --procfs
 must show the host's processes.
@@ -33,6 +35,7 @@ from kepler_bridge.sources.cgroup import CgroupIdIndex, read_container_id
 from kepler_bridge.sources.ebpf import kernel_headers
 from kepler_bridge.sources.ebpf.bpf_syscall import BpfMap, read_iterator
 from kepler_bridge.sources.ebpf.btf import BTF_PATH
+from kepler_bridge.sources.ebpf.tasks import TASK, TaskGroups
 from kepler_bridge.sources.process_table import ProcessSource, TrackedProcess
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,6 @@ FALLBACK = (
 # Capability bits: CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF.
 _SYS_ADMIN, _PERFMON, _BPF = 1 << 21, 1 << 38, 1 << 39
 
-_TASK = struct.Struct("<IIQIIQQ16s")  # struct task_rec
 _EXIT_KEY = struct.Struct("<IIQ")  # struct exit_key
 _EXIT = struct.Struct("<QQ16s")  # struct exit_rec
 _U64 = struct.Struct("<Q")
@@ -237,6 +239,7 @@ class EbpfSource(ProcessSource):
         self.cgroups = CgroupIdIndex(config.sysfs)
         self.headers: kernel_headers.HeaderTree | None = None
         self.loaded: LoadedProgram | None = None
+        self.groups = TaskGroups()
         self.tasks = self.exits_lost = 0
         self.read_seconds = 0.0
 
@@ -255,6 +258,7 @@ class EbpfSource(ProcessSource):
             except kernel_headers.HeadersMissing as err:
                 raise SourceUnavailable(str(err)) from None
             self.loaded = load_program(self.config.ebpf_map_entries, self.headers)
+            self.groups = TaskGroups()
         except SourceUnavailable as err:
             raise SourceUnavailable(f"{err}{FALLBACK}") from None
 
@@ -274,17 +278,23 @@ class EbpfSource(ProcessSource):
             runtime_ns, cgroup_id, comm = _EXIT.unpack(value)
             self._ended(tgid, start, runtime_ns, cgroup_id, comm, now)
         data = read_iterator(self.loaded.attached["task_iterator"])
-        totals, leaders, torn = group_records(data)
-        for tgid, (start, cgroup_id, comm) in leaders.items():
-            if tgid not in torn:
-                self._alive(tgid, start, cgroup_id, comm, totals[tgid] / 1e9, now)
-        self.table.end_missing(leaders)
+        try:
+            changed, gone = self.groups.update(data)
+            for tgid, ((start, cgroup_id, comm), runtime_ns) in changed.items():
+                self._alive(tgid, start, cgroup_id, comm, runtime_ns / 1e9, now)
+        except Exception:
+            self.groups = TaskGroups()  # changes taken but not applied: look at every group again
+            raise
+        for tgid in gone:
+            entry = self.table.current(tgid)
+            if entry is not None:
+                self.table.end(entry)
         self._check_lost()
-        self.tasks = len(data) // _TASK.size
+        self.tasks = len(data) // TASK.size
+        rows = self.table.rows()
+        self.groups.retry.update(self.table.evicted)  # as procfs would, it comes back if it runs
         self.read_seconds = time.perf_counter() - started
-        return SourceReading(
-            processes=self.table.rows(), ebpf_programs_attached=len(self.loaded.attached)
-        )
+        return SourceReading(processes=rows, ebpf_programs_attached=len(self.loaded.attached))
 
     def _alive(
         self, tgid: int, start: int, cgroup_id: int, comm: bytes, seconds: float, now: float
@@ -298,11 +308,11 @@ class EbpfSource(ProcessSource):
             entry = self.table.begin(tgid, start, _comm_name(comm), container_id, seconds)
         else:
             if cgroup_id != entry.cgroup_id:
-                entry.container_id = (
-                    read_container_id(self.config.procfs, tgid) or entry.container_id
-                )
-            entry.cpu_seconds, entry.ended_at = max(entry.cpu_seconds, seconds), None
-        _relabel(entry, comm, cgroup_id)
+                container_id = read_container_id(self.config.procfs, tgid) or entry.container_id
+                self.table.relabel(entry, entry.comm, container_id)
+            self.table.count(entry, seconds)
+            entry.ended_at = None
+        self._relabel(entry, comm, cgroup_id)
 
     def _ended(
         self, tgid: int, start: int, runtime_ns: int, cgroup_id: int, comm: bytes, now: float
@@ -318,9 +328,16 @@ class EbpfSource(ProcessSource):
                 runtime_ns / 1e9,
             )
         else:
-            entry.cpu_seconds = max(entry.cpu_seconds, runtime_ns / 1e9)
-        _relabel(entry, comm, cgroup_id)
+            self.table.count(entry, runtime_ns / 1e9)
+        self._relabel(entry, comm, cgroup_id)
         self.table.end(entry)
+
+    def _relabel(self, entry: TrackedProcess, comm: bytes, cgroup_id: int) -> None:
+        """Follow exec (a new comm) and cgroup moves of a tracked process."""
+        if comm != entry.raw_comm:
+            self.table.relabel(entry, _comm_name(comm), entry.container_id)
+            entry.raw_comm = comm
+        entry.cgroup_id = cgroup_id
 
     def _check_lost(self) -> None:
         raw = self.loaded.maps["exits_lost"].lookup(_ZERO) if self.loaded else None
@@ -351,33 +368,6 @@ class EbpfSource(ProcessSource):
             f"{self.read_seconds * 1000:.1f} ms; offsets from {BTF_PATH} "
             f"(se.sum_exec_runtime at byte {runtime} of task_struct); kernel headers from {headers}"
         )
-
-
-def group_records(
-    data: bytes,
-) -> tuple[dict[int, int], dict[int, tuple[int, int, bytes]], set[int]]:
-    """Sum the iterator's per-thread records by thread group: runtime ns by tgid, the leaders'
-    (start ns, cgroup id, comm), and the groups whose sum cannot be trusted this pass."""
-    totals: dict[int, int] = {}
-    seqs: dict[int, int] = {}
-    leaders: dict[int, tuple[int, int, bytes]] = {}
-    torn: set[int] = set()
-    for tgid, _, runtime, seq, leader, start, cgroup_id, comm in _TASK.iter_unpack(data):
-        totals[tgid] = totals.get(tgid, 0) + runtime
-        # A thread released during the pass moved its runtime into the group's sum:
-        # it may be counted twice.
-        if seqs.setdefault(tgid, seq) != seq or seq & 1:
-            torn.add(tgid)
-        if leader:
-            leaders[tgid] = (start, cgroup_id, comm)
-    return totals, leaders, torn
-
-
-def _relabel(entry: TrackedProcess, comm: bytes, cgroup_id: int) -> None:
-    """Follow exec (a new comm) and cgroup moves of a tracked process."""
-    if comm != entry.raw_comm:
-        entry.comm, entry.raw_comm = _comm_name(comm), comm
-    entry.cgroup_id = cgroup_id
 
 
 def _comm_name(comm: bytes) -> str:
