@@ -20,9 +20,8 @@ from kepler_bridge.http.tls import CertificatePair
 from kepler_bridge.http.webconfig import WebConfigFile
 from kepler_bridge.sampling import carry
 
-if TYPE_CHECKING:  # the worker imports these; the master stays without the sampler and Flask
-    from flask import Flask
-
+if TYPE_CHECKING:  # the worker imports these; the master stays without the sampler and the routes
+    from kepler_bridge.http.dispatch import Routes
     from kepler_bridge.sampling.sampler import Sampler
 
 THREADS = 4
@@ -61,7 +60,7 @@ def bind(config: Config) -> socket.socket:
 
 
 class AgentApplication(BaseApplication):
-    """gunicorn application whose worker builds the sampler and the Flask app after the fork; the
+    """gunicorn application whose worker builds the sampler and the WSGI app after the fork; the
     worker's `WorkerHost`."""
 
     def __init__(
@@ -102,7 +101,7 @@ class AgentApplication(BaseApplication):
         for key, value in settings.items():
             self.cfg.set(key, value)
 
-    def load(self) -> Flask:
+    def load(self) -> Routes:
         """In the worker: start the sampler and build the app that serves its snapshots."""
         from kepler_bridge.http.app import WebSettings, create_app
         from kepler_bridge.reload import DerivedSettings
