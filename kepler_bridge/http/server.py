@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import gc
 import os
 import signal
 import socket
@@ -94,6 +95,7 @@ class AgentApplication(BaseApplication):
             "errorlog": "-",
             "loglevel": "info",
             "worker_exit": self._worker_exit,
+            "pre_fork": _freeze_heap,
         }
         # gunicorn >= 24: no shared control socket in $HOME
         if "control_socket_disable" in self.cfg.settings:
@@ -146,6 +148,12 @@ class _Arbiter(Arbiter):
     def handle_hup(self) -> None:
         self.log.info("SIGHUP: the worker re-reads its settings")
         self.kill_workers(signal.SIGHUP)
+
+
+def _freeze_heap(server: object, worker: object) -> None:
+    """Before each fork: the master's objects leave the garbage collector's generations, so the
+    worker's collections do not write into (and copy) the pages it shares with the master."""
+    gc.freeze()
 
 
 def tune_malloc() -> None:
