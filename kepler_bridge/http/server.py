@@ -95,7 +95,7 @@ class AgentApplication(BaseApplication):
             "errorlog": "-",
             "loglevel": "info",
             "worker_exit": self._worker_exit,
-            "pre_fork": _freeze_heap,
+            "pre_fork": _before_fork,
         }
         # gunicorn >= 24: no shared control socket in $HOME
         if "control_socket_disable" in self.cfg.settings:
@@ -150,10 +150,21 @@ class _Arbiter(Arbiter):
         self.kill_workers(signal.SIGHUP)
 
 
-def _freeze_heap(server: object, worker: object) -> None:
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, whose malloc is tuned here; None elsewhere (musl), where the tuning is skipped."""
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def _before_fork(server: object, worker: object) -> None:
     """Before each fork: the master's objects leave the garbage collector's generations, so the
-    worker's collections do not write into (and copy) the pages it shares with the master."""
+    worker's collections do not write into (and copy) the pages the two share; and the free pages
+    of the master's malloc heap go back to the kernel instead of being inherited."""
     gc.freeze()
+    if libc := _glibc():
+        libc.malloc_trim(0)
 
 
 def tune_malloc() -> None:
@@ -165,12 +176,9 @@ def tune_malloc() -> None:
     40.3 MiB worker RSS under process churn.
     Elsewhere (musl) this does nothing.
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.mallopt(M_ARENA_MAX, 2)
-    libc.mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+    if libc := _glibc():
+        libc.mallopt(M_ARENA_MAX, 2)
+        libc.mallopt(M_MMAP_THRESHOLD, 128 * 1024)
 
 
 def serve(config: Config, flags: Mapping[str, object] | None = None) -> int:
