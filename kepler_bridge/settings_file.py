@@ -9,8 +9,6 @@ import json
 import re
 from typing import Collection
 
-import yaml
-
 from kepler_bridge.settings_parse import ConfigError
 
 # The seed's allow-list file: {"metrics": ["gpu_utilization", ...]}.
@@ -20,44 +18,6 @@ _FILE_ALIASES = {"metrics": "metrics_allow"}
 _NULL_REFUSED = ("auth_token_file", "tls_cert", "tls_key")
 MAX_CONFIG_BYTES = 1 << 20
 MAX_TOKEN_BYTES = 64 << 10
-
-_NULL, _INT = "tag:yaml.org,2002:null", "tag:yaml.org,2002:int"
-_DECIMAL = re.compile(r"^(?:0|[1-9][0-9]{0,17})$")
-
-
-class _ScalarsAsWritten(yaml.SafeLoader):
-    """YAML that keeps a scalar's text: only null and decimal whole numbers get a type, so
-    `interval: 1:30` stays "1:30" (not 90 seconds), `node_name: 0123` stays "0123" (not 83) and
-    `yes` stays "yes"."""
-
-    yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag == _NULL]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-    yaml_constructors = {
-        tag: yaml.SafeLoader.yaml_constructors[tag]
-        for tag in (
-            None,
-            _NULL,
-            "tag:yaml.org,2002:str",
-            "tag:yaml.org,2002:seq",
-            "tag:yaml.org,2002:map",
-        )
-    }
-
-    def construct_decimal(self, node: yaml.ScalarNode) -> int:
-        """An int from decimal digits; an explicit `!!int` with anything else (0x10, 1:30) is
-        refused."""
-        text = self.construct_scalar(node)
-        if not _DECIMAL.match(text):
-            raise yaml.constructor.ConstructorError(
-                None, None, f"{text!r} is not a whole number in decimal digits", node.start_mark
-            )
-        return int(text)
-
-
-_ScalarsAsWritten.add_implicit_resolver(_INT, _DECIMAL, list("0123456789"))
-_ScalarsAsWritten.add_constructor(_INT, _ScalarsAsWritten.construct_decimal)
 
 
 def read(path: str, keys: Collection[str]) -> dict[str, object]:
@@ -104,18 +64,11 @@ def read(path: str, keys: Collection[str]) -> dict[str, object]:
 def _parse(path: str, text: str) -> object:
     """The document in a config file: JSON where the name ends in .json, else YAML."""
     try:
-        if path.endswith(".json"):
-            return json.loads(text)
-        return yaml.load(text, Loader=_ScalarsAsWritten)
+        return json.loads(text) if path.endswith(".json") else _yaml(path, text)
     except json.JSONDecodeError as err:
         raise ConfigError(
             "config", path, f"JSON syntax error at line {err.lineno}: {err.msg}"
         ) from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError("config", path, f"YAML syntax error{line}: {problem}") from None
     except RecursionError:
         raise ConfigError(
             "config", path, "nested too deeply; a setting is a value or a flat list"
@@ -124,6 +77,19 @@ def _parse(path: str, text: str) -> object:
         raise ConfigError(
             "config", path, f"cannot read a number: {str(err).split(':')[0]}"
         ) from None
+
+
+def _yaml(path: str, text: str) -> object:
+    """A YAML document; PyYAML is imported here, where a YAML config file is read."""
+    from kepler_bridge import settings_yaml
+
+    try:
+        return settings_yaml.load(text)
+    except settings_yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError("config", path, f"YAML syntax error{line}: {problem}") from None
 
 
 def read_token(path: str, origin: str = "") -> bytes:

@@ -31,7 +31,7 @@ EXIT_DISAGREE = 1
 EXIT_CANNOT_CHECK = 2
 # nvidia-smi is only ever asked these: queries, never a setting.
 SMI_READ_ONLY = ("--help-query-gpu", "--query-gpu=", "--query-remapped-rows=", "--format=")
-IMPORTS = "import kepler_bridge.cli, flask, gunicorn, pynvml, prometheus_client, yaml, grpc"
+IMPORTS = "import kepler_bridge.cli, gunicorn, pynvml, prometheus_client, yaml, grpc"
 
 
 class CannotCheck(Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -99,6 +100,55 @@ def test_head_and_unknown_path(agent: Agent) -> None:
     assert head.status_code == 200 and head.content == b""
     missing = agent.get("/v2/nothing")
     assert missing.status_code == 404 and missing.json()["status"] == 404
+
+
+def _head(port: int, request: bytes) -> bytes:
+    """The status line and headers of the answer to one raw request, its Date taken out."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head = answer.split(b"\r\n\r\n", 1)[0]
+    return b"\r\n".join(line for line in head.split(b"\r\n") if not line.startswith(b"Date: "))
+
+
+@pytest.mark.parametrize(
+    "request_line, head",
+    [
+        (b"GET /healthz HTTP/1.1", b"200 OK|Content-Type: application/json|Content-Length: 15"),
+        (b"HEAD /healthz HTTP/1.1", b"200 OK|Content-Type: application/json|Content-Length: 15"),
+        (b"GET //healthz HTTP/1.1", b"200 OK|Content-Type: application/json|Content-Length: 15"),
+        (
+            b"GET /nope HTTP/1.1",
+            b"404 NOT FOUND|Content-Type: application/json|Content-Length: 148",
+        ),
+        (
+            b"DELETE /metrics HTTP/1.1",
+            b"405 METHOD NOT ALLOWED|Content-Type: application/json|Content-Length: 76|"
+            b"Allow: GET, HEAD",
+        ),
+    ],
+)
+def test_response_heads_are_the_ones_flask_sent(
+    agent: Agent, request_line: bytes, head: bytes
+) -> None:
+    """The routes run on a WSGI app of our own, not Flask: the same status lines (Werkzeug's
+    capitals), the same headers in the same order after gunicorn's own."""
+    status, *headers = head.split(b"|")
+    expected = [b"HTTP/1.1 " + status, b"Server: gunicorn", b"Connection: keep-alive", *headers]
+    answer = _head(agent.port, request_line + b"\r\nHost: x\r\n\r\n")
+    assert answer.split(b"\r\n") == expected
+
+
+def test_head_has_the_headers_of_get_and_no_body(agent: Agent) -> None:
+    for path in ("/metrics", "/v1/collect", "/", "/api/v1/history", "/nope"):
+        got = requests.get(agent.url + path, headers={"Accept-Encoding": "gzip"}, timeout=5)
+        head = requests.head(agent.url + path, headers={"Accept-Encoding": "gzip"}, timeout=5)
+        assert head.status_code == got.status_code and head.content == b"", path
+        for name in ("Content-Type", "Content-Encoding", "Vary", "Content-Security-Policy"):
+            assert head.headers.get(name) == got.headers.get(name), (path, name)
 
 
 def test_snapshot_is_fresh_and_values_move(agent: Agent) -> None:

@@ -1,4 +1,5 @@
-"""Flask app factory: thin HTTP layer over the render cache; a request never touches a driver."""
+"""The routes and their guards over the render cache, served by `dispatch.Routes`; a request never
+touches a driver."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable
 
-from flask import Flask, Request, Response, request
-from werkzeug.exceptions import HTTPException
-
 from kepler_bridge.config import Config
 from kepler_bridge.exposition import RenderCache, RenderSettings, baetyl
 from kepler_bridge.exposition.history import render as render_history
 from kepler_bridge.http import live_page
+from kepler_bridge.http.dispatch import Request, Response, Routes, error
 from kepler_bridge.http.passwords import PasswordCheck
 from kepler_bridge.http.webconfig import WebConfigFile
 from kepler_bridge.model import Snapshot
@@ -42,24 +41,16 @@ class WebSettings:
         return cls(config.node_name, config.interval, RenderSettings.of(config), config.auth_token)
 
 
-def _json(body: bytes, status: int = 200) -> Response:
-    return Response(body, status=status, mimetype="application/json")
-
-
-def _error(status: int, message: str) -> Response:
-    return _json(json.dumps({"error": message, "status": status}).encode(), status)
-
-
 def _encoded(response: Response, gzipped: bool, vary: str) -> Response:
     """Mark a cached rendering's encoding and what it varies by."""
     if gzipped:
-        response.headers["Content-Encoding"] = "gzip"
-    response.headers["Vary"] = vary
+        response.headers.append(("Content-Encoding", "gzip"))
+    response.headers.append(("Vary", vary))
     return response
 
 
-def _wants_gzip(req: Request) -> bool:
-    return "gzip" in req.headers.get("Accept-Encoding", "")
+def _wants_gzip(request: Request) -> bool:
+    return "gzip" in request.header("Accept-Encoding")
 
 
 def readiness(snapshot: Snapshot | None, now: float, errors: bool) -> tuple[bool, str]:
@@ -94,54 +85,53 @@ class RouteContext:
     passwords: PasswordCheck
 
 
-def refused(ctx: RouteContext) -> Response | None:
+def refused(ctx: RouteContext, request: Request) -> Response | None:
     """None where the request may read guarded data (the bearer token or a basic-auth user), else
     the answer."""
     token = ctx.settings().auth_token
     users = ctx.web.current().users if ctx.web is not None else {}
     if not token and not users:
         return None
-    authorization = request.headers.get("Authorization", "").encode()
+    authorization = request.header("Authorization").encode()
     if token and hmac.compare_digest(authorization, b"Bearer " + token):
         return None
     if not users:
-        return _error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'")
-    credentials = request.authorization
-    if credentials is not None and credentials.type == "basic":
-        password = (credentials.password or "").encode()
-        user = credentials.username or ""
-        valid = ctx.passwords.check(users, user, password, request.remote_addr)
+        return error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'")
+    credentials = request.basic_auth()
+    if credentials is not None:
+        password = credentials.password.encode()
+        valid = ctx.passwords.check(users, credentials.username, password, request.remote_addr)
         if valid is None:
-            busy = _error(503, "too many password checks at once; retry in a second")
-            busy.headers["Retry-After"] = "1"
+            busy = error(503, "too many password checks at once; retry in a second")
+            busy.headers.append(("Retry-After", "1"))
             return busy
         if valid:
             return None
-    response = _error(
+    response = error(
         401,
         "missing or wrong user name or password; send HTTP basic auth"
         + (" or 'Authorization: Bearer <token>'" if token else ""),
     )
-    response.headers["WWW-Authenticate"] = 'Basic realm="kepler-bridge", charset="UTF-8"'
+    response.headers.append(("WWW-Authenticate", 'Basic realm="kepler-bridge", charset="UTF-8"'))
     return response
 
 
-def metrics(ctx: RouteContext) -> Response:
+def metrics(ctx: RouteContext, request: Request) -> Response:
     """/metrics: Prometheus text, or OpenMetrics when the scraper accepts it."""
-    if denied := refused(ctx):
+    if denied := refused(ctx, request):
         return denied
-    openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
+    openmetrics = "application/openmetrics-text" in request.header("Accept")
     variant = "openmetrics" if openmetrics else "text"
     gzipped = _wants_gzip(request)
     found = ctx.cache.get(variant + "+gzip" if gzipped else variant)
     if found is None:
-        return _error(503, "no sample has completed yet; retry in one interval")
+        return error(503, "no sample has completed yet; retry in one interval")
     content_type = OPENMETRICS_TYPE if openmetrics else TEXT_TYPE
-    response = Response(found[1], mimetype=None, content_type=content_type)
+    response = Response(found[1], content_type=content_type)
     return _encoded(response, gzipped, "Accept, Accept-Encoding")
 
 
-def collect(ctx: RouteContext) -> Response:
+def collect(ctx: RouteContext, request: Request) -> Response:
     """/v1/collect: the baetyl JSON, with no devices before the first sample."""
     gzipped = _wants_gzip(request)
     found = ctx.cache.get("baetyl+gzip" if gzipped else "baetyl")
@@ -150,68 +140,60 @@ def collect(ctx: RouteContext) -> Response:
         empty = Snapshot(
             node=now.node_name, timestamp=0.0, duration_seconds=0.0, interval_seconds=now.interval
         )
-        return _json(baetyl.render(empty, now.render.memory_unit))
-    return _encoded(_json(found[1]), gzipped, "Accept-Encoding")
+        return Response(baetyl.render(empty, now.render.memory_unit))
+    return _encoded(Response(found[1]), gzipped, "Accept-Encoding")
 
 
-def healthz(ctx: RouteContext) -> Response:
+def healthz(ctx: RouteContext, request: Request) -> Response:
     """/healthz: 200 while the sampling thread runs."""
     if not ctx.alive():
-        return _error(503, "the sampling thread has stopped; restart the agent")
-    return _json(b'{"status":"ok"}')
+        return error(503, "the sampling thread has stopped; restart the agent")
+    return Response(b'{"status":"ok"}')
 
 
-def readyz(ctx: RouteContext) -> Response:
+def readyz(ctx: RouteContext, request: Request) -> Response:
     """/readyz: `readiness` of the newest snapshot, with each source's state; the sources' error
     texts only to a request that may read guarded data (the probes send no credentials)."""
     snapshot = ctx.store.latest()
-    errors = refused(ctx) is None
+    errors = refused(ctx, request) is None
     ready, reason = readiness(snapshot, time.time(), errors)
     sources = {
         s.name: {"state": s.state, "reason": s.error} if errors else {"state": s.state}
         for s in (snapshot.sources if snapshot else ())
     }
-    return _json(
+    return Response(
         json.dumps({"ready": ready, "reason": reason, "sources": sources}).encode(),
         200 if ready else 503,
     )
 
 
-def index(ctx: RouteContext) -> Response:
+def index(ctx: RouteContext, request: Request) -> Response:
     """/: the live page, filled in with the newest snapshot for a first paint."""
-    if denied := refused(ctx):
+    if denied := refused(ctx, request):
         return denied
     now = ctx.settings()
     page = live_page.page(now.node_name, now.interval, ctx.store.latest())
-    response = Response(page, mimetype="text/html")
-    response.headers["Content-Security-Policy"] = live_page.CONTENT_SECURITY_POLICY
-    response.headers["X-Content-Type-Options"] = "nosniff"
+    response = Response(page, content_type="text/html; charset=utf-8")
+    response.headers.append(("Content-Security-Policy", live_page.CONTENT_SECURITY_POLICY))
+    response.headers.append(("X-Content-Type-Options", "nosniff"))
     return response
 
 
-def history(ctx: RouteContext) -> Response:
+def history(ctx: RouteContext, request: Request) -> Response:
     """/api/v1/history: the live page's chart data."""
-    if denied := refused(ctx):
+    if denied := refused(ctx, request):
         return denied
     gzipped = _wants_gzip(request)
     found = ctx.cache.get("history+gzip" if gzipped else "history")
     if found is None:
-        return _error(503, "no sample has completed yet; retry in one interval")
-    response = _encoded(_json(found[1]), gzipped, "Accept-Encoding")
-    response.headers["X-Content-Type-Options"] = "nosniff"
+        return error(503, "no sample has completed yet; retry in one interval")
+    response = _encoded(Response(found[1]), gzipped, "Accept-Encoding")
+    response.headers.append(("X-Content-Type-Options", "nosniff"))
     return response
 
 
-def http_error(err: HTTPException) -> Response:
-    """Every HTTP error (404, 405...) as the same JSON as the routes' own errors."""
-    response = _error(err.code or 500, err.description or err.name)
-    if err.code == 405:
-        response.headers["Allow"] = "GET, HEAD"
-    return response
-
-
-# Every route; each answers GET and HEAD only.
-ROUTES: dict[str, Callable[[RouteContext], Response]] = {
+# Every route; each answers GET and HEAD only (`dispatch.Routes`).
+ROUTES: dict[str, Callable[[RouteContext, Request], Response]] = {
     "/metrics": metrics,
     "/v1/collect": collect,
     "/healthz": healthz,
@@ -226,24 +208,13 @@ def create_app(
     settings: Callable[[], WebSettings],
     alive: Callable[[], bool] = lambda: True,
     web: WebConfigFile | None = None,
-) -> Flask:
-    """Build the app serving `ROUTES`; `settings` gives the settings in force (they change on
-    reload)."""
-    # No /static route: the page is served filled in, and guarded.
-    app = Flask("kepler_bridge", static_folder=None)
+) -> Routes:
+    """The WSGI application serving `ROUTES`; `settings` gives the settings in force (they change
+    on reload). No route serves files: the page is served filled in, and guarded."""
     cache = RenderCache(
         store,
         lambda: settings().render,
         {"history": lambda snap, _: render_history(store.history, snap)},
     )
     ctx = RouteContext(store, cache, settings, alive, web, PasswordCheck())
-    for path, view in ROUTES.items():
-        app.add_url_rule(
-            path,
-            view.__name__,
-            partial(view, ctx),
-            methods=["GET", "HEAD"],
-            provide_automatic_options=False,
-        )
-    app.register_error_handler(HTTPException, http_error)
-    return app
+    return Routes({path: partial(view, ctx) for path, view in ROUTES.items()})

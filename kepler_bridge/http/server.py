@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import gc
 import os
 import signal
 import socket
@@ -20,9 +21,8 @@ from kepler_bridge.http.tls import CertificatePair
 from kepler_bridge.http.webconfig import WebConfigFile
 from kepler_bridge.sampling import carry
 
-if TYPE_CHECKING:  # the worker imports these; the master stays without the sampler and Flask
-    from flask import Flask
-
+if TYPE_CHECKING:  # the worker imports these; the master stays without the sampler and the routes
+    from kepler_bridge.http.dispatch import Routes
     from kepler_bridge.sampling.sampler import Sampler
 
 THREADS = 4
@@ -61,7 +61,7 @@ def bind(config: Config) -> socket.socket:
 
 
 class AgentApplication(BaseApplication):
-    """gunicorn application whose worker builds the sampler and the Flask app after the fork; the
+    """gunicorn application whose worker builds the sampler and the WSGI app after the fork; the
     worker's `WorkerHost`."""
 
     def __init__(
@@ -95,6 +95,7 @@ class AgentApplication(BaseApplication):
             "errorlog": "-",
             "loglevel": "info",
             "worker_exit": self._worker_exit,
+            "pre_fork": _before_fork,
         }
         # gunicorn >= 24: no shared control socket in $HOME
         if "control_socket_disable" in self.cfg.settings:
@@ -102,7 +103,7 @@ class AgentApplication(BaseApplication):
         for key, value in settings.items():
             self.cfg.set(key, value)
 
-    def load(self) -> Flask:
+    def load(self) -> Routes:
         """In the worker: start the sampler and build the app that serves its snapshots."""
         from kepler_bridge.http.app import WebSettings, create_app
         from kepler_bridge.reload import DerivedSettings
@@ -149,6 +150,23 @@ class _Arbiter(Arbiter):
         self.kill_workers(signal.SIGHUP)
 
 
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, whose malloc is tuned here; None elsewhere (musl), where the tuning is skipped."""
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def _before_fork(server: object, worker: object) -> None:
+    """Before each fork: the master's objects leave the garbage collector's generations, so the
+    worker's collections do not write into (and copy) the pages the two share; and the free pages
+    of the master's malloc heap go back to the kernel instead of being inherited."""
+    gc.freeze()
+    if libc := _glibc():
+        libc.malloc_trim(0)
+
+
 def tune_malloc() -> None:
     """glibc: two arenas and a fixed 128 KiB mmap threshold, set before any thread or fork.
 
@@ -158,12 +176,9 @@ def tune_malloc() -> None:
     40.3 MiB worker RSS under process churn.
     Elsewhere (musl) this does nothing.
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.mallopt(M_ARENA_MAX, 2)
-    libc.mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+    if libc := _glibc():
+        libc.mallopt(M_ARENA_MAX, 2)
+        libc.mallopt(M_MMAP_THRESHOLD, 128 * 1024)
 
 
 def serve(config: Config, flags: Mapping[str, object] | None = None) -> int:

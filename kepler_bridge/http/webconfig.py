@@ -15,8 +15,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from kepler_bridge.http.tls import TLSError, server_context
 from kepler_bridge.reload import ConfigFileWatch
 
@@ -68,6 +66,8 @@ class WebConfig:
 
 def read(path: str) -> WebConfig:
     """Load and validate a web config file, building its TLS context."""
+    import yaml  # here, not at the top: an agent without a web config never loads PyYAML
+
     try:
         with open(path, "rb") as file:
             data = yaml.safe_load(file.read(1 << 20))

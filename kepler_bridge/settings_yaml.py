@@ -1,0 +1,54 @@
+"""The YAML loader of the config file: scalars as written. Imported only where a YAML config file
+is read, so that an agent without one never loads PyYAML."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from yaml import YAMLError
+
+__all__ = ["YAMLError", "load"]
+
+_NULL, _INT = "tag:yaml.org,2002:null", "tag:yaml.org,2002:int"
+_DECIMAL = re.compile(r"^(?:0|[1-9][0-9]{0,17})$")
+
+
+class ScalarsAsWritten(yaml.SafeLoader):
+    """YAML that keeps a scalar's text: only null and decimal whole numbers get a type, so
+    `interval: 1:30` stays "1:30" (not 90 seconds), `node_name: 0123` stays "0123" (not 83) and
+    `yes` stays "yes"."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag == _NULL]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    yaml_constructors = {
+        tag: yaml.SafeLoader.yaml_constructors[tag]
+        for tag in (
+            None,
+            _NULL,
+            "tag:yaml.org,2002:str",
+            "tag:yaml.org,2002:seq",
+            "tag:yaml.org,2002:map",
+        )
+    }
+
+    def construct_decimal(self, node: yaml.ScalarNode) -> int:
+        """An int from decimal digits; an explicit `!!int` with anything else (0x10, 1:30) is
+        refused."""
+        text = self.construct_scalar(node)
+        if not _DECIMAL.match(text):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} is not a whole number in decimal digits", node.start_mark
+            )
+        return int(text)
+
+
+ScalarsAsWritten.add_implicit_resolver(_INT, _DECIMAL, list("0123456789"))
+ScalarsAsWritten.add_constructor(_INT, ScalarsAsWritten.construct_decimal)
+
+
+def load(text: str) -> object:
+    """The YAML document in `text`, its scalars as written."""
+    return yaml.load(text, Loader=ScalarsAsWritten)
