@@ -6,7 +6,6 @@ in `doctor`; every reading passes `read_clean` on its way in.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from typing import Mapping
 
 from kepler_bridge.config import Config
 from kepler_bridge.log_limit import EveryInterval
-from kepler_bridge.model import SourceReading, SourceStatus
+from kepler_bridge.model import SourceReading, SourceStatus, replaced
 from kepler_bridge.sampling import sanitize
 from kepler_bridge.sources import selected_groups, source_class
 from kepler_bridge.sources.base import Retry, Source, SourceAbsent, SourceUnavailable
@@ -106,11 +105,9 @@ class Slot:
             log.debug("source %s failed", self.name, exc_info=True)
             self.error = printable(str(err)) or type(err).__name__
             self.errors_total += 1
-            return dataclasses.replace(
+            return replaced(
                 self.last,
-                gpus=tuple(
-                    dataclasses.replace(gpu, up=False, error=self.error) for gpu in self.last.gpus
-                ),
+                gpus=tuple(replaced(gpu, up=False, error=self.error) for gpu in self.last.gpus),
             )
         self.error = ""
         self.last = reading
