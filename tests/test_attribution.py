@@ -22,6 +22,7 @@ from kepler_bridge.model import (
     RaplZone,
     SourceReading,
 )
+from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
 from kepler_bridge.sampling.counters import MonotonicCounters
 from kepler_bridge.sampling.device_index import MAX_ABSENT, DeviceIndexes
@@ -98,10 +99,10 @@ def increases(
 
 def carried(old: T, new: T) -> T:
     """`new` (made with `old`'s settings) given `old`'s state through JSON, as a new worker gets
-    it from the state file; that state must come back whole."""
-    saved = json.loads(json.dumps(old.state()))
+    it from the state file (`carry.encode` writes it); that state must come back whole."""
+    saved = json.loads(carry.encode(old.state()))
     new.restore(saved)
-    assert json.loads(json.dumps(new.state())) == saved
+    assert json.loads(carry.encode(new.state())) == saved
     return new
 
 
