@@ -75,10 +75,11 @@ class MonotonicCounters:
         self._process_total: dict[ProcessLabels, float] = {}
         self._process_family: TopCounter[ProcessLabels] = TopCounter(process_limit)
         self._container_total: dict[str, float] = {}
-        # The last sample's keys in its order, and its CPU seconds and totals' keys in that order.
-        self._keys: list[ProcessLabels] = []
+        # The last sample's keys in its order, and its CPU seconds and totals' keys in that order;
+        # None: not known (a restored state).
+        self._keys: list[ProcessLabels] | None = []
         self._seconds: list[float] = []
-        self._total_keys: list[ProcessLabels] = []
+        self._total_keys: list[ProcessLabels] | None = []
         self._seen_rows = carry.Table(_cells, lambda key: (self._process_seen[key],))
         self._total_rows = carry.Table(_cells, lambda key: (self._process_total[key],))
 
@@ -184,14 +185,19 @@ class MonotonicCounters:
             gained = list(map(increase, before, seconds))
         self._process_seen = seen = dict(zip(keys, seconds))
         self._keys, self._seconds = keys, seconds
-        self._seen_rows.changed(compress(seen, map(ne, seen.values(), map(last.get, seen))))
+        self._seen_rows.changed(compress(keys, map(ne, seconds, before)))
+        self._seen_rows.changed(seen.keys() - last.keys())
         self._seen_rows.removed(last.keys() - seen.keys())
-        return dict(zip(keys, gained))
+        if len(seen) < len(keys):  # a key twice: the last row of it counts
+            return dict(zip(keys, gained))
+        increases = dict.fromkeys(seen, 0.0)
+        increases.update(compress(zip(keys, gained), gained))
+        return increases
 
     def _same_processes(self, seconds: list[float]) -> dict[ProcessLabels, float]:
         """`cpu_increases` of the last sample's processes, in the same order: only those whose
         counter moved are looked at, and the keys stay the very objects of the last sample."""
-        keys, last, seen = self._keys, self._seconds, self._process_seen
+        keys, last, seen = self._keys or [], self._seconds, self._process_seen
         increases = dict.fromkeys(seen, 0.0)
         moved = list(compress(range(len(keys)), map(ne, seconds, last)))
         for at in moved:
@@ -260,7 +266,7 @@ class MonotonicCounters:
         self._xid = _monotonic_states(carry.field(state, "xid"), code)
         self._process_seen = _process_values(carry.field(state, "process_seen"))
         self._process_total = _process_values(carry.field(state, "process_total"))
-        self._keys, self._seconds, self._total_keys = [], [], []
+        self._keys = self._total_keys = None
         for table, values in (
             (self._seen_rows, self._process_seen),
             (self._total_rows, self._process_total),

@@ -105,7 +105,7 @@ class Ledger:
         self._processes: dict[ProcessLabels, Tally] = {}
         self._cpu: dict[ProcessLabels, float] = {}  # each process's CPU joules, in the same order
         # The processes of the last sample and their owners, in its order.
-        self._owner_keys: list[ProcessLabels] = []
+        self._owner_keys: list[ProcessLabels] | None = []  # None: not known (a restored state)
         self._owner_values: list[PodRef] = []
         self._containers: dict[ContainerKey, Tally] = {}
         self._pods: dict[PodKey, Tally] = {}
@@ -316,7 +316,7 @@ class Ledger:
             cut = 3 if presence is self._presence[0] else None
             presence.restore({key[:cut]: seen for key, seen, _ in found})
         self._cpu = dict(zip(self._processes, map(_CPU, self._processes.values())))
-        self._owner_keys, self._owner_values = [], []
+        self._owner_keys, self._owner_values = None, []
         self._levels = None
         self._rows.clear()
         self._rows.changed(self._processes)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from itertools import compress
-from operator import is_, itemgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_, itemgetter
 from typing import Any, Iterable, Mapping, cast
 
 from kepler_bridge.config import Config
@@ -39,6 +39,7 @@ from kepler_bridge.store import SnapshotStore
 
 log = logging.getLogger(__name__)
 _CONTAINER_ID = itemgetter(2)
+_HOLDERS, _OWNER = attrgetter("holders"), attrgetter("owner")
 
 
 class Sampler:
@@ -284,6 +285,8 @@ def _attribution_settings(config: Config) -> dict[str, Any]:
 def join_owners(gpu: GpuReading, kube: KubeView) -> GpuReading:
     """The reading with the containers holding it (and each MIG device) and each process's
     owner; the very reading, and the very rows, where these are already theirs."""
+    if not kube.containers and not kube.devices and _unowned(gpu):
+        return gpu  # outside Kubernetes: nobody holds it, no process has an owner
     instances = tuple(
         replaced(instance, holders=kube.mig_holders(instance)) for instance in gpu.mig_instances
     )
@@ -295,6 +298,15 @@ def join_owners(gpu: GpuReading, kube: KubeView) -> GpuReading:
     if all(map(is_, processes, gpu.processes)):
         return held
     return replaced(held, processes=processes)
+
+
+def _unowned(gpu: GpuReading) -> bool:
+    """Whether neither the reading nor its MIG devices have holders and no process an owner."""
+    return (
+        not gpu.holders
+        and not any(map(_HOLDERS, gpu.mig_instances))
+        and all(map(is_, map(_OWNER, gpu.processes), repeat(NO_POD)))
+    )
 
 
 def _owned(proc: GpuProcess, kube: KubeView, fallbacks: Mapping[int | None, PodRef]) -> GpuProcess:
