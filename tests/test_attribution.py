@@ -22,6 +22,7 @@ from kepler_bridge.model import (
     RaplZone,
     SourceReading,
 )
+from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
 from kepler_bridge.sampling.counters import MonotonicCounters
 from kepler_bridge.sampling.device_index import MAX_ABSENT, DeviceIndexes
@@ -98,10 +99,10 @@ def increases(
 
 def carried(old: T, new: T) -> T:
     """`new` (made with `old`'s settings) given `old`'s state through JSON, as a new worker gets
-    it from the state file; that state must come back whole."""
-    saved = json.loads(json.dumps(old.state()))
+    it from the state file (`carry.encode` writes it); that state must come back whole."""
+    saved = json.loads(carry.encode(old.state()))
     new.restore(saved)
-    assert json.loads(json.dumps(new.state())) == saved
+    assert json.loads(carry.encode(new.state())) == saved
     return new
 
 
@@ -264,6 +265,51 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
             top = carried(
                 top, Attribution(gpu_idle_watts=idle_watts, process_limit=limit, grace=1e9)
             )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_new_worker_continues_exactly_where_the_old_one_was(data: st.DataObject) -> None:
+    """Counters and attribution carried through the state file at any sample give, from there on,
+    every output the ones that kept running give; samples often repeat the last one's processes
+    (the sampler's fast path) and are sometimes empty."""
+    draw = data.draw
+    limit = draw(st.sampled_from([None, 1, 3]), label="top")
+    grace = draw(st.sampled_from([0.0, 2.0, 1e9]), label="grace")
+    made = lambda: (  # noqa: E731
+        MonotonicCounters(limit),
+        Attribution(gpu_idle_watts=0.0, process_limit=limit, grace=grace, max_processes=4),
+    )
+    kept, moved = made(), made()
+    cpu = {slot: 0.0 for slot in SLOTS}
+    present = list(SLOTS[:3])
+    for step in range(draw(st.integers(2, 12), label="samples")):
+        if draw(st.integers(0, 2)) == 0:  # else the same processes, in the same order
+            present = draw(st.lists(st.sampled_from(SLOTS), unique=True, max_size=6))
+        for slot in present:
+            cpu[slot] += draw(st.sampled_from([0.0, 0.0, 0.5, 1.0]))
+        rows = [ProcessCpu(pid, comm, cpu[(pid, comm, cid)], cid) for pid, comm, cid in present]
+        on_gpu = tuple(
+            GpuProcess(pid, comm, utilization=0.5, container_id=cid, owner=PODS.get(cid, NO_POD))
+            for pid, comm, cid in present[: draw(st.integers(0, 2))]
+        )
+        reading = gpu("GPU-0", energy_joules=100.0 * step, processes=on_gpu)
+        outputs = []
+        for counters, attribution in (kept, moved):
+            increases = counters.cpu_increases(rows)
+            shown = counters.process_seconds(increases), counters.containers(increases)
+            inputs = SampleInputs(
+                float(step),
+                (RaplZone("intel-rapl:0", "package", step * 10_000_000, REAL_MAX_UJ),),
+                CpuTimes(step, 2.0 * step),
+                (counters.gpu(reading),),
+                increases,
+                owners(increases),
+            )
+            outputs.append((shown, attribution.update(inputs)))
+        assert outputs[0] == outputs[1], f"sample {step}"
+        if draw(st.booleans(), label="a new worker takes over"):
+            moved = (carried(moved[0], made()[0]), carried(moved[1], made()[1]))
 
 
 def test_cpu_active_energy_is_shared_by_cpu_time() -> None:

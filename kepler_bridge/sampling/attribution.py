@@ -11,9 +11,19 @@ the process, container and pod counters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Mapping
 
-from kepler_bridge.model import NO_POD, CpuTimes, Energy, GpuReading, PodRef, ProcessKey, RaplZone
+from kepler_bridge.model import (
+    NO_POD,
+    CpuTimes,
+    Energy,
+    GpuReading,
+    PodRef,
+    ProcessLabels,
+    RaplZone,
+    process_labels,
+)
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.cpu_energy import CpuEnergy, share_cpu
 from kepler_bridge.sampling.gpu_energy import GpuEnergy
@@ -30,8 +40,8 @@ class SampleInputs:
     gpus: tuple[
         GpuReading, ...
     ] = ()  # node-wide, counters already monotonic, holders and process owners set
-    cpu_increases: Mapping[ProcessKey, float] = field(default_factory=dict)
-    owners: Mapping[ProcessKey, PodRef] = field(
+    cpu_increases: Mapping[ProcessLabels, float] = field(default_factory=dict)
+    owners: Mapping[ProcessLabels, PodRef] = field(
         default_factory=dict
     )  # of cpu_increases' processes; NO_POD if absent
 
@@ -101,7 +111,11 @@ class Attribution:
         }
         gpu_joules, owned = self._gpu.share(inputs.gpus, seconds)
         for key, joules in gpu_joules.items():
-            increments.setdefault(key, Joules()).gpu += joules
+            found = increments.get(key)
+            if found is None:
+                increments[key] = Joules(gpu=joules)
+            else:
+                found.gpu += joules
         self._ledger.add(owners(inputs), increments, owned, now)
         return Energy(
             cpu_zones=self._cpu.zones(),
@@ -114,11 +128,16 @@ class Attribution:
         )
 
 
-def owners(inputs: SampleInputs) -> dict[ProcessKey, PodRef]:
+def owners(inputs: SampleInputs) -> dict[ProcessLabels, PodRef]:
     """The owner of every process of the sample; a GPU process's own owner wins over none."""
-    found = {key: inputs.owners.get(key, NO_POD) for key in inputs.cpu_increases}
+    increases, given = inputs.cpu_increases, inputs.owners
+    if list(given) == list(increases):  # as the sampler gives them: no need to look each up
+        found = dict(given)
+    else:
+        found = dict(zip(increases, map(given.get, increases, repeat(NO_POD))))
     for gpu in inputs.gpus:
         for proc in gpu.processes:
-            if proc.owner != NO_POD or proc.key not in found:
-                found[proc.key] = proc.owner
+            owner, key = proc.owner, process_labels(proc)
+            if (owner is not NO_POD and owner != NO_POD) or key not in found:
+                found[key] = owner
     return found

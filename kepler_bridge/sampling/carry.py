@@ -6,7 +6,9 @@ its state there after every sample and a new worker reads it back, so
 counters continue instead of restarting from zero. The state is JSON of
 plain numbers and strings: the worker rebuilds its objects from it and
 checks every value (the helpers below), so a crafted file cannot run code
-and a bad one is a clean restart from zero.
+and a bad one is a clean restart from zero. A table with a row per process
+is a `Table`, which keeps each row encoded: a save encodes only the rows
+that changed since the one before.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import re
 import shutil
 import stat
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, Generic, Hashable, Iterable, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,8 @@ PREFIX = "kepler-bridge-"
 DIRECTORY = re.compile(re.escape(PREFIX) + r"([0-9]+)-")
 VERSION = 1
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+K = TypeVar("K", bound=Hashable)
+_dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
 
 class BadState(ValueError):
@@ -99,12 +103,72 @@ def remove_dir(directory: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+class Table(Generic[K]):
+    """A list of rows in the state, one per key, each kept encoded. A row is the key's `head`
+    cells (encoded when the key first shows up, or again once `relabelled`), then its `tail`
+    numbers (ints or finite floats), encoded for the keys `changed` since the last save."""
+
+    def __init__(
+        self, head: Callable[[K], Iterable[Any]], tail: Callable[[K], Iterable[float]]
+    ) -> None:
+        self._head_of, self._tail_of = head, tail
+        self._head: dict[K, str] = {}
+        self._text: dict[K, str] = {}
+        self._changed: dict[K, None] = {}  # in the order the keys changed first: the rows' order
+
+    def changed(self, keys: Iterable[K]) -> None:
+        self._changed.update(dict.fromkeys(keys))
+
+    def relabelled(self, keys: Iterable[K]) -> None:
+        for key in keys:
+            self._head.pop(key, None)
+            self._changed[key] = None
+
+    def removed(self, keys: Iterable[K]) -> None:
+        for key in keys:
+            self._head.pop(key, None)
+            self._text.pop(key, None)
+            self._changed.pop(key, None)
+
+    def clear(self) -> None:
+        self._head.clear()
+        self._text.clear()
+        self._changed.clear()
+
+    def json(self) -> str:
+        """The rows as a JSON list."""
+        heads, text = self._head, self._text
+        for key in self._changed:
+            head = heads.get(key)
+            if head is None:
+                head = heads[key] = _dumps(list(self._head_of(key)))[:-1]
+            # repr of an int or a finite float is its JSON.
+            text[key] = f"{head},{','.join(map(repr, self._tail_of(key)))}]"
+        self._changed.clear()
+        return "[" + ",".join(text.values()) + "]"
+
+
+def encode(state: dict[str, Any]) -> str:
+    """The state as JSON text: plain data, with each Table as the list of its rows."""
+    return (
+        "{" + ",".join(f"{_dumps(name)}:{_encoded(value)}" for name, value in state.items()) + "}"
+    )
+
+
+def _encoded(value: Any) -> str:
+    if isinstance(value, Table):
+        return value.json()
+    if isinstance(value, dict):
+        return encode(value)
+    return _dumps(value)
+
+
 def save(directory: str, state: dict[str, Any]) -> None:
     """Replace the saved state atomically: a reader sees the old or the new file, never a part.
 
     The partial file is created afresh (never through a link, never one already there) and is
     removed when the save fails."""
-    data = json.dumps({"version": VERSION, **state}, separators=(",", ":")).encode()
+    data = encode({"version": VERSION, **state}).encode()
     path = os.path.join(directory, FILE)
     partial = f"{path}.{os.getpid()}"
     try:

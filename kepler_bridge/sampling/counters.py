@@ -3,15 +3,25 @@ process churn."""
 
 from __future__ import annotations
 
-import dataclasses
+from itertools import compress, repeat
+from operator import add, attrgetter, itemgetter, ne, sub
 from typing import Any, Iterable, Mapping, TypeVar
 
-from kepler_bridge.model import GpuReading, NvLink, ProcessCpu, ProcessKey
+from kepler_bridge.model import (
+    GpuReading,
+    NvLink,
+    ProcessCpu,
+    ProcessLabels,
+    process_labels,
+    replaced,
+)
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import code, integer, number, optional_number, text
 from kepler_bridge.sampling.top import TopCounter
 
 Number = TypeVar("Number", int, float)
+_SECONDS = attrgetter("cpu_seconds")
+_CONTAINER_ID = itemgetter(2)
 
 
 def increase(last: float | None, raw: float, wrap_at: float = 0.0) -> float:
@@ -53,15 +63,25 @@ class Monotonic:
 
 
 class MonotonicCounters:
-    """Per-device and per-container counter state owned by the sampler thread."""
+    """Per-device and per-container counter state owned by the sampler thread.
+
+    The per-process work of a sample is done over whole columns, in C where it can: with
+    thousands of processes, most of which did not run, Python only touches the ones that did."""
 
     def __init__(self, process_limit: int | None = None) -> None:
         self._gpu: dict[str, dict[str, Monotonic]] = {}  # uuid -> counter name -> state
         self._xid: dict[str, dict[int | str, Monotonic]] = {}
-        self._process_seen: dict[ProcessKey, float] = {}
-        self._process_total: dict[ProcessKey, float] = {}
-        self._process_family: TopCounter[ProcessKey] = TopCounter(process_limit)
+        self._process_seen: dict[ProcessLabels, float] = {}
+        self._process_total: dict[ProcessLabels, float] = {}
+        self._process_family: TopCounter[ProcessLabels] = TopCounter(process_limit)
         self._container_total: dict[str, float] = {}
+        # The last sample's keys in its order, and its CPU seconds and totals' keys in that order;
+        # None: not known (a restored state).
+        self._keys: list[ProcessLabels] | None = []
+        self._seconds: list[float] = []
+        self._total_keys: list[ProcessLabels] | None = []
+        self._seen_rows = carry.Table(_cells, lambda key: (self._process_seen[key],))
+        self._total_rows = carry.Table(_cells, lambda key: (self._process_total[key],))
 
     def configure(self, process_limit: int | None) -> None:
         """A new --process-metrics: series shown from now on follow it; none decreases."""
@@ -87,7 +107,7 @@ class MonotonicCounters:
         if not reading.up:
             return reading
         uuid, xids = reading.uuid, reading.xid_errors
-        return dataclasses.replace(
+        return replaced(
             reading,
             energy_joules=self._counter(uuid, "energy_joules", reading.energy_joules),
             ecc_corrected_total=self._counter(
@@ -121,7 +141,7 @@ class MonotonicCounters:
 
     def _nvlink(self, uuid: str, link: NvLink) -> NvLink:
         name = f"nvlink{link.link}"
-        return dataclasses.replace(
+        return replaced(
             link,
             transmit_bytes=self._counter(uuid, f"{name}_transmit", link.transmit_bytes),
             receive_bytes=self._counter(uuid, f"{name}_receive", link.receive_bytes),
@@ -150,55 +170,89 @@ class MonotonicCounters:
         states = self._xid[uuid] = {code: known.get(code) or Monotonic() for code, _ in counts}
         return tuple((code, int(states[code].update(count))) for code, count in counts)
 
-    def cpu_increases(self, processes: Iterable[ProcessCpu]) -> dict[ProcessKey, float]:
+    def cpu_increases(self, processes: Iterable[ProcessCpu]) -> dict[ProcessLabels, float]:
         """CPU seconds each process used since the last call; one seen for the first time counts
         whole, one whose counter dropped (a new process with the same labels) counts from zero."""
-        seen: dict[ProcessKey, float] = {}
-        increases: dict[ProcessKey, float] = {}
-        for proc in processes:
-            key = proc.key
-            increases[key] = increase(self._process_seen.get(key, 0.0), proc.cpu_seconds)
-            seen[key] = proc.cpu_seconds
-        self._process_seen = seen
+        rows = processes if isinstance(processes, (tuple, list)) else tuple(processes)
+        keys = list(map(process_labels, rows))
+        seconds = list(map(_SECONDS, rows))
+        if keys == self._keys and len(keys) == len(self._process_seen):
+            return self._same_processes(seconds)
+        last = self._process_seen
+        before = list(map(last.get, keys, repeat(0.0)))
+        gained = list(map(sub, seconds, before))
+        if gained and min(gained) < 0:
+            gained = list(map(increase, before, seconds))
+        self._process_seen = seen = dict(zip(keys, seconds))
+        self._keys, self._seconds = keys, seconds
+        self._seen_rows.changed(compress(keys, map(ne, seconds, before)))
+        self._seen_rows.changed(seen.keys() - last.keys())
+        self._seen_rows.removed(last.keys() - seen.keys())
+        if len(seen) < len(keys):  # a key twice: the last row of it counts
+            return dict(zip(keys, gained))
+        increases = dict.fromkeys(seen, 0.0)
+        increases.update(compress(zip(keys, gained), gained))
+        return increases
+
+    def _same_processes(self, seconds: list[float]) -> dict[ProcessLabels, float]:
+        """`cpu_increases` of the last sample's processes, in the same order: only those whose
+        counter moved are looked at, and the keys stay the very objects of the last sample."""
+        keys, last, seen = self._keys or [], self._seconds, self._process_seen
+        increases = dict.fromkeys(seen, 0.0)
+        moved = list(compress(range(len(keys)), map(ne, seconds, last)))
+        for at in moved:
+            key = keys[at]
+            increases[key] = increase(last[at], seconds[at])
+            seen[key] = seconds[at]
+        self._seconds = seconds
+        self._seen_rows.changed(keys[at] for at in moved)
         return increases
 
     def process_seconds(
-        self, increases: Mapping[ProcessKey, float]
+        self, increases: Mapping[ProcessLabels, float]
     ) -> tuple[tuple[ProcessCpu, ...], float | None]:
         """The shown processes (top N by CPU seconds) with their series' values, and the seconds of
         all the others (None before any was left out); a process's total adds up its increases, so
         it never decreases."""
-        self._process_total = {
-            key: self._process_total.get(key, 0.0) + seconds for key, seconds in increases.items()
-        }
-        shown = self._process_family.update(self._process_total, increases)
-        rows = tuple(
-            ProcessCpu(key.pid, key.comm, seconds, key.container_id) for key, seconds in shown
-        )
+        last = self._process_total
+        grew = dict(compress(increases.items(), increases.values()))
+        keys = list(increases)
+        if keys == self._total_keys:  # the same processes: only those that ran are looked at
+            for key, seconds in grew.items():
+                last[key] += seconds
+            self._total_rows.changed(grew)
+        else:
+            self._process_total = totals = dict(
+                zip(keys, map(add, map(last.get, keys, repeat(0.0)), increases.values()))
+            )
+            self._total_keys = keys
+            self._total_rows.changed(grew.keys() | (totals.keys() - last.keys()))
+            self._total_rows.removed(last.keys() - totals.keys())
+        shown = self._process_family.update(self._process_total, grew)
+        rows = tuple(ProcessCpu(pid, comm, seconds, cid) for (pid, comm, cid), seconds in shown)
         return rows, self._process_family.other
 
-    def containers(self, increases: Mapping[ProcessKey, float]) -> tuple[tuple[str, float], ...]:
+    def containers(self, increases: Mapping[ProcessLabels, float]) -> tuple[tuple[str, float], ...]:
         """Per-container CPU seconds as sums of process increases, so a process leaving never
         lowers a total."""
-        present: set[str] = set()
-        for key, seconds in increases.items():
-            container_id = key.container_id
+        totals = self._container_total
+        present = set(map(_CONTAINER_ID, increases))
+        present.discard("")
+        totals.update(dict.fromkeys(present - totals.keys(), 0.0))
+        for (_, _, container_id), seconds in compress(increases.items(), increases.values()):
             if container_id:
-                self._container_total[container_id] = (
-                    self._container_total.get(container_id, 0.0) + seconds
-                )
-                present.add(container_id)
-        for container in set(self._container_total) - present:
-            del self._container_total[container]
-        return tuple(sorted(self._container_total.items()))
+                totals[container_id] += seconds
+        for container in totals.keys() - present:
+            del totals[container]
+        return tuple(sorted(totals.items()))
 
     def state(self) -> dict[str, Any]:
         """Plain data for `carry.save`; `restore` takes it back."""
         return {
             "gpu": _monotonic_rows(self._gpu),
             "xid": _monotonic_rows(self._xid),
-            "process_seen": [[*key, seconds] for key, seconds in self._process_seen.items()],
-            "process_total": [[*key, seconds] for key, seconds in self._process_total.items()],
+            "process_seen": self._seen_rows,
+            "process_total": self._total_rows,
             "process_other": self._process_family.other,
             "process_offsets": [
                 [*key, offset] for key, offset in self._process_family.offsets.items()
@@ -212,12 +266,23 @@ class MonotonicCounters:
         self._xid = _monotonic_states(carry.field(state, "xid"), code)
         self._process_seen = _process_values(carry.field(state, "process_seen"))
         self._process_total = _process_values(carry.field(state, "process_total"))
+        self._keys = self._total_keys = None
+        for table, values in (
+            (self._seen_rows, self._process_seen),
+            (self._total_rows, self._process_total),
+        ):
+            table.clear()
+            table.changed(values)
         self._process_family.restore(
             optional_number(carry.field(state, "process_other")),
             _process_values(carry.field(state, "process_offsets")),
         )
         found = carry.rows(carry.field(state, "containers"), text, number)
         self._container_total = {cid: seconds for cid, seconds in found}
+
+
+def _cells(key: ProcessLabels) -> ProcessLabels:
+    return key
 
 
 def _monotonic_rows(devices: Mapping[str, Mapping[Any, Monotonic]]) -> list[list[Any]]:
@@ -237,7 +302,7 @@ def _monotonic_states(value: object, name: Any) -> dict[str, dict[Any, Monotonic
     return devices
 
 
-def _process_values(value: object) -> dict[ProcessKey, float]:
+def _process_values(value: object) -> dict[ProcessLabels, float]:
     """Rows [pid, comm, container id, value] as a mapping by process."""
     found = carry.rows(value, integer, text, text, number)
-    return {ProcessKey(pid, comm, cid): seconds for pid, comm, cid, seconds in found}
+    return {(pid, comm, cid): seconds for pid, comm, cid, seconds in found}

@@ -9,9 +9,10 @@ configured, the estimate cpu_tdp_watts x usage x interval is all active.
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any, Mapping
 
-from kepler_bridge.model import CpuTimes, CpuZoneEnergy, ProcessKey, RaplZone
+from kepler_bridge.model import CpuTimes, CpuZoneEnergy, ProcessLabels, RaplZone
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import integer, number, text
 from kepler_bridge.sampling.counters import increase
@@ -119,12 +120,13 @@ class CpuEnergy:
 
 
 def share_cpu(
-    active: float, cpu_increases: Mapping[ProcessKey, float], capacity: float
-) -> dict[ProcessKey, float]:
+    active: float, cpu_increases: Mapping[ProcessLabels, float], capacity: float
+) -> dict[ProcessLabels, float]:
     """Each process's part of the active CPU joules, by the CPU seconds it used in the interval."""
     # No process can use more than all CPUs for the whole interval; a larger increase is a process
     # seen again after it was dropped from the table, whose whole history arrives at once.
-    used = {key: min(seconds, capacity) for key, seconds in cpu_increases.items() if seconds > 0}
+    ran = compress(cpu_increases.items(), cpu_increases.values())  # in C: most did not run
+    used = {key: min(seconds, capacity) for key, seconds in ran if seconds > 0}
     total = sum(used.values())
     if active <= 0 or total <= 0:
         return {}

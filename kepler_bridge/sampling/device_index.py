@@ -10,10 +10,9 @@ absent forgotten first, so a source inventing uuids costs bounded memory.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Iterable
 
-from kepler_bridge.model import MAX_DEVICES, GpuReading
+from kepler_bridge.model import MAX_DEVICES, GpuReading, replaced
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import integer, number, text
 
@@ -44,7 +43,7 @@ class DeviceIndexes:
             if identity not in self._known:
                 self._known[identity], self._next = self._next, self._next + 1
             self._seen[identity] = now
-            numbered[identity] = dataclasses.replace(gpu, index=self._known[identity])
+            numbered[identity] = replaced(gpu, index=self._known[identity])
         return tuple(sorted(numbered.values(), key=lambda gpu: gpu.index))
 
     def expire(self, now: float, grace: float) -> set[str]:

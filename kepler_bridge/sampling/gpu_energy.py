@@ -26,7 +26,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from kepler_bridge.model import GpuProcess, GpuReading, Holder, MigInstance, ProcessKey
+from kepler_bridge.model import (
+    GpuProcess,
+    GpuReading,
+    Holder,
+    MigInstance,
+    ProcessLabels,
+    process_labels,
+)
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import number, text
 from kepler_bridge.sampling.counters import increase
@@ -144,17 +151,18 @@ class GpuEnergy:
 
     def share(
         self, gpus: Iterable[GpuReading], seconds: float
-    ) -> tuple[dict[ProcessKey, float], dict[Holder, float]]:
+    ) -> tuple[dict[ProcessLabels, float], dict[Holder, float]]:
         """The active GPU joules per process, and per holder of a device that lists none."""
-        processes: dict[ProcessKey, float] = {}
+        processes: dict[ProcessLabels, float] = {}
         owned: dict[Holder, float] = {}
         for gpu in gpus:
             active = self._active(gpu, seconds) if gpu.up else None
             if active is None:
                 continue
             shares = mig_shares(gpu) if gpu.mig_instances else None
-            for proc, share in zip(gpu.processes, shares or gpu_shares(gpu.processes)):
-                processes[proc.key] = processes.get(proc.key, 0.0) + active * share
+            keys = map(process_labels, gpu.processes)
+            for key, share in zip(keys, shares or gpu_shares(gpu.processes)):
+                processes[key] = processes.get(key, 0.0) + active * share
             if not gpu.processes and not gpu.lists_processes:
                 self._share_unlisted(gpu.uuid, active, gpu.holders, owned)
         return processes, owned

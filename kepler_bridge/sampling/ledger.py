@@ -3,24 +3,33 @@
 Every level only ever adds increases; a workload not seen for the grace
 period is forgotten, and processes outside the top:N limit are summed into
 one ``pid="other"`` series per kind. Only processes with GPU energy have GPU rows.
+
+A sample's work grows with the processes that changed (used energy, came,
+went or changed owner); what it does for all of them is done over whole
+columns in C.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable, Mapping, TypeVar
+from itertools import chain, compress, filterfalse, repeat
+from operator import attrgetter, is_not, itemgetter
+from typing import Any, Generic, Hashable, Iterable, Mapping, TypeVar
 
-from kepler_bridge.model import Holder, PodRef, ProcessKey, WorkloadEnergy
+from kepler_bridge.model import Holder, PodRef, ProcessLabels, WorkloadEnergy, replaced
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import integer, number, optional_number, text
 from kepler_bridge.sampling.top import TopCounter
 
 KINDS = ("cpu", "gpu")  # the fields of Joules, and the `kind` of each per-process family
 K = TypeVar("K", bound=Hashable)
+ContainerKey = tuple[str, str, str, str]  # container id, namespace, pod, container
+PodKey = tuple[str, str]  # namespace, pod
+_CPU, _GPU, _OWNER = attrgetter("joules.cpu"), attrgetter("joules.gpu"), attrgetter("labels.owner")
+_CONTAINER_ID = itemgetter(2)
 
 
-@dataclass
+@dataclass(slots=True)
 class Joules:
     """CPU and GPU joules: one workload's since the start, or one interval's increase."""
 
@@ -36,33 +45,78 @@ class Joules:
         return self.cpu if kind == "cpu" else self.gpu
 
 
-@dataclass
+@dataclass(slots=True)
 class Tally:
-    """The joules of one process, container or pod, and when it was last present."""
+    """The labels and joules of one process, container or pod."""
 
     labels: WorkloadEnergy
-    seen: float
     joules: Joules = field(default_factory=Joules)
 
     def row(self) -> WorkloadEnergy:
-        return dataclasses.replace(
-            self.labels, cpu_joules=self.joules.cpu, gpu_joules=self.joules.gpu
-        )
+        return replaced(self.labels, cpu_joules=self.joules.cpu, gpu_joules=self.joules.gpu)
+
+
+# Stands for a process not tallied yet: its owner is no object an owner given to `add` can be.
+_UNKNOWN = Tally(WorkloadEnergy(owner=PodRef()))
+
+
+class Presence(Generic[K]):
+    """Which keys of one level were in the last sample, and when each other one last was."""
+
+    def __init__(self) -> None:
+        self.present: set[K] = set()
+        self.gone: dict[K, float] = {}
+
+    def update(self, present: set[K], last_now: float) -> tuple[set[K], set[K]]:
+        """Take this sample's keys (`last_now`: when the last sample was); the keys that came and
+        those that went."""
+        came, went = present - self.present, self.present - present
+        self.gone.update(dict.fromkeys(went, last_now))
+        for key in came:
+            self.gone.pop(key, None)
+        self.present = present
+        return came, went
+
+    def seen(self, key: K) -> float | None:
+        """When the key was last in a sample; None: in the last one."""
+        return None if key in self.present else self.gone[key]
+
+    def expired(self, now: float, grace: float) -> list[K]:
+        return [key for key, seen in self.gone.items() if now - seen > grace]
+
+    def forget(self, key: K) -> None:
+        self.gone.pop(key, None)
+        self.present.discard(key)
+
+    def restore(self, seen: Mapping[K, float | None]) -> None:
+        self.present = {key for key, when in seen.items() if when is None}
+        self.gone = {key: when for key, when in seen.items() if when is not None}
 
 
 class Ledger:
     """Accumulated joules per process, container and pod; the top-N families of the process rows."""
 
     def __init__(self, *, process_limit: int | None, grace: float, max_processes: int) -> None:
-        self._families: dict[str, TopCounter[WorkloadEnergy]] = {
+        self._families: dict[str, TopCounter[ProcessLabels]] = {
             kind: TopCounter(process_limit) for kind in KINDS
         }
         self.configure(process_limit=process_limit, grace=grace, max_processes=max_processes)
-        self._processes: dict[ProcessKey, Tally] = {}
-        self._containers: dict[
-            tuple[str, str, str, str], Tally
-        ] = {}  # container id, namespace, pod, container
-        self._pods: dict[tuple[str, str], Tally] = {}  # namespace, pod
+        self._now: float | None = None  # of the last sample
+        self._processes: dict[ProcessLabels, Tally] = {}
+        self._cpu: dict[ProcessLabels, float] = {}  # each process's CPU joules, in the same order
+        # The processes of the last sample and their owners, in its order.
+        self._owner_keys: list[ProcessLabels] | None = []  # None: not known (a restored state)
+        self._owner_values: list[PodRef] = []
+        self._containers: dict[ContainerKey, Tally] = {}
+        self._pods: dict[PodKey, Tally] = {}
+        self._presence: tuple[Presence[Any], Presence[Any], Presence[Any]] = (
+            Presence(),
+            Presence(),
+            Presence(),
+        )
+        # The containers and pods of the processes; None: to be worked out at the next sample.
+        self._levels: tuple[set[ContainerKey], set[PodKey]] | None = None
+        self._rows = carry.Table(self._process_labels, self._process_numbers)
 
     def configure(self, *, process_limit: int | None, grace: float, max_processes: int) -> None:
         """Set the settings; called again on reload, when the accumulated joules stay."""
@@ -73,8 +127,8 @@ class Ledger:
 
     def add(
         self,
-        owners: Mapping[ProcessKey, PodRef],
-        increments: Mapping[ProcessKey, Joules],
+        owners: Mapping[ProcessLabels, PodRef],
+        increments: Mapping[ProcessLabels, Joules],
         owned: Mapping[Holder, float],
         now: float,
     ) -> None:
@@ -82,12 +136,31 @@ class Ledger:
 
         Then forget what has been gone for the grace period.
         """
-        self._accumulate(owners, increments, now)
-        self._accumulate_owned(owned, now)
+        last = now if self._now is None else self._now
+        keys, values = list(owners), list(owners.values())
+        if keys == self._owner_keys:  # the same processes: only those whose owner moved
+            changed = self._join(owners, compress(keys, map(is_not, values, self._owner_values)))
+            came: set[ProcessLabels] = set()
+            went: set[ProcessLabels] = set()
+        else:
+            known = map(_OWNER, map(self._processes.get, owners, repeat(_UNKNOWN)))
+            changed = self._join(owners, compress(keys, map(is_not, values, known)))
+            came, went = self._presence[0].update(set(owners), last)
+        self._owner_keys, self._owner_values = keys, values
+        if changed or came or went or self._levels is None:
+            self._levels = _levels(owners)
+        containers, pods = self._levels
+        held = {(h.container_id, h.owner.namespace, h.owner.pod, h.owner.container) for h in owned}
+        self._presence[1].update(containers | held, last)
+        self._presence[2].update(pods | {key[1:3] for key in held}, last)
+        self._accumulate(owners, increments, owned)
+        self._rows.relabelled(chain(changed, came, went))  # their owner or last sight
+        self._rows.changed(increments)
+        self._now = now
         self._expire(now, owners)
 
     def process_rows(
-        self, increments: Mapping[ProcessKey, Joules], kind: str
+        self, increments: Mapping[ProcessLabels, Joules], kind: str
     ) -> tuple[WorkloadEnergy, ...]:
         """One kind's per-process rows: the top N by its joules, and pid="other" once one is out.
 
@@ -95,18 +168,19 @@ class Ledger:
         (what it used before went to "other"), so the series' increases always
         add up to the node's attributed energy and none ever decreases.
         """
-        family = self._families[kind]
-        totals = {
-            tally.labels: tally.joules.of(kind)
-            for tally in self._processes.values()
-            if _ranks(kind, tally.joules)
-        }
+        family, processes = self._families[kind], self._processes
+        if kind == "cpu":
+            totals = self._cpu
+        else:  # only processes with GPU energy: joules never decrease, so once there, they stay
+            gpu = list(map(_GPU, processes.values()))
+            totals = dict(compress(zip(processes, gpu), gpu))
         gained = {
-            self._processes[key].labels: joules.of(kind)
-            for key, joules in increments.items()
-            if _ranks(kind, joules)
+            key: joules.of(kind) for key, joules in increments.items() if _ranks(kind, joules)
         }
-        rows = [_with(labels, kind, joules) for labels, joules in family.update(totals, gained)]
+        rows = [
+            _with(processes[key].labels, kind, value)
+            for key, value in family.update(totals, gained)
+        ]
         if family.other is not None:
             rows.append(_with(WorkloadEnergy(pid="other"), kind, family.other))
         return tuple(rows)
@@ -117,73 +191,102 @@ class Ledger:
     def pods(self) -> tuple[WorkloadEnergy, ...]:
         return tuple(self._pods[key].row() for key in sorted(self._pods))
 
+    def _join(
+        self, owners: Mapping[ProcessLabels, PodRef], moved: Iterable[ProcessLabels]
+    ) -> list[ProcessLabels]:
+        """Make the tallies of new processes and give their new owner to those that `moved` (whose
+        owner is not the very object of their tally); those whose labels changed."""
+        processes, changed = self._processes, []
+        for key in moved:
+            pid, comm, container_id = key
+            owner, tally = owners[key], processes.get(key)
+            labels = WorkloadEnergy(str(pid), comm, container_id, owner)
+            if tally is None:
+                processes[key] = Tally(labels)
+                self._cpu[key] = 0.0
+                changed.append(key)
+                continue
+            if tally.labels.owner != owner:  # else the same owner in a new object
+                changed.append(key)
+                for family in self._families.values():
+                    family.restart(key)  # its series has new labels
+            tally.labels = labels
+        return changed
+
     def _accumulate(
         self,
-        owners: Mapping[ProcessKey, PodRef],
-        increments: Mapping[ProcessKey, Joules],
-        now: float,
+        owners: Mapping[ProcessLabels, PodRef],
+        increments: Mapping[ProcessLabels, Joules],
+        owned: Mapping[Holder, float],
     ) -> None:
-        for key, owner in owners.items():
-            pid, comm, container_id = key
-            process = self._processes.get(key)
-            if process is None or process.labels.owner != owner:
-                labels = WorkloadEnergy(str(pid), comm, container_id, owner)
-                process = self._processes.setdefault(key, Tally(labels, now))
-                process.labels = labels
-            increment = increments.get(key, Joules())
-            for tally in (process, *self._levels(container_id, owner, now)):
-                tally.seen = now
-                tally.joules.cpu += increment.cpu
-                tally.joules.gpu += increment.gpu
-
-    def _accumulate_owned(self, owned: Mapping[Holder, float], now: float) -> None:
-        """Adds device energy booked to its holder to that container and its pod."""
-        for holder, joules in owned.items():
-            for tally in self._levels(holder.container_id, holder.owner, now):
-                tally.seen = now
-                tally.joules.gpu += joules
-
-    def _levels(self, container_id: str, owner: PodRef, now: float) -> tuple[Tally, Tally]:
-        """The tallies of a container and of its pod, made on first use."""
-        container_key = (container_id, owner.namespace, owner.pod, owner.container)
-        pod_key = (owner.namespace, owner.pod)
-        if container_key not in self._containers:
-            self._containers[container_key] = Tally(
-                WorkloadEnergy(container_id=container_id, owner=owner), now
+        """Adds the increments (in the order of `owners`) to processes, containers and pods, then
+        device energy booked to a holder to that container and its pod."""
+        for container in self._presence[1].present - self._containers.keys():
+            self._containers[container] = Tally(
+                WorkloadEnergy(container_id=container[0], owner=PodRef(*container[1:]))
             )
-        if pod_key not in self._pods:
-            self._pods[pod_key] = Tally(WorkloadEnergy(owner=PodRef(*pod_key)), now)
-        return self._containers[container_key], self._pods[pod_key]
+        for pod in self._presence[2].present - self._pods.keys():
+            self._pods[pod] = Tally(WorkloadEnergy(owner=PodRef(*pod)))
+        for key in filter(increments.__contains__, owners):
+            increment, process = increments[key], self._processes[key]
+            owner = process.labels.owner
+            for joules in (
+                process.joules,
+                self._containers[(key[2], owner.namespace, owner.pod, owner.container)].joules,
+                self._pods[(owner.namespace, owner.pod)].joules,
+            ):
+                joules.cpu += increment.cpu
+                joules.gpu += increment.gpu
+            self._cpu[key] = process.joules.cpu
+        for holder, added in owned.items():
+            owner = holder.owner
+            self._containers[
+                (holder.container_id, owner.namespace, owner.pod, owner.container)
+            ].joules.gpu += added
+            self._pods[(owner.namespace, owner.pod)].joules.gpu += added
 
-    def _expire(self, now: float, present: Mapping[ProcessKey, PodRef]) -> None:
-        _forget(self._processes, now, self.grace)
-        _forget(self._containers, now, self.grace)
-        _forget(self._pods, now, self.grace)
+    def _expire(self, now: float, present: Mapping[ProcessLabels, PodRef]) -> None:
+        levels: tuple[dict[Any, Tally], ...] = (self._processes, self._containers, self._pods)
+        for tallies, presence in zip(levels, self._presence):
+            for key in presence.expired(now, self.grace):
+                del tallies[key]
+                presence.forget(key)
+                if tallies is self._processes:
+                    del self._cpu[key]
+                    self._rows.removed((key,))
         excess = len(self._processes) - self.max_processes
         if self.max_processes > 0 and excess > 0:
             absent = sorted(
-                (key for key in self._processes if key not in present),
+                filterfalse(present.__contains__, self._processes),
                 key=lambda key: self._processes[key].joules.total,
             )
             for key in absent[:excess]:
-                del self._processes[key]
+                del self._processes[key], self._cpu[key]
+                self._presence[0].forget(key)
+            self._rows.removed(absent[:excess])
+
+    def _process_labels(self, key: ProcessLabels) -> tuple[Any, ...]:
+        owner = self._processes[key].labels.owner
+        return (*key, *_owner_cells(owner), self._presence[0].seen(key))
+
+    def _process_numbers(self, key: ProcessLabels) -> tuple[float, float]:
+        joules = self._processes[key].joules
+        return joules.cpu, joules.gpu
 
     def state(self) -> dict[str, Any]:
-        """Plain data for `carry.save`: each tally as its key, last sight and joules, and each
-        kind's family as its `other` and the offsets of its shown series."""
+        """Plain data for `carry.save`: the last sample's time; each tally as its key, when it was
+        last seen (None: in the last sample) and its joules; and each kind's family as its `other`
+        and the offsets of its shown series."""
+        containers, pods = self._presence[1:]
         return {
-            "processes": _tally_rows(
-                ((*key, *_owner_cells(tally.labels.owner)), tally)
-                for key, tally in self._processes.items()
-            ),
-            "containers": _tally_rows(self._containers.items()),
-            "pods": _tally_rows(self._pods.items()),
+            "now": self._now,
+            "processes": self._rows,
+            "containers": _tally_rows(self._containers, containers),
+            "pods": _tally_rows(self._pods, pods),
             "families": {
                 kind: {
                     "other": family.other,
-                    "offsets": [
-                        [*_labels_row(key), offset] for key, offset in family.offsets.items()
-                    ],
+                    "offsets": [[*key, offset] for key, offset in family.offsets.items()],
                 }
                 for kind, family in self._families.items()
             },
@@ -191,58 +294,76 @@ class Ledger:
 
     def restore(self, state: object) -> None:
         """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
+        now = optional_number(carry.field(state, "now"))
         processes = _tallies(carry.field(state, "processes"), integer, text, text, *POD)
         containers = _tallies(carry.field(state, "containers"), text, *POD)
         pods = _tallies(carry.field(state, "pods"), text, text)
+        if now is None and any(seen is None for _, seen, _ in processes + containers + pods):
+            raise carry.BadState("present workloads without the time of the last sample")
+        self._now = now
         self._processes = {
-            ProcessKey(*key[:3]): Tally(_labels([str(key[0]), *key[1:]]), seen, joules)
-            for key, seen, joules in processes
+            key[:3]: Tally(WorkloadEnergy(str(key[0]), key[1], key[2], PodRef(*key[3:])), joules)
+            for key, _, joules in processes
         }
         self._containers = {
-            key: Tally(_labels(["", "", *key]), seen, joules) for key, seen, joules in containers
+            key: Tally(WorkloadEnergy(container_id=key[0], owner=PodRef(*key[1:])), joules)
+            for key, _, joules in containers
         }
         self._pods = {
-            key: Tally(_labels(["", "", "", *key, ""]), seen, joules) for key, seen, joules in pods
+            key: Tally(WorkloadEnergy(owner=PodRef(*key)), joules) for key, _, joules in pods
         }
+        for presence, found in zip(self._presence, (processes, containers, pods)):
+            cut = 3 if presence is self._presence[0] else None
+            presence.restore({key[:cut]: seen for key, seen, _ in found})
+        self._cpu = dict(zip(self._processes, map(_CPU, self._processes.values())))
+        self._owner_keys, self._owner_values = None, []
+        self._levels = None
+        self._rows.clear()
+        self._rows.changed(self._processes)
         families = carry.field(state, "families")
         for kind, family in self._families.items():
             saved = carry.field(families, kind)
-            found = carry.rows(carry.field(saved, "offsets"), *(text,) * 6, number)
+            shown = carry.rows(carry.field(saved, "offsets"), integer, text, text, number)
             family.restore(
                 optional_number(carry.field(saved, "other")),
-                {_labels(list(cells[:6])): cells[6] for cells in found},
+                {(pid, comm, cid): offset for pid, comm, cid, offset in shown},
             )
 
 
 POD = (text, text, text)  # namespace, pod, container
 
 
-def _tally_rows(tallies: Iterable[tuple[tuple[Any, ...], Tally]]) -> list[list[Any]]:
-    """[*key, last seen, cpu joules, gpu joules] of each (key, tally)."""
-    return [[*key, tally.seen, tally.joules.cpu, tally.joules.gpu] for key, tally in tallies]
+def _levels(owners: Mapping[ProcessLabels, PodRef]) -> tuple[set[ContainerKey], set[PodKey]]:
+    """The containers and pods of these processes; Python only sees each distinct pair of
+    container id and owner object."""
+    values = owners.values()
+    by_id = dict(zip(map(id, values), values))
+    pairs = set(zip(map(_CONTAINER_ID, owners), map(id, values)))
+    containers = {
+        (container_id, owner.namespace, owner.pod, owner.container)
+        for container_id, owner in ((cid, by_id[oid]) for cid, oid in pairs)
+    }
+    return containers, {key[1:3] for key in containers}
+
+
+def _tally_rows(tallies: Mapping[Any, Tally], presence: Presence[Any]) -> list[list[Any]]:
+    """[*key, last seen (None: in the last sample), cpu joules, gpu joules] of each tally."""
+    return [
+        [*key, presence.seen(key), tally.joules.cpu, tally.joules.gpu]
+        for key, tally in tallies.items()
+    ]
 
 
 def _owner_cells(owner: PodRef) -> tuple[str, str, str]:
     return owner.namespace, owner.pod, owner.container
 
 
-def _tallies(value: object, *key: Any) -> list[tuple[tuple[Any, ...], float, Joules]]:
-    """(key, last seen, joules) of `_tally_rows`' rows, the key's cells checked by `key`."""
+def _tallies(value: object, *key: Any) -> list[tuple[tuple[Any, ...], float | None, Joules]]:
+    """(key, last seen, joules) of the rows of a level, the key's cells checked by `key`."""
     return [
         (cells[: len(key)], cells[-3], Joules(cells[-2], cells[-1]))
-        for cells in carry.rows(value, *key, number, number, number)
+        for cells in carry.rows(value, *key, optional_number, number, number)
     ]
-
-
-def _labels_row(labels: WorkloadEnergy) -> list[str]:
-    """A process's labels as a row: pid, comm, container id, namespace, pod, container."""
-    return [labels.pid, labels.comm, labels.container_id, *_owner_cells(labels.owner)]
-
-
-def _labels(cells: list[str]) -> WorkloadEnergy:
-    """The labels of a `_labels_row` row."""
-    pid, comm, container_id, namespace, pod, container = cells
-    return WorkloadEnergy(pid, comm, container_id, PodRef(namespace, pod, container))
 
 
 def _ranks(kind: str, joules: Joules) -> bool:
@@ -255,11 +376,5 @@ def _ranks(kind: str, joules: Joules) -> bool:
 def _with(labels: WorkloadEnergy, kind: str, joules: float) -> WorkloadEnergy:
     """The row of `labels` with `joules` of one kind."""
     if kind == "cpu":
-        return dataclasses.replace(labels, cpu_joules=joules)
-    return dataclasses.replace(labels, gpu_joules=joules)
-
-
-def _forget(tallies: dict[K, Tally], now: float, grace: float) -> None:
-    """Drop the tallies not seen for more than `grace` seconds."""
-    for key in [key for key, tally in tallies.items() if now - tally.seen > grace]:
-        del tallies[key]
+        return replaced(labels, cpu_joules=joules)
+    return replaced(labels, gpu_joules=joules)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Iterable, Mapping
+from itertools import compress, repeat
+from operator import attrgetter, is_, itemgetter
+from typing import Any, Iterable, Mapping, cast
 
 from kepler_bridge.config import Config
 from kepler_bridge.kube.metadata import KubeMetadata
@@ -14,11 +15,13 @@ from kepler_bridge.kube.view import KubeView
 from kepler_bridge.model import (
     NO_POD,
     ContainerCpu,
+    GpuProcess,
     GpuReading,
     PodRef,
-    ProcessKey,
+    ProcessLabels,
     Snapshot,
     SourceReading,
+    replaced,
 )
 from kepler_bridge.reload import KUBE, SettingsWatch
 from kepler_bridge.sampling import carry
@@ -35,6 +38,8 @@ from kepler_bridge.sampling.slots import (
 from kepler_bridge.store import SnapshotStore
 
 log = logging.getLogger(__name__)
+_CONTAINER_ID = itemgetter(2)
+_HOLDERS, _OWNER = attrgetter("holders"), attrgetter("owner")
 
 
 class Sampler:
@@ -182,7 +187,7 @@ class Sampler:
             snapshot = self.sample()
             # Saved before publishing: a new worker continues from at least what any scrape saw.
             self._save()
-            self.store.publish(dataclasses.replace(snapshot, state_save_errors=self._save_errors))
+            self.store.publish(replaced(snapshot, state_save_errors=self._save_errors))
             deadline += self.config.interval
             now = time.monotonic()
             if deadline < now:  # fell behind (slow driver): skip missed ticks instead of bursting
@@ -221,7 +226,7 @@ class Sampler:
                 cpu_times=reading.cpu_times,
                 gpus=node_gpus,
                 cpu_increases=increases,
-                owners={key: kube.containers.get(key.container_id, NO_POD) for key in increases},
+                owners=_owners(increases, kube.containers),
             )
         )
         containers = tuple(
@@ -244,11 +249,27 @@ class Sampler:
         )
 
 
-def _container_ids(increases: Mapping[ProcessKey, float], gpus: Iterable[GpuReading]) -> set[str]:
+def _container_ids(
+    increases: Mapping[ProcessLabels, float], gpus: Iterable[GpuReading]
+) -> set[str]:
     """The container ids of a sample's processes, on the CPU and on the devices."""
-    return {key.container_id for key in increases if key.container_id} | {
-        proc.container_id for gpu in gpus for proc in gpu.processes if proc.container_id
-    }
+    found = set(map(_CONTAINER_ID, increases))
+    found.update(proc.container_id for gpu in gpus for proc in gpu.processes)
+    found.discard("")
+    return found
+
+
+def _owners(
+    increases: Mapping[ProcessLabels, float], containers: Mapping[str, PodRef]
+) -> dict[ProcessLabels, PodRef]:
+    """Each process's owner in the pod list, NO_POD where it names none (only those it names are
+    looked at one by one)."""
+    owners = dict.fromkeys(increases, NO_POD)
+    if containers:
+        found = list(map(containers.get, map(_CONTAINER_ID, increases)))
+        named = compress(zip(increases, found), found)  # only the pairs with an owner
+        owners.update(cast(Iterable[tuple[ProcessLabels, PodRef]], named))
+    return owners
 
 
 def _attribution_settings(config: Config) -> dict[str, Any]:
@@ -263,23 +284,39 @@ def _attribution_settings(config: Config) -> dict[str, Any]:
 
 def join_owners(gpu: GpuReading, kube: KubeView) -> GpuReading:
     """The reading with the containers holding it (and each MIG device) and each process's
-    owner."""
+    owner; the very reading, and the very rows, where these are already theirs."""
+    if not kube.containers and not kube.devices and _unowned(gpu):
+        return gpu  # outside Kubernetes: nobody holds it, no process has an owner
     instances = tuple(
-        dataclasses.replace(instance, holders=kube.mig_holders(instance))
-        for instance in gpu.mig_instances
+        replaced(instance, holders=kube.mig_holders(instance)) for instance in gpu.mig_instances
     )
-    held = dataclasses.replace(gpu, holders=kube.holders(gpu), mig_instances=instances)
+    if all(map(is_, instances, gpu.mig_instances)):
+        instances = gpu.mig_instances
+    held = replaced(gpu, holders=kube.holders(gpu), mig_instances=instances)
     fallbacks = _single_holders(held)
-    processes = []
-    for proc in gpu.processes:
-        # A process's own container decides. One in a container the pod list does not name, or
-        # one the agent cannot see in /proc (no comm: another pid namespace), gets the one holder
-        # of its MIG device, else of the GPU; a host process none.
-        owner = kube.containers.get(proc.container_id) if proc.container_id else None
-        if owner is None and (proc.container_id or not proc.comm):
-            owner = fallbacks.get(proc.pid, fallbacks.get(None))
-        processes.append(dataclasses.replace(proc, owner=NO_POD if owner is None else owner))
-    return dataclasses.replace(held, processes=tuple(processes))
+    processes = tuple(_owned(proc, kube, fallbacks) for proc in gpu.processes)
+    if all(map(is_, processes, gpu.processes)):
+        return held
+    return replaced(held, processes=processes)
+
+
+def _unowned(gpu: GpuReading) -> bool:
+    """Whether neither the reading nor its MIG devices have holders and no process an owner."""
+    return (
+        not gpu.holders
+        and not any(map(_HOLDERS, gpu.mig_instances))
+        and all(map(is_, map(_OWNER, gpu.processes), repeat(NO_POD)))
+    )
+
+
+def _owned(proc: GpuProcess, kube: KubeView, fallbacks: Mapping[int | None, PodRef]) -> GpuProcess:
+    """The process with its owner. Its own container decides. One in a container the pod list
+    does not name, or one the agent cannot see in /proc (no comm: another pid namespace), gets
+    the one holder of its MIG device, else of the GPU; a host process none."""
+    owner = kube.containers.get(proc.container_id) if proc.container_id else None
+    if owner is None and (proc.container_id or not proc.comm):
+        owner = fallbacks.get(proc.pid, fallbacks.get(None))
+    return replaced(proc, owner=NO_POD if owner is None else owner)
 
 
 def _single_holders(gpu: GpuReading) -> dict[int | None, PodRef]:

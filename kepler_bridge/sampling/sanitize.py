@@ -6,12 +6,21 @@ escape sequence or control character.
 
 A value that fails is dropped, never clamped: it reads as "cannot report". A record without
 a value it cannot do without (a process without a pid) is dropped whole.
+
+Most readings need no change. Each rule has a check that tells, for one field of many records at
+once and mostly in C, whether the rule would leave every value as it is. The records of a tuple
+are cleaned a field at a time: a field whose check passes is kept as it came, and only the values
+of the other fields go through the rule one by one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
+from functools import partial
+from itertools import chain, repeat
+from operator import attrgetter, is_, is_not, itemgetter
 from typing import TYPE_CHECKING, Any, Callable
 
 from kepler_bridge.model import (
@@ -26,6 +35,7 @@ from kepler_bridge.model import (
     ProcessCpu,
     RaplZone,
     SourceReading,
+    replaced,
 )
 from kepler_bridge.sources.printable import printable
 
@@ -34,8 +44,14 @@ if TYPE_CHECKING:
 
 # A rule takes a field's value as the source gave it; None means the value is dropped.
 _Rule = Callable[[Any], Any]
-# (field name, rule, whether the record needs the field) for each field of a record.
-_Plan = tuple[tuple[str, _Rule, bool], ...]
+# A check takes one field's values of many records: True only where the rule keeps each as it is.
+_Check = Callable[[list[Any]], bool]
+# (field name, rule, whether the record needs the field, check, getter) for each field of a record.
+_Plan = tuple[tuple[str, _Rule, bool, _Check, Callable[[Any], Any]], ...]
+# The fields of a record by annotation: (check, getter of all their values, the fields' plan).
+_Groups = tuple[tuple[_Check, Callable[[Any], Any], _Plan], ...]
+_NONE = type(None)
+_present = partial(is_not, None)
 
 
 def reading(value: Any) -> SourceReading:
@@ -51,7 +67,7 @@ def reading(value: Any) -> SourceReading:
             f"{len(value.gpus)} devices, more than {MAX_DEVICES} per source: "
             "the source is refused; report only real accelerators"
         )
-    return _record(value, SourceReading)
+    return _records((value,), SourceReading)[0]
 
 
 def real(value: Any) -> float | None:
@@ -100,10 +116,13 @@ def utf8_text(value: Any) -> str:
     return printable(value).encode("utf-8", "replace").decode("utf-8")
 
 
-def _items(rule: _Rule) -> Callable[[Any], tuple]:
-    """A rule for a tuple field: each element through rule, the dropped (None) ones left out."""
+def _items(rule: _Rule, check: _Check) -> Callable[[Any], tuple]:
+    """A rule for a tuple field: each element through rule, the dropped (None) ones left out;
+    `check` is the rule's check for the elements."""
 
     def clean(values: Any) -> tuple:
+        if type(values) is tuple and check(list(values)):
+            return values
         if not isinstance(values, (tuple, list)):
             raise TypeError(f"expected a tuple, got {type(values).__name__}; fix the source")
         cleaned = tuple(rule(value) for value in values)
@@ -136,55 +155,195 @@ def _record(value: Any, cls: type[DataclassInstance]) -> Any:
     if not isinstance(value, cls):
         raise TypeError(f"expected a {cls.__name__}, got {type(value).__name__}; fix the source")
     changes = {}
-    for name, rule, required in _PLANS[cls]:
+    for name, rule, required, _, _ in _PLANS[cls]:
         old = getattr(value, name)
         new = rule(old)
         if new is None and required:
             return None
         if new is not old:
             changes[name] = new
-    return dataclasses.replace(value, **changes) if changes else value
+    return replaced(value, **changes) if changes else value
 
 
-def _nested(cls: type[DataclassInstance]) -> _Rule:
-    return lambda value: _record(value, cls)
+def _unchanged(records: list[Any], cls: type[DataclassInstance]) -> bool:
+    """Whether every one of `records` is a `cls` that its rules keep as it is."""
+    if not {cls}.issuperset(map(type, records)):
+        return False
+    return all(check(getter(records)) for check, getter, _ in _GROUPS[cls])
 
 
-def _optional(cls: type[DataclassInstance]) -> _Rule:
-    return lambda value: None if value is None else _record(value, cls)
+def _records(values: Any, cls: type[DataclassInstance]) -> tuple:
+    """A tuple of `cls` records, each with its fields through their rules, those without a value
+    they need left out."""
+    if not isinstance(values, (tuple, list)):
+        raise TypeError(f"expected a tuple, got {type(values).__name__}; fix the source")
+    if not {cls}.issuperset(map(type, values)):
+        return _one_by_one(values, cls)
+    try:
+        changes = _changes(values, cls)
+    except Exception:
+        return _one_by_one(values, cls)  # raises what the rules raise, record by record
+    if not changes and type(values) is tuple:
+        return values
+    kept = []
+    for position, record in enumerate(values):
+        change = changes.get(position, {})
+        if change is not None:
+            kept.append(replaced(record, **change) if change else record)
+    return tuple(kept)
 
 
-# Field annotation (as written in model.py) -> (rule, whether the record needs it).
+def _changes(records: Any, cls: type[DataclassInstance]) -> dict[int, dict[str, Any] | None]:
+    """Position of a record -> what its rules change (None: a value it needs is unusable), for
+    the records that change; the rules of a field run only where its check fails."""
+    found: dict[int, dict[str, Any] | None] = {}
+    failed = (plan for check, getter, plan in _GROUPS[cls] if not check(getter(records)))
+    for name, rule, required, check, getter in chain.from_iterable(failed):
+        column = list(map(getter, records))
+        if check(column):
+            continue
+        for position, old in enumerate(column):
+            changes = found.get(position, {})
+            if changes is None:
+                continue
+            new = rule(old)
+            if new is None and required:
+                found[position] = None
+            elif new is not old:
+                found[position] = {**changes, name: new}
+    return found
+
+
+def _one_by_one(values: Any, cls: type[DataclassInstance]) -> tuple:
+    """`_records` the slow way: every rule on every value, in order."""
+    cleaned = tuple(_record(value, cls) for value in values)
+    # Unchanged only where no record was dropped: a None element maps to None, itself.
+    if type(values) is tuple and all(
+        new is old and new is not None for new, old in zip(cleaned, values)
+    ):
+        return values
+    return tuple(new for new in cleaned if new is not None)
+
+
+def _nested(cls: type[DataclassInstance]) -> tuple[_Rule, bool, _Check]:
+    """The rule, and its check, of a tuple of `cls` records."""
+    return (
+        lambda values: _records(values, cls),
+        False,
+        lambda values: _of_tuples(values) and _unchanged(list(chain.from_iterable(values)), cls),
+    )
+
+
+def _optional(cls: type[DataclassInstance]) -> tuple[_Rule, bool, _Check]:
+    return (
+        lambda value: None if value is None else _record(value, cls),
+        False,
+        lambda values: _unchanged(list(filter(_present, values)), cls),
+    )
+
+
+def _of_tuples(values: list[Any]) -> bool:
+    return {tuple}.issuperset(map(type, values))
+
+
+def _numbers(kind: type, optional: bool) -> _Check:
+    """The check of `real` (kind float) or `whole` (int): each value of that very type (or None,
+    where optional), in range and no NaN."""
+    kinds = {kind, _NONE} if optional else {kind}
+
+    def check(values: list[Any]) -> bool:
+        if not kinds.issuperset(map(type, values)):
+            return False
+        found = list(filter(_present, values)) if optional else values
+        return not found or (
+            min(found) >= 0
+            and max(found) < MAX_EXACT
+            and (kind is int or not any(map(math.isnan, found)))
+        )
+
+    return check
+
+
+def _kinds(*kinds: type) -> _Check:
+    """The check of a rule that keeps exactly the values of these types."""
+    allowed = set(kinds)
+    return lambda values: allowed.issuperset(map(type, values))
+
+
+def _texts(values: list[Any]) -> bool:
+    """The check of `utf8_text`."""
+    return {str}.issuperset(map(type, values)) and all(map(str.isprintable, values))
+
+
+def _xid_codes(values: list[Any]) -> bool:
+    """The check of `_xid_code`."""
+    if not {str, int}.issuperset(map(type, values)):
+        return False
+    texts = [value for value in values if type(value) is str]
+    return _texts(texts) and _WHOLE([value for value in values if type(value) is int])
+
+
+def _tuple_of(rule: _Rule, check: _Check) -> tuple[_Rule, bool, _Check]:
+    """A tuple field of values that `rule` and `check` take one by one."""
+    return (
+        _items(rule, check),
+        False,
+        lambda values: _of_tuples(values) and check(list(chain.from_iterable(values))),
+    )
+
+
+def _pairs(first: tuple[_Rule, _Check], second: tuple[_Rule, _Check]) -> tuple[_Rule, bool, _Check]:
+    """A tuple field of (first, second) pairs, a pair dropped when either of its values is."""
+
+    def check(pairs: list[Any]) -> bool:
+        return (
+            _of_tuples(pairs)
+            and {2}.issuperset(map(len, pairs))
+            and first[1](list(map(itemgetter(0), pairs)))
+            and second[1](list(map(itemgetter(1), pairs)))
+        )
+
+    return _tuple_of(_pair(first[0], second[0]), check)
+
+
+def _constant(value: Any) -> tuple[_Rule, bool, _Check]:
+    """A field the sampler sets after this check: what a source put there becomes `value`."""
+    return (lambda _: value, False, lambda values: all(map(is_, values, repeat(value))))
+
+
+# Checks of values that must be there: required fields, tuple elements and pair values.
+_REAL, _WHOLE = _numbers(float, False), _numbers(int, False)
+_TEXT, _FLAG = (utf8_text, _texts), (bool, _kinds(bool))
+
+
+# Field annotation (as written in model.py) -> (rule, whether the record needs it, check).
 # A new annotation must get a rule here: the plans below refuse to build without one.
 # Under `from __future__ import annotations` dataclasses give the annotation as text.
-_RULES: dict[str | type, tuple[_Rule, bool]] = {
-    "float | None": (real, False),
-    "int | None": (whole, False),
-    "float": (real, True),
-    "int": (whole, True),
-    "str": (utf8_text, False),
-    "bool": (bool, False),
-    "tuple[str, ...]": (_items(utf8_text), False),
-    "tuple[tuple[str, bool], ...]": (_items(_pair(utf8_text, bool)), False),
-    "tuple[tuple[str, float], ...]": (_items(_pair(utf8_text, real)), False),
-    "tuple[tuple[int | str, int], ...]": (
-        _items(_pair(_xid_code, whole)),
-        False,
-    ),
-    "tuple[GpuProcess, ...]": (_items(_nested(GpuProcess)), False),
-    "tuple[GpuReading, ...]": (_items(_nested(GpuReading)), False),
-    "tuple[ProcessCpu, ...]": (_items(_nested(ProcessCpu)), False),
-    "tuple[RaplZone, ...]": (_items(_nested(RaplZone)), False),
-    "bool | None": (flag, False),
-    "tuple[tuple[str, int], ...]": (_items(_pair(utf8_text, whole)), False),
-    "tuple[NvLink, ...]": (_items(_nested(NvLink)), False),
-    "tuple[int, ...]": (_items(whole), False),
-    "tuple[MigInstance, ...]": (_items(_nested(MigInstance)), False),
-    "CpuTimes | None": (_optional(CpuTimes), False),
+_RULES: dict[str | type, tuple[_Rule, bool, _Check]] = {
+    "float | None": (real, False, _numbers(float, True)),
+    "int | None": (whole, False, _numbers(int, True)),
+    "float": (real, True, _REAL),
+    "int": (whole, True, _WHOLE),
+    "str": (utf8_text, False, _texts),
+    "bool": (bool, False, _kinds(bool)),
+    "tuple[str, ...]": _tuple_of(utf8_text, _texts),
+    "tuple[tuple[str, bool], ...]": _pairs(_TEXT, _FLAG),
+    "tuple[tuple[str, float], ...]": _pairs(_TEXT, (real, _REAL)),
+    "tuple[tuple[int | str, int], ...]": _pairs((_xid_code, _xid_codes), (whole, _WHOLE)),
+    "tuple[GpuProcess, ...]": _nested(GpuProcess),
+    "tuple[GpuReading, ...]": _nested(GpuReading),
+    "tuple[ProcessCpu, ...]": _nested(ProcessCpu),
+    "tuple[RaplZone, ...]": _nested(RaplZone),
+    "bool | None": (flag, False, _kinds(bool, _NONE)),
+    "tuple[tuple[str, int], ...]": _pairs(_TEXT, (whole, _WHOLE)),
+    "tuple[NvLink, ...]": _nested(NvLink),
+    "tuple[int, ...]": _tuple_of(whole, _WHOLE),
+    "tuple[MigInstance, ...]": _nested(MigInstance),
+    "CpuTimes | None": _optional(CpuTimes),
     # Kubernetes owners, which the sampler joins after this check:
     # what a source put there is dropped.
-    "PodRef": (lambda _: NO_POD, False),
-    "tuple[Holder, ...]": (lambda _: (), False),
+    "PodRef": _constant(NO_POD),
+    "tuple[Holder, ...]": _constant(()),
 }
 
 
@@ -199,7 +358,30 @@ def _plan(cls: type[DataclassInstance]) -> _Plan:
             "kepler_bridge.sampling.sanitize has no rule for "
             f"{cls.__name__} field(s) {missing}; add one"
         )
-    return tuple((field.name, *_RULES[field.type]) for field in dataclasses.fields(cls))
+    return tuple(
+        (field.name, *_RULES[field.type], attrgetter(field.name))
+        for field in dataclasses.fields(cls)
+    )
+
+
+def _groups(plan: _Plan) -> _Groups:
+    """The fields of a plan grouped by their check, each group's values read in one go."""
+    by_check: dict[_Check, list[str]] = {}
+    for name, _, _, check, _ in plan:
+        by_check.setdefault(check, []).append(name)
+    return tuple(
+        (check, _getter(names), tuple(field for field in plan if field[0] in names))
+        for check, names in by_check.items()
+    )
+
+
+def _getter(names: list[str]) -> Callable[[list[Any]], list[Any]]:
+    """The values of these fields of many records, as one list."""
+    if len(names) == 1:
+        one = attrgetter(names[0])
+        return lambda records: list(map(one, records))
+    many = attrgetter(*names)
+    return lambda records: list(chain.from_iterable(map(many, records)))
 
 
 _PLANS: dict[type[DataclassInstance], _Plan] = {
@@ -215,3 +397,4 @@ _PLANS: dict[type[DataclassInstance], _Plan] = {
         MigInstance,
     )
 }
+_GROUPS = {cls: _groups(plan) for cls, plan in _PLANS.items()}

@@ -6,15 +6,15 @@ in `doctor`; every reading passes `read_clean` on its way in.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from itertools import chain
+from typing import Iterable, Mapping, TypeVar
 
 from kepler_bridge.config import Config
 from kepler_bridge.log_limit import EveryInterval
-from kepler_bridge.model import SourceReading, SourceStatus
+from kepler_bridge.model import SourceReading, SourceStatus, replaced
 from kepler_bridge.sampling import sanitize
 from kepler_bridge.sources import selected_groups, source_class
 from kepler_bridge.sources.base import Retry, Source, SourceAbsent, SourceUnavailable
@@ -23,6 +23,7 @@ from kepler_bridge.sources.printable import printable
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 30.0
+T = TypeVar("T")
 
 
 def start_error(err: Exception) -> str:
@@ -106,11 +107,9 @@ class Slot:
             log.debug("source %s failed", self.name, exc_info=True)
             self.error = printable(str(err)) or type(err).__name__
             self.errors_total += 1
-            return dataclasses.replace(
+            return replaced(
                 self.last,
-                gpus=tuple(
-                    dataclasses.replace(gpu, up=False, error=self.error) for gpu in self.last.gpus
-                ),
+                gpus=tuple(replaced(gpu, up=False, error=self.error) for gpu in self.last.gpus),
             )
         self.error = ""
         self.last = reading
@@ -182,12 +181,19 @@ def read_all(slots: list[Slot], interval: float, now: float) -> SourceReading:
     attached = [r.ebpf_programs_attached for r in readings if r.ebpf_programs_attached is not None]
     cpu_times = [r.cpu_times for r in readings if r.cpu_times is not None]
     return SourceReading(
-        gpus=tuple(gpu for reading in readings for gpu in reading.gpus),
-        processes=tuple(proc for reading in readings for proc in reading.processes),
+        gpus=_joined(reading.gpus for reading in readings),
+        processes=_joined(reading.processes for reading in readings),
         ebpf_programs_attached=sum(attached) if attached else None,
-        rapl_zones=tuple(zone for reading in readings for zone in reading.rapl_zones),
+        rapl_zones=_joined(reading.rapl_zones for reading in readings),
         cpu_times=cpu_times[-1] if cpu_times else None,
     )
+
+
+def _joined(parts: Iterable[tuple[T, ...]]) -> tuple[T, ...]:
+    """The rows of every reading, in C: thousands of processes a sample; the one reading's own
+    tuple where only one has any."""
+    found = [part for part in parts if part]
+    return found[0] if len(found) == 1 else tuple(chain.from_iterable(found))
 
 
 def check_source(name: str, config: Config) -> tuple[bool, str]:

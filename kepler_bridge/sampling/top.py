@@ -1,10 +1,13 @@
 """Per-process families bounded by `process_metrics`.
 
 The N series with the highest values are shown, the rest go to "other".
+Totals never decrease, so while the keys stay the same the new top N is
+among the last one and the keys that grew: a sample ranks only those.
 """
 
 from __future__ import annotations
 
+from itertools import filterfalse
 from typing import Generic, Hashable, Mapping, TypeVar
 
 from kepler_bridge.model import top
@@ -22,28 +25,46 @@ class TopCounter(Generic[K]):
         self.limit = limit
         self.other: float | None = None  # None until a key is left out
         self._offsets: dict[K, float] = {}
+        self._shown: list[K] = []
+        # The limit and keys of the last full ranking, and each key's place in them.
+        self._ranked: tuple[int | None, list[K], dict[K, int]] | None = None
 
     def update(
         self, totals: Mapping[K, float], increases: Mapping[K, float]
     ) -> list[tuple[K, float]]:
-        """(key, series value) of the shown keys, highest total first.
+        """(key, series value) of the shown keys, highest total first; `increases` needs only the
+        keys that grew, and no total may be lower than at the last update.
 
         `other` then holds the rest."""
         if self.limit == 0:
             return []
-        shown = top(totals, self.limit)
+        self._shown = shown = self._top(totals, increases)
+        last = self._offsets
         offsets = {
-            key: self._offsets[key]
-            if key in self._offsets
-            else totals[key] - increases.get(key, 0.0)
+            key: last[key] if key in last else totals[key] - increases.get(key, 0.0)
             for key in shown
         }
         if self.other is None and len(totals) > len(shown):
             self.other = 0.0
         if self.other is not None:
-            self.other += sum(value for key, value in increases.items() if key not in offsets)
+            self.other += sum(
+                map(increases.__getitem__, filterfalse(offsets.__contains__, increases))
+            )
         self._offsets = offsets
         return [(key, totals[key] - offsets[key]) for key in shown]
+
+    def _top(self, totals: Mapping[K, float], increases: Mapping[K, float]) -> list[K]:
+        """`top(totals, limit)`: while the keys are those of the last update, in the same order,
+        only the keys shown then and those that grew are ranked."""
+        keys, ranked = list(totals), self._ranked
+        if ranked is None or ranked[0] != self.limit or self.limit is None or ranked[1] != keys:
+            self._ranked = (self.limit, keys, dict(zip(keys, range(len(keys)))))
+            return top(totals, self.limit)
+        place = ranked[2]
+        candidates = dict.fromkeys(self._shown)
+        candidates.update(dict.fromkeys(increases))
+        ranking = sorted(candidates, key=lambda key: (-totals[key], place[key]))
+        return ranking[: self.limit]
 
     @property
     def offsets(self) -> Mapping[K, float]:
@@ -53,3 +74,8 @@ class TopCounter(Generic[K]):
     def restore(self, other: float | None, offsets: Mapping[K, float]) -> None:
         """Take `other` and `offsets` as a previous worker saved them."""
         self.other, self._offsets = other, dict(offsets)
+        self._ranked = None
+
+    def restart(self, key: K) -> None:
+        """Start the key's series again: its labels changed, so its old series ended."""
+        self._offsets.pop(key, None)
