@@ -31,6 +31,8 @@ class Conn:
     scanned: int = 0
     out: list[memoryview] = field(default_factory=list)
     close_after_write: bool = False
+    # SO_SNDBUF asked for (limits.fit_send_buffer).
+    send_buffer: int = 0
     deadline: float = 0.0
     events: int = 0
 

@@ -31,6 +31,7 @@ from kepler_bridge.http.limits import (
     ConnectionCap,
     abort,
     connection_cap,
+    fit_send_buffer,
     tune,
 )
 from kepler_bridge.http.webconfig import peer_allowed
@@ -182,8 +183,7 @@ class EventLoopWorker(Worker):
 
     def _admit(self, sock: socket.socket, client: tuple, server: tuple) -> None:
         sock.setblocking(False)
-        tune(sock)
-        conn = Conn(sock, client, server)
+        conn = Conn(sock, client, server, send_buffer=tune(sock))
         tls = self.settings.tls.current() if self.settings.tls is not None else None
         if self.settings.web is not None:
             web = self.settings.web.current()
@@ -298,6 +298,7 @@ class EventLoopWorker(Worker):
         self.reading.pop(conn, None)
         if isinstance(conn.sock, ssl.SSLSocket):
             chunks = [b"".join(chunks)]  # one TLS write: no small record left behind for Nagle
+        conn.send_buffer = fit_send_buffer(conn.sock, sum(map(len, chunks)), conn.send_buffer)
         conn.out = [memoryview(chunk) for chunk in chunks if chunk]
         conn.close_after_write = close
         self.writing.wait(conn, time.monotonic())
