@@ -237,6 +237,9 @@ def create_app(
         {"history": lambda snap, _: render_history(store.history, snap)},
     )
     ctx = RouteContext(store, cache, settings, alive, web, PasswordCheck())
+    from kepler_bridge.http.cached import install  # it imports this module
+
+    install(app, ctx)
     for path, view in ROUTES.items():
         app.add_url_rule(
             path,
