@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from kepler_bridge.model import GpuReading, Snapshot
 
@@ -59,9 +59,16 @@ class SnapshotStore:
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
         self.history = History()
+        self._preparers: list[Callable[[Snapshot], None]] = []
+
+    def prepare_with(self, prepare: Callable[[Snapshot], None]) -> None:
+        """Have `prepare` run on each snapshot before it is published, in the publishing thread."""
+        self._preparers.append(prepare)
 
     def publish(self, snapshot: Snapshot) -> None:
         self.history.add(snapshot)  # first: whoever sees the snapshot finds it in the history
+        for prepare in self._preparers:
+            prepare(snapshot)
         self._snapshot = snapshot
 
     def latest(self) -> Snapshot | None:

@@ -4,6 +4,7 @@ answers nobody reads, and more connections than RLIMIT_NOFILE allows. Through th
 from __future__ import annotations
 
 import contextlib
+import http.client
 import math
 import os
 import resource
@@ -15,6 +16,7 @@ import requests
 
 from agent import Agent
 from hostile_clients import Attack, hung_up, send_queue_bytes
+from kepler_bridge.http.limits import SEND_BUFFER_BYTES
 from kepler_bridge.sources.procfs import read_stat
 
 HEADER_TIMEOUT = 2.0
@@ -30,6 +32,10 @@ PROBE_SECONDS = 5.0
 # At most this share of one CPU for the worker while silent connections press on its limit.
 CPU_SHARE = 0.3
 MIB = 1 << 20
+# The kernel's least delayed-ACK time (TCP_DELACK_MIN): a response held at a full send buffer
+# waits at least this long for the client's ACK.
+DELAYED_ACK_SECONDS = 0.04
+SCRAPES = 30
 
 pytestmark = pytest.mark.e2e
 
@@ -154,3 +160,20 @@ def test_accept_pauses_when_descriptors_run_out_and_logs_once() -> None:
         agent.wait_for(
             lambda: _seconds_to_answer(agent, "/healthz") < PROBE_SECONDS, 10, "/healthz"
         )
+
+
+def test_a_response_larger_than_the_first_send_buffer_is_not_held_at_delayed_acks() -> None:
+    # Before the fix: the fixed 16 KiB send buffer (32 KiB in the kernel) took a larger /metrics in
+    # pieces, each waiting for the client's delayed ACK: every scrape on loopback took over 40 ms.
+    with Agent("--simulate", "16", "--sources", "simulated", "--interval", "1s") as agent:
+        conn = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=10)
+        took, size = [], 0
+        for _ in range(SCRAPES):
+            started = time.monotonic()
+            conn.request("GET", "/metrics")
+            size = len(conn.getresponse().read())
+            took.append(time.monotonic() - started)
+        conn.close()
+    assert size > 3 * SEND_BUFFER_BYTES, size
+    held = [seconds for seconds in took if seconds >= DELAYED_ACK_SECONDS]
+    assert len(held) < SCRAPES // 2, f"{len(held)} of {SCRAPES} scrapes took over 40 ms: {held}"

@@ -76,3 +76,37 @@ def test_each_snapshot_is_rendered_once_per_variant_however_many_readers() -> No
     store.publish(_snapshot(2.0))
     assert cache.get("probe")[1] == b"2.0" and cache.get("probe+gzip")[0].timestamp == 2.0
     assert calls == [1.0, 2.0]
+
+
+def _probe_cache() -> tuple[SnapshotStore, RenderCache, list[float]]:
+    store = SnapshotStore()
+    calls: list[float] = []
+
+    def render(snapshot: Snapshot, _config) -> bytes:
+        calls.append(snapshot.timestamp)
+        return f"{snapshot.timestamp}".encode()
+
+    settings = RenderSettings.of(make_config(sources="simulated"))
+    return store, RenderCache(store, lambda: settings, {"probe": render}), calls
+
+
+def test_a_steady_scrapers_variant_is_made_before_the_next_snapshot_is_published() -> None:
+    store, cache, calls = _probe_cache()
+    for stamp in (1.0, 2.0):
+        store.publish(_snapshot(stamp))
+        assert cache.made("probe") is None  # asked for: made on request, never by `made`
+        assert cache.get("probe")[1] == f"{stamp}".encode()
+    store.publish(_snapshot(3.0))  # asked for during each of the last two snapshots
+    assert calls == [1.0, 2.0, 3.0]
+    assert cache.made("probe") == b"3.0" and cache.get("probe")[1] == b"3.0"
+    assert calls == [1.0, 2.0, 3.0]
+
+
+def test_a_variant_asked_for_now_and_then_is_only_made_on_request() -> None:
+    # A scrape every 15 s at a 1 s interval: making each snapshot's bytes ahead would be waste.
+    store, cache, calls = _probe_cache()
+    for stamp in (1.0, 2.0, 3.0, 4.0, 5.0):
+        store.publish(_snapshot(stamp))
+        if stamp % 2:
+            assert cache.get("probe")[1] == f"{stamp}".encode()
+    assert calls == [1.0, 3.0, 5.0]

@@ -217,4 +217,8 @@ def create_app(
         {"history": lambda snap, _: render_history(store.history, snap)},
     )
     ctx = RouteContext(store, cache, settings, alive, web, PasswordCheck())
-    return Routes({path: partial(view, ctx) for path, view in ROUTES.items()})
+    routes = Routes({path: partial(view, ctx) for path, view in ROUTES.items()})
+    from kepler_bridge.http.cached import install  # it imports this module
+
+    install(routes, ctx)
+    return routes

@@ -8,11 +8,16 @@ order and the first is the one idle longest.
 from __future__ import annotations
 
 import fcntl
+import selectors
 import socket
 import ssl
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any, Callable, cast
+
+from kepler_bridge.http.webconfig import peer_allowed
+from kepler_bridge.http.wsgi import Peer
 
 # ioctl(2) for the bytes of a TCP socket's send queue not yet sent (linux/sockios.h).
 SIOCOUTQNSD = 0x894B
@@ -31,8 +36,32 @@ class Conn:
     scanned: int = 0
     out: list[memoryview] = field(default_factory=list)
     close_after_write: bool = False
+    # SO_SNDBUF asked for (limits.fit_send_buffer).
+    send_buffer: int = 0
     deadline: float = 0.0
     events: int = 0
+
+    def peer(self) -> Peer:
+        return Peer(self.client, self.server, isinstance(self.sock, ssl.SSLSocket))
+
+    def handshake(self, log: Any) -> int | None:
+        """Advance the TLS handshake: the selector events to wait for next (EVENT_READ for the
+        first request once it is done), or None where the connection must close (`log` says why)."""
+        sock = cast(ssl.SSLSocket, self.sock)
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            return selectors.EVENT_READ
+        except ssl.SSLWantWriteError:
+            return selectors.EVENT_WRITE
+        except (OSError, ssl.SSLError) as err:
+            log.debug("TLS handshake with %s failed: %s", self.client, err)
+            return None
+        if not peer_allowed(sock, self.allowed_sans):
+            log.warning("client certificate of %s names none of client_allowed_sans", self.client)
+            return None
+        self.handshaking = False
+        return selectors.EVENT_READ
 
     def take_head(self) -> bytes | None:
         """The next complete request head, taken off the buffer; None while it is incomplete."""
@@ -67,6 +96,19 @@ class Conn:
             pass
         return progressed
 
+    def watch(self, selector: selectors.BaseSelector, events: int, handler: Callable) -> None:
+        """Have `selector` call `handler` on `events` of the socket, instead of what it did."""
+        if self.events:
+            selector.modify(self.sock, events, handler)
+        else:
+            selector.register(self.sock, events, handler)
+        self.events = events
+
+    def unwatch(self, selector: selectors.BaseSelector) -> None:
+        if self.events:
+            selector.unregister(self.sock)
+            self.events = 0
+
     def unsent(self) -> int:
         """Bytes the kernel holds for this connection and has not sent yet (0 where unknown)."""
         try:
@@ -91,3 +133,44 @@ class Waiting(OrderedDict[Conn, None]):
     def idle_since(self) -> float:
         """When the connection idle longest in this state last made progress (it is not empty)."""
         return next(iter(self)).deadline - self.timeout
+
+
+class States:
+    """A worker's connections by what each waits for: a request head, its client to read the
+    response, its client to close."""
+
+    def __init__(self, header_timeout: float, write_timeout: float, linger: float) -> None:
+        self.reading = Waiting(header_timeout)
+        self.writing = Waiting(write_timeout)
+        self.lingering = Waiting(linger)
+        self.all = (self.reading, self.writing, self.lingering)
+
+    def __len__(self) -> int:
+        return sum(len(waiting) for waiting in self.all)
+
+    def connections(self) -> list[Conn]:
+        return [conn for waiting in self.all for conn in waiting]
+
+    def forget(self, conn: Conn) -> None:
+        """`conn` leaves whichever state it is in."""
+        for waiting in self.all:
+            waiting.pop(conn, None)
+
+    def idle_longest(self) -> tuple[Conn, bool] | None:
+        """The connection idle longest, and whether it waits for its client to read; None when no
+        connection waits."""
+        states = [waiting for waiting in self.all if waiting]
+        if not states:
+            return None
+        waiting = min(states, key=Waiting.idle_since)
+        return next(iter(waiting)), waiting is self.writing
+
+    def expired(self, now: float) -> list[tuple[Conn, bool]]:
+        """The connections past their deadline, and whether each waits for its client to read."""
+        found = []
+        for waiting in self.all:
+            for conn in waiting:
+                if conn.deadline > now:
+                    break
+                found.append((conn, waiting is self.writing))
+        return found

@@ -102,6 +102,8 @@ class Routes:
 
     def __init__(self, routes: Mapping[str, Route]) -> None:
         self.routes = dict(routes)
+        # What the worker's WSGI bridge looks up besides the app (`wsgi.CACHED_ANSWERS`).
+        self.extensions: dict[str, object] = {}
 
     def __call__(self, environ: Mapping[str, Any], start_response: Callable) -> Iterable[bytes]:
         request = Request(environ)

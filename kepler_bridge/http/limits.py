@@ -1,8 +1,9 @@
 """What one connection may cost the worker, and how many it may hold.
 
-Output: each accepted TCP socket gets a fixed send buffer (no autotuning towards `tcp_wmem`'s
-maximum) and a not-sent low-water mark of one byte, so the kernel takes more of a response only
-once it has sent the last, and reports the socket writable only then. Descriptors: the connection
+Output: each accepted TCP socket gets a send buffer of its own (no autotuning towards `tcp_wmem`'s
+maximum), grown to hold the connection's largest response whole, and a not-sent low-water mark of
+one byte, so the kernel takes more of a response only once it has sent the last, and reports the
+socket writable only then. Descriptors: the connection
 cap is RLIMIT_NOFILE less the files the worker holds and room for those it opens later; when accept
 still runs out of descriptors, accepting pauses and the failure is logged once per interval.
 """
@@ -19,9 +20,13 @@ from typing import Any
 
 from kepler_bridge.log_limit import EveryInterval, Warns
 
-# SO_SNDBUF asked for; Linux doubles it for its bookkeeping, so a connection holds at most about
-# 32 KiB in the kernel: 32 MiB for 1000 connections.
+# SO_SNDBUF asked for at first; Linux doubles it for its bookkeeping.
 SEND_BUFFER_BYTES = 16 * 1024
+# A response larger than the send buffer stalls at each buffer-full until the client's delayed ACK
+# (40 ms on loopback): the buffer grows to hold a whole response, up to this (`wmem_max`'s default).
+# What a client that never reads leaves queued stays bounded by the low-water mark: the bytes its
+# receive window let through, and at most one segment more.
+MAX_SEND_BUFFER_BYTES = 4 * 1024 * 1024
 # The kernel takes more bytes, and polls writable, only when no byte of the last write is unsent.
 NOTSENT_LOWAT_BYTES = 1
 # Descriptors kept for the worker's own files besides those open when it starts serving: NVML
@@ -75,13 +80,25 @@ def _nofile() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def tune(sock: socket.socket) -> None:
-    """Socket options of an accepted connection: no Nagle delay, bounded output."""
+def tune(sock: socket.socket) -> int:
+    """Socket options of an accepted connection: no Nagle delay, bounded output; the send buffer
+    asked for (0: none, not TCP)."""
     if sock.family == socket.AF_UNIX:
-        return
+        return 0
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, NOTSENT_LOWAT_BYTES)
+    return SEND_BUFFER_BYTES
+
+
+def fit_send_buffer(sock: socket.socket, size: int, asked: int) -> int:
+    """Grow a TCP socket's send buffer, `asked` bytes so far, to hold a response of `size` bytes
+    (the kernel's doubling leaves room for its bookkeeping); the size asked for now."""
+    wanted = min(size, MAX_SEND_BUFFER_BYTES)
+    if wanted <= asked or sock.family == socket.AF_UNIX:
+        return asked
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, wanted)
+    return wanted
 
 
 def abort(sock: socket.socket) -> None:

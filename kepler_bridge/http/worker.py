@@ -1,10 +1,12 @@
-"""gunicorn worker: one event loop reads requests and writes responses; threads only run Flask.
+"""gunicorn worker: one event loop reads requests and writes responses; threads only run the routes.
 
 A slow or silent client costs a socket and a few bytes, never a thread: a request reaches the thread
 pool only once its whole head is buffered, and its response is written back by the loop, without
-blocking. A head not complete within `http_header_timeout`, or a response left unread for
-`http_write_timeout`, closes the connection. A connection's next request is parsed only once the
-kernel has sent the whole of its last response (`limits`): a client that never reads gets one.
+blocking. A request whose answer the render cache holds already the loop answers itself (`cached`),
+so a sample in progress delays it by a GIL switch at most. A head not complete within
+`http_header_timeout`, or a response left unread for `http_write_timeout`, closes the connection. A
+connection's next request is parsed only once the kernel has sent the whole of its last response
+(`limits`): a client that never reads gets one.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ import selectors
 import signal
 import socket
 import ssl
+import sys
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Callable, cast
+from typing import Callable
 
 from gunicorn import util
 from gunicorn.workers.base import Worker
 
-from kepler_bridge.http.connection import Conn, Waiting
+from kepler_bridge.http.connection import Conn, States
 from kepler_bridge.http.host import WorkerHost
 from kepler_bridge.http.limits import (
     OUT_OF_RESOURCES,
@@ -31,10 +35,10 @@ from kepler_bridge.http.limits import (
     ConnectionCap,
     abort,
     connection_cap,
+    fit_send_buffer,
     tune,
 )
-from kepler_bridge.http.webconfig import peer_allowed
-from kepler_bridge.http.wsgi import Peer, WsgiBridge, error_response
+from kepler_bridge.http.wsgi import WsgiBridge, cached_answers, error_response
 
 # A head larger than this is refused with 431 (gunicorn's own line and field limits apply below it).
 MAX_HEAD_BYTES = 64 * 1024
@@ -44,10 +48,14 @@ TICK_SECONDS = 0.25
 # After "Connection: close", unread client bytes are drained this long so the close sends no RST.
 LINGER_SECONDS = 2.0
 ACCEPTS_PER_EVENT = 64
+# How long a thread holds the GIL while another waits for it (CPython's default: 5 ms). The loop
+# waits for it after each system call while the sampler runs: shorter, a scrape then waits less.
+GIL_SWITCH_SECONDS = 0.0002
 
 
 class EventLoopWorker(Worker):
-    """One selector loop: accept, TLS handshake, request heads, responses; a pool runs Flask."""
+    """One selector loop: accept, TLS handshake, request heads, responses, cached answers; a pool
+    runs the routes."""
 
     # Made in init_process, after the fork.
     selector: selectors.BaseSelector
@@ -62,9 +70,12 @@ class EventLoopWorker(Worker):
         self.host: WorkerHost = self.app
         self.settings = self.host.connections
         self.done: queue.SimpleQueue = queue.SimpleQueue()
-        self.reading = Waiting(self.settings.header_timeout)
-        self.writing = Waiting(self.settings.write_timeout)
-        self.lingering = Waiting(LINGER_SECONDS)
+        self.states = States(
+            self.settings.header_timeout, self.settings.write_timeout, LINGER_SECONDS
+        )
+        self.reading, self.writing, self.lingering = self.states.all
+        # Connections whose next request was buffered while their last answer was sent.
+        self.ready: deque[Conn] = deque()
         self.busy = 0
         self.accepting = False
         # Set while accepting pauses for lack of descriptors: when it resumes.
@@ -72,13 +83,16 @@ class EventLoopWorker(Worker):
         self.stop_by = float("inf")
 
     def init_process(self) -> None:
+        sys.setswitchinterval(GIL_SWITCH_SECONDS)
         self.selector = selectors.DefaultSelector()
         self.pool = ThreadPoolExecutor(max_workers=self.cfg.threads, thread_name_prefix="http")
         super().init_process()
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        self.bridge = WsgiBridge(self.wsgi, self.cfg, self.handle_error, lambda: self.alive)
+        self.bridge = WsgiBridge(
+            self.wsgi, self.cfg, self.handle_error, lambda: self.alive, cached_answers(self.wsgi)
+        )
 
     def handle_exit(self, sig, frame) -> None:
         self.alive = False
@@ -104,12 +118,15 @@ class EventLoopWorker(Worker):
             if now >= next_tick:
                 self._tick(now)
                 next_tick = now + TICK_SECONDS
-            for key, _mask in self.selector.select(TICK_SECONDS):
+            for key, _mask in self.selector.select(0 if self.ready else TICK_SECONDS):
                 self._call(key.data)
+            for _ in range(len(self.ready)):  # each one request, then the others' events
+                conn = self.ready.popleft()
+                if conn in self.reading:
+                    self._call(partial(self._read_buffered, conn))
         self.pool.shutdown(wait=False)
-        for waiting in (self.reading, self.writing, self.lingering):
-            for conn in list(waiting):
-                self._close(conn)
+        for conn in self.states.connections():
+            self._close(conn)
 
     def _tick(self, now: float) -> None:
         """Heartbeat, timeouts, the end of an accept pause, and noticing a stop."""
@@ -147,7 +164,7 @@ class EventLoopWorker(Worker):
         self.accepting = enabled
 
     def _open_connections(self) -> int:
-        return len(self.reading) + len(self.writing) + len(self.lingering) + self.busy
+        return len(self.states) + self.busy
 
     def _accept(self, listener: socket.socket) -> None:
         for _ in range(ACCEPTS_PER_EVENT):
@@ -173,17 +190,14 @@ class EventLoopWorker(Worker):
     def _make_room(self) -> bool:
         """At the cap: close the connection idle longest, whether it waits for a request head or
         for its client to read; False when every connection is running a request."""
-        states = [waiting for waiting in (self.reading, self.writing, self.lingering) if waiting]
-        if not states:
-            return False
-        waiting = min(states, key=Waiting.idle_since)
-        self._close(next(iter(waiting)), reset=waiting is self.writing)
-        return True
+        idle = self.states.idle_longest()
+        if idle is not None:
+            self._close(idle[0], reset=idle[1])
+        return idle is not None
 
     def _admit(self, sock: socket.socket, client: tuple, server: tuple) -> None:
         sock.setblocking(False)
-        tune(sock)
-        conn = Conn(sock, client, server)
+        conn = Conn(sock, client, server, send_buffer=tune(sock))
         tls = self.settings.tls.current() if self.settings.tls is not None else None
         if self.settings.web is not None:
             web = self.settings.web.current()
@@ -197,6 +211,12 @@ class EventLoopWorker(Worker):
 
     def _start_reading(self, conn: Conn) -> None:
         self.reading.wait(conn, time.monotonic())
+        if conn.inbuf:
+            self.ready.append(conn)  # pipelined: taken in the loop, not in this answer's call chain
+        else:
+            self._watch(conn, selectors.EVENT_READ, self._on_readable)
+
+    def _read_buffered(self, conn: Conn) -> None:
         if not self._dispatch_if_complete(conn):
             self._watch(conn, selectors.EVENT_READ, self._on_readable)
 
@@ -226,31 +246,15 @@ class EventLoopWorker(Worker):
         self._dispatch_if_complete(conn)
 
     def _handshake(self, conn: Conn) -> None:
-        sock = cast(ssl.SSLSocket, conn.sock)
-        try:
-            sock.do_handshake()
-        except ssl.SSLWantReadError:
-            self._watch(conn, selectors.EVENT_READ, self._on_readable)
-            return
-        except ssl.SSLWantWriteError:
-            self._watch(conn, selectors.EVENT_WRITE, self._on_readable)
-            return
-        except (OSError, ssl.SSLError) as err:
-            self.log.debug("TLS handshake with %s failed: %s", conn.client, err)
+        events = conn.handshake(self.log)
+        if events is None:
             self._close(conn)
-            return
-        if not peer_allowed(sock, conn.allowed_sans):
-            self.log.warning(
-                "client certificate of %s names none of client_allowed_sans", conn.client
-            )
-            self._close(conn)
-            return
-        conn.handshaking = False
-        self._watch(conn, selectors.EVENT_READ, self._on_readable)
+        else:
+            self._watch(conn, events, self._on_readable)
 
     def _dispatch_if_complete(self, conn: Conn) -> bool:
-        """Hand a buffered, complete request head to the pool; True when the connection left
-        `reading`."""
+        """Answer a buffered, complete request head from the app's cached answers, else hand it to
+        the pool; True when the connection left `reading`."""
         head = conn.take_head()
         if head is None:
             if len(conn.inbuf) > MAX_HEAD_BYTES:
@@ -262,8 +266,12 @@ class EventLoopWorker(Worker):
                 self._respond(conn, [answer], close=True)
                 return True
             return False
+        cached = self.bridge.answer_cached(head, conn.peer())
+        if cached is not None:
+            self._respond(conn, cached[0], close=not (cached[1] and self.alive))
+            return True
         del self.reading[conn]
-        self._unwatch(conn)
+        conn.unwatch(self.selector)
         self.busy += 1
         self.pool.submit(self._serve, conn, head)
         return True
@@ -271,8 +279,7 @@ class EventLoopWorker(Worker):
     # Running the app (pool threads) ---------------------------------------------------------------
 
     def _serve(self, conn: Conn, head: bytes) -> None:
-        peer = Peer(conn.client, conn.server, isinstance(conn.sock, ssl.SSLSocket))
-        chunks, keepalive = self.bridge.answer(head, peer)
+        chunks, keepalive = self.bridge.answer(head, conn.peer())
         self.done.put((conn, chunks, keepalive))
         try:
             os.write(self.PIPE[1], b".")
@@ -298,6 +305,7 @@ class EventLoopWorker(Worker):
         self.reading.pop(conn, None)
         if isinstance(conn.sock, ssl.SSLSocket):
             chunks = [b"".join(chunks)]  # one TLS write: no small record left behind for Nagle
+        conn.send_buffer = fit_send_buffer(conn.sock, sum(map(len, chunks)), conn.send_buffer)
         conn.out = [memoryview(chunk) for chunk in chunks if chunk]
         conn.close_after_write = close
         self.writing.wait(conn, time.monotonic())
@@ -350,36 +358,21 @@ class EventLoopWorker(Worker):
     # Bookkeeping ----------------------------------------------------------------------------------
 
     def _watch(self, conn: Conn, events: int, handler: Callable[[Conn], None]) -> None:
-        data = partial(handler, conn)
-        if conn.events:
-            self.selector.modify(conn.sock, events, data)
-        else:
-            self.selector.register(conn.sock, events, data)
-        conn.events = events
-
-    def _unwatch(self, conn: Conn) -> None:
-        if conn.events:
-            self.selector.unregister(conn.sock)
-            conn.events = 0
+        conn.watch(self.selector, events, partial(handler, conn))
 
     def _close(self, conn: Conn, reset: bool = False) -> None:
         """`reset`: the client is not reading what is queued for it, so drop that at once."""
         if reset:
             abort(conn.sock)
-        self._unwatch(conn)
-        for waiting in (self.reading, self.writing, self.lingering):
-            waiting.pop(conn, None)
+        conn.unwatch(self.selector)
+        self.states.forget(conn)
         util.close(conn.sock)
         if self.alive and not self.accepting:
             self._set_accepting(True)
 
     def _expire(self, now: float) -> None:
-        for waiting in (self.reading, self.writing, self.lingering):
-            while waiting:
-                conn = next(iter(waiting))
-                if conn.deadline > now:
-                    break
-                self._close(conn, reset=waiting is self.writing)
+        for conn, reset in self.states.expired(now):
+            self._close(conn, reset=reset)
 
     def _stop_reading(self, now: float) -> None:
         """On shutdown: no new connections; idle ones close, answers in progress get the graceful

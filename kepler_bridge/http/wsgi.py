@@ -1,7 +1,9 @@
 """The event-loop worker's WSGI bridge: one buffered request head in, the response's bytes out.
 
-It runs in the worker's pool threads. gunicorn parses the head and writes the response into a
-`Collector` standing in for the socket; the worker's loop then sends those bytes without blocking.
+It runs the app in the worker's pool threads. gunicorn parses the head and writes the response into
+a `Collector` standing in for the socket; the worker's loop then sends those bytes without blocking.
+Requests the app's cached answers cover (`CACHED_ANSWERS`) the loop answers itself, through the
+same parser and response writer, without a thread hop: the sampler does not delay them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,27 @@ class Collector:
 
 # gunicorn's Worker.handle_error(req, client, addr, exc): logs the error and writes its status.
 ErrorWriter = Callable[[Any, Collector, tuple, Exception], None]
+# Where a WSGI app's `extensions` hold its cached answers (`http.cached`).
+CACHED_ANSWERS = "kepler_bridge.cached_answers"
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    """A response the app gives from bytes made already: status, headers (as the app would send
+    them) and body."""
+
+    status: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+# WSGI environ -> the app's answer to it, or None where the app itself must answer.
+CachedAnswers = Callable[[dict], "CachedAnswer | None"]
+
+
+def cached_answers(app: Any) -> CachedAnswers | None:
+    """The cached answers the WSGI `app` offers, if any."""
+    return getattr(app, "extensions", {}).get(CACHED_ANSWERS)
 
 
 @dataclass(frozen=True)
@@ -55,6 +78,7 @@ class WsgiBridge:
     cfg: Any
     write_error: ErrorWriter
     alive: Callable[[], bool]
+    cached: CachedAnswers | None = None
 
     def answer(self, head: bytes, peer: Peer) -> tuple[list[bytes], bool]:
         """The response's bytes, and whether the connection may carry another request."""
@@ -71,7 +95,28 @@ class WsgiBridge:
             return collector.chunks, False
         return collector.chunks, keepalive
 
-    def _run(self, req: Any, collector: Collector, peer: Peer) -> bool:
+    def answer_cached(self, head: bytes, peer: Peer) -> tuple[list[bytes], bool] | None:
+        """As `answer`, from the app's cached answers; None where the app must run (in the pool)."""
+        if self.cached is None:
+            return None
+        collector = Collector()
+        try:
+            resp, environ = self._start(
+                next(RequestParser(self.cfg, [head], peer.client)), collector, peer
+            )
+        except Exception:  # no request, or a bad one: `answer` gives gunicorn's own response
+            return None
+        found = self.cached(environ)
+        if found is None:
+            return None
+        resp.start_response(found.status, found.headers)
+        resp.send_headers()
+        if environ["REQUEST_METHOD"] != "HEAD":
+            collector.chunks.append(found.body)
+        return collector.chunks, not resp.should_close()
+
+    def _start(self, req: Any, collector: Collector, peer: Peer) -> tuple[Any, dict]:
+        """gunicorn's response writer and WSGI environ for `req`."""
         resp, environ = wsgi.create(req, collector, peer.client, peer.server, self.cfg)
         environ["wsgi.multithread"] = True
         if peer.https:
@@ -79,6 +124,10 @@ class WsgiBridge:
         if _has_body(req) or not self.alive():
             # Bodies are never read (every endpoint is GET or HEAD): the connection is not reused.
             resp.force_close()
+        return resp, environ
+
+    def _run(self, req: Any, collector: Collector, peer: Peer) -> bool:
+        resp, environ = self._start(req, collector, peer)
         respiter = self.app(environ, resp.start_response)
         try:
             for item in respiter:

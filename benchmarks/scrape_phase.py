@@ -1,0 +1,180 @@
+"""Scrape latency against the phase of the sampling interval (issue 18, point 3).
+
+Starts the agent (`--sources auto`, fake NVML 8 GPUs x 16 processes, 1 s interval) and scrapes
+/metrics sequentially on one keep-alive connection for --seconds, a random pause of up to --pause
+between scrapes. Each body says which sample made it: its end (kepler_bridge_last_sample_timestamp_
+seconds) and its length (kepler_bridge_sample_duration_seconds). A sample is busy from its start
+until the first scrape showing it has been answered (so the state save, the publication and the
+first render of the new snapshot count as the sample's). A scrape whose time overlaps a busy window
+is "during a sample". Prints the latency percentiles of scrapes during a sample and outside, and a
+text histogram of latency by phase: the scrape's start after the last sample's start, in tenths of
+the interval. Target: the p99 during a sample about that outside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import http.client
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from agent_http import percentile  # noqa: E402
+
+from agent import Agent  # noqa: E402
+from fakenvml import FakeNvml, build  # noqa: E402
+from scaffold import wait_for  # noqa: E402
+
+TIMESTAMP = b"\nkepler_bridge_last_sample_timestamp_seconds{"
+DURATION = b"\nkepler_bridge_sample_duration_seconds{"
+BUCKETS = 10
+BAR = 40
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One scrape: when it started and ended (Unix time), and the sample its body came from."""
+
+    started: float
+    ended: float
+    sample_end: float
+    sample_seconds: float
+
+    @property
+    def latency(self) -> float:
+        return self.ended - self.started
+
+
+def value(body: bytes, name: bytes) -> float:
+    """The value of the first series of metric `name` in a /metrics body."""
+    at = body.index(name)
+    line_end = body.index(b"\n", at + 1)
+    return float(body[at:line_end].rsplit(b" ", 1)[1])
+
+
+def scrapes(port: int, seconds: float, pause: float, path: str) -> list[Scrape]:
+    """Sequential scrapes of `path` for `seconds`, each followed by a pause of up to `pause`."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    found = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        wall, started = time.time(), time.perf_counter()
+        conn.request("GET", path)
+        response = conn.getresponse()
+        body = response.read()
+        latency = time.perf_counter() - started
+        assert response.status == 200, response.status
+        found.append(Scrape(wall, wall + latency, value(body, TIMESTAMP), value(body, DURATION)))
+        time.sleep(random.uniform(0, pause))
+    conn.close()
+    return found
+
+
+def busy_windows(found: list[Scrape]) -> list[tuple[float, float]]:
+    """Each sample's [start, end]: from its start to the end of the first scrape that showed it."""
+    first_seen: dict[tuple[float, float], float] = {}
+    for scrape in found:
+        key = (scrape.sample_end, scrape.sample_seconds)
+        first_seen[key] = min(first_seen.get(key, scrape.ended), scrape.ended)
+    return sorted((end - seconds, seen) for (end, seconds), seen in first_seen.items())
+
+
+def classify(
+    found: list[Scrape], windows: list[tuple[float, float]], interval: float
+) -> tuple[list[float], list[float], list[list[float]]]:
+    """Latencies during a sample and outside, and by phase bucket (the scrape's start after the
+    start of the last sample that began before it)."""
+    starts = [start for start, _ in windows]
+    during, outside = [], []
+    by_phase: list[list[float]] = [[] for _ in range(BUCKETS)]
+    for scrape in found[1:]:  # the first may predate every window seen
+        near = bisect.bisect(starts, scrape.ended)  # windows from here on start after it
+        overlaps = any(
+            start < scrape.ended and scrape.started < end
+            for start, end in windows[max(0, near - 2) : near]
+        )
+        (during if overlaps else outside).append(scrape.latency)
+        last = bisect.bisect(starts, scrape.started) - 1
+        if last < 0:
+            continue
+        phase = ((scrape.started - starts[last]) / interval) % 1.0
+        by_phase[min(BUCKETS - 1, int(phase * BUCKETS))].append(scrape.latency)
+    return during, outside, by_phase
+
+
+def figures(latencies: list[float]) -> str:
+    """Count, p50, p90, p99 and max in ms, in columns."""
+    if not latencies:
+        return f"{0:>6}"
+    p50, p90, p99 = (percentile(latencies, q) * 1e3 for q in (0.5, 0.9, 0.99))
+    return f"{len(latencies):>6}  {p50:7.2f}  {p90:7.2f}  {p99:7.2f}  {max(latencies) * 1e3:7.2f}"
+
+
+def report(found: list[Scrape], interval: float) -> None:
+    windows = busy_windows(found)
+    during, outside, by_phase = classify(found, windows, interval)
+    samples = sorted(seconds for _, seconds in {(s.sample_end, s.sample_seconds) for s in found})
+    print(
+        f"{len(found)} scrapes, {len(windows)} samples (duration p50 "
+        f"{percentile(samples, 0.5) * 1e3:.1f} ms, max {samples[-1] * 1e3:.1f} ms)"
+    )
+    print(
+        f"{'scrapes':<16} {'count':>6}  {'p50 ms':>7}  {'p90 ms':>7}  {'p99 ms':>7}  {'max ms':>7}"
+    )
+    for name, latencies in (("during a sample", during), ("outside", outside)):
+        print(f"{name:<16} {figures(latencies)}")
+    print(f"{'all':<16} {figures(during + outside)}")
+    if during and outside:
+        ratio = percentile(during, 0.99) / percentile(outside, 0.99)
+        print(f"p99 during / outside: {ratio:.2f} (target: about 1)")
+    print("\nby phase: the scrape's start after the sample's start, in % of the interval; bar: p99")
+    top = max((percentile(b, 0.99) for b in by_phase if b), default=1.0) or 1.0
+    for bucket, latencies in enumerate(by_phase):
+        span = f"{bucket * 100 // BUCKETS}-{(bucket + 1) * 100 // BUCKETS}%"
+        bar = "#" * max(1, round(BAR * percentile(latencies, 0.99) / top)) if latencies else ""
+        print(f"{span:<16} {figures(latencies)}  {bar}")
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--pause", type=float, default=0.004, help="most seconds between scrapes")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--processes", type=int, default=16)
+    parser.add_argument("--sources", default="auto")
+    parser.add_argument("--path", default="/metrics")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
+    work = Path(tempfile.mkdtemp(prefix="kb-phase-"))
+    fake = FakeNvml(
+        build(work), work / "nvml.conf", gpus=args.gpus, processes_per_gpu=args.processes
+    )
+    env = {"FAKE_NVML_CONFIG": str(fake.config)}  # no call statistics: they cost the fake
+    flags = ("--sources", args.sources, "--nvml-library", str(fake.library), "--interval", "1s")
+    with Agent(*flags, env=env, timeout=120) as agent:
+        wait_for(
+            lambda: agent.source_states().get("nvml") == "up",
+            120,
+            "nvml up",
+            ignore=(OSError,),
+            log=agent.output,
+        )
+        up = sorted(name for name, state in agent.source_states().items() if state == "up")
+        print(f"sources up: {', '.join(up)}; {args.gpus} GPUs x {args.processes} processes")
+        time.sleep(3.0)  # past the first samples and the first renders
+        found = scrapes(agent.port, args.seconds, args.pause, args.path)
+    report(found, 1.0)
+
+
+if __name__ == "__main__":
+    main()
