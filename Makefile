@@ -58,6 +58,8 @@ bench: deps-test $(PEERS_VENV)/.installed
 	$(BIN)/python benchmarks/bpf_overhead.py
 	$(BIN)/python benchmarks/state_save.py
 	$(BIN)/python benchmarks/device_churn.py
+	$(BIN)/python benchmarks/source_reads.py
+	$(BIN)/python benchmarks/source_reads.py --sources ebpf,procfs --extra 3000
 	$(BIN)/python benchmarks/scrape_phase.py
 	$(BIN)/python benchmarks/peers.py
 

@@ -138,8 +138,14 @@ def test_rows_kept_from_the_last_sample_match_rows_made_afresh() -> None:
                 table.count(entry, entry.cpu_seconds + rng.choice((0.0, -0.1, 0.3)))
             elif action < 0.8:
                 table.relabel(entry, rng.choice("ab"), entry.container_id)
-            else:
+            elif action < 0.9:
                 table.end(entry)
+            else:
+                table.revive(entry)
+        if rng.random() < 0.1:
+            table.end_missing(alive=set(rng.sample(range(60), 50)))
         clock.now += rng.choice((0.5, 1.0))
         rows = table.rows()
         assert rows == _reference_rows(table)
+        ended = [e.ended_at for e in table._entries.values() if e.ended_at is not None]
+        assert all(clock.now - at < 3 for at in ended)  # none kept past the grace period

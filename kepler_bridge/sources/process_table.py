@@ -10,8 +10,9 @@ Shared by the ebpf and procfs sources. Rules:
   comes back with its whole counter, read again from its source.
 - reported counters never decrease for the same process.
 
-A source changes a tracked process only through the table (`count`, `relabel`, `end`), so the
-table remakes the rows of the processes that changed and keeps the others' from the last sample.
+A source changes a tracked process only through the table (`count`, `relabel`, `end`,
+`revive`), so the table remakes the rows of the processes that changed, keeps the others' from
+the last sample, and looks only at ended processes for the grace period.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from kepler_bridge.sources.base import Source
 @dataclass(slots=True)
 class TrackedProcess:
     """One process; ``start`` is its start time after boot (clock ticks for procfs,
-    nanoseconds for ebpf). Labels and counter change through ProcessTable.count and relabel."""
+    nanoseconds for ebpf). It changes through the table: count, relabel, end and revive."""
 
     pid: int
     start: int
@@ -55,6 +56,7 @@ class ProcessTable:
         # again (a dict: new entries get their rows in the order they began).
         self._rows: dict[tuple[int, int], ProcessCpu] = {}
         self._stale: dict[tuple[int, int], None] = {}
+        self._ended: dict[tuple[int, int], float] = {}  # the ended entries, and when they ended
         self.evicted: list[int] = []  # pids of live processes the cap dropped at the last rows()
 
     def configure(self, max_processes: int, grace: float) -> None:
@@ -84,11 +86,12 @@ class ProcessTable:
         key = (pid, start)
         self._entries[key] = entry
         self._stale[key] = None
+        self._ended.pop(key, None)
         # An older process reported late (it ended before a newer one took its pid)
         # leaves the newer current.
         if old is None or old.start < start:
-            if old is not None and old.ended_at is None:
-                old.ended_at = self.clock()
+            if old is not None:
+                self.end(old)
             self._current[pid] = key
         return entry
 
@@ -107,14 +110,20 @@ class ProcessTable:
     def end(self, entry: TrackedProcess) -> None:
         """Mark a process ended now (its counter stays for the grace period)."""
         if entry.ended_at is None:
-            entry.ended_at = self.clock()
+            entry.ended_at = self._ended[(entry.pid, entry.start)] = self.clock()
+
+    def revive(self, entry: TrackedProcess) -> None:
+        """A process marked ended is seen alive again (it was hidden from a read)."""
+        if entry.ended_at is not None:
+            entry.ended_at = None
+            del self._ended[(entry.pid, entry.start)]
 
     def end_missing(self, alive: Collection[int]) -> None:
         """End every live process whose pid is not in alive."""
         now = self.clock()
-        for entry in self._entries.values():
+        for key, entry in self._entries.items():
             if entry.ended_at is None and entry.pid not in alive:
-                entry.ended_at = now
+                entry.ended_at = self._ended[key] = now
 
     def rows(self) -> tuple[ProcessCpu, ...]:
         """Expire and cap, then the rows to report."""
@@ -135,12 +144,7 @@ class ProcessTable:
 
     def _expire(self) -> None:
         now = self.clock()
-        gone = [
-            key
-            for key, entry in self._entries.items()
-            if entry.ended_at is not None and now - entry.ended_at >= self.grace
-        ]
-        for key in gone:
+        for key in [key for key, at in self._ended.items() if now - at >= self.grace]:
             self._drop(key)
 
     def _cap(self) -> None:
@@ -158,6 +162,7 @@ class ProcessTable:
         del self._entries[key]
         self._rows.pop(key, None)
         self._stale.pop(key, None)
+        self._ended.pop(key, None)
         if self._current.get(key[0]) == key:
             del self._current[key[0]]
 

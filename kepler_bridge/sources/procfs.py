@@ -98,7 +98,7 @@ class ProcfsSource(ProcessSource):
                     continue
                 self.table.begin(pid, stat.start, stat.comm, container_id, stat.cpu_seconds)
             else:
-                entry.ended_at = None
+                self.table.revive(entry)
                 self.table.relabel(entry, stat.comm, entry.container_id)
                 self.table.count(entry, stat.cpu_seconds)
             alive.add(pid)

@@ -311,7 +311,7 @@ class EbpfSource(ProcessSource):
                 container_id = read_container_id(self.config.procfs, tgid) or entry.container_id
                 self.table.relabel(entry, entry.comm, container_id)
             self.table.count(entry, seconds)
-            entry.ended_at = None
+            self.table.revive(entry)
         self._relabel(entry, comm, cgroup_id)
 
     def _ended(
