@@ -3,7 +3,8 @@
 It runs the app in the worker's pool threads. gunicorn parses the head and writes the response into
 a `Collector` standing in for the socket; the worker's loop then sends those bytes without blocking.
 Requests the app's cached answers cover (`CACHED_ANSWERS`) the loop answers itself, through the
-same parser and response writer, without a thread hop: the sampler does not delay them.
+same parser and response writer, without a thread hop: a sample in progress delays them only by the
+GIL switches of the loop's own system calls.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class CachedAnswer:
 
 
 # WSGI environ -> the app's answer to it, or None where the app itself must answer.
-CachedAnswers = Callable[[dict], "CachedAnswer | None"]
+CachedAnswers = Callable[[dict], CachedAnswer | None]
 
 
 def cached_answers(app: Any) -> CachedAnswers | None:
