@@ -80,8 +80,8 @@ class MonotonicCounters:
         self._keys: list[ProcessLabels] | None = []
         self._seconds: list[float] = []
         self._total_keys: list[ProcessLabels] | None = []
-        self._seen_rows = carry.Table(_cells, lambda key: (self._process_seen[key],))
-        self._total_rows = carry.Table(_cells, lambda key: (self._process_total[key],))
+        # [pid, comm, container id, last CPU seconds, total] of each process of the last sample.
+        self._rows = carry.Table(_cells, self._process_numbers)
 
     def configure(self, process_limit: int | None) -> None:
         """A new --process-metrics: series shown from now on follow it; none decreases."""
@@ -185,9 +185,9 @@ class MonotonicCounters:
             gained = list(map(increase, before, seconds))
         self._process_seen = seen = dict(zip(keys, seconds))
         self._keys, self._seconds = keys, seconds
-        self._seen_rows.changed(compress(keys, map(ne, seconds, before)))
-        self._seen_rows.changed(seen.keys() - last.keys())
-        self._seen_rows.removed(last.keys() - seen.keys())
+        self._rows.changed(compress(keys, map(ne, seconds, before)))
+        self._rows.changed(seen.keys() - last.keys())
+        self._rows.removed(last.keys() - seen.keys())
         if len(seen) < len(keys):  # a key twice: the last row of it counts
             return dict(zip(keys, gained))
         increases = dict.fromkeys(seen, 0.0)
@@ -205,7 +205,7 @@ class MonotonicCounters:
             increases[key] = increase(last[at], seconds[at])
             seen[key] = seconds[at]
         self._seconds = seconds
-        self._seen_rows.changed(keys[at] for at in moved)
+        self._rows.changed(keys[at] for at in moved)
         return increases
 
     def process_seconds(
@@ -213,21 +213,19 @@ class MonotonicCounters:
     ) -> tuple[tuple[ProcessCpu, ...], float | None]:
         """The shown processes (top N by CPU seconds) with their series' values, and the seconds of
         all the others (None before any was left out); a process's total adds up its increases, so
-        it never decreases."""
+        it never decreases. `increases`: what `cpu_increases` gave last."""
         last = self._process_total
         grew = dict(compress(increases.items(), increases.values()))
         keys = list(increases)
         if keys == self._total_keys:  # the same processes: only those that ran are looked at
             for key, seconds in grew.items():
                 last[key] += seconds
-            self._total_rows.changed(grew)
         else:
-            self._process_total = totals = dict(
+            self._process_total = dict(
                 zip(keys, map(add, map(last.get, keys, repeat(0.0)), increases.values()))
             )
             self._total_keys = keys
-            self._total_rows.changed(grew.keys() | (totals.keys() - last.keys()))
-            self._total_rows.removed(last.keys() - totals.keys())
+        self._rows.changed(grew)  # cpu_increases marked the new and the gone
         shown = self._process_family.update(self._process_total, grew)
         rows = tuple(ProcessCpu(pid, comm, seconds, cid) for (pid, comm, cid), seconds in shown)
         return rows, self._process_family.other
@@ -246,13 +244,15 @@ class MonotonicCounters:
             del totals[container]
         return tuple(sorted(totals.items()))
 
+    def _process_numbers(self, key: ProcessLabels) -> tuple[float, float]:
+        return self._process_seen[key], self._process_total.get(key, 0.0)
+
     def state(self) -> dict[str, Any]:
         """Plain data for `carry.save`; `restore` takes it back."""
         return {
             "gpu": _monotonic_rows(self._gpu),
             "xid": _monotonic_rows(self._xid),
-            "process_seen": self._seen_rows,
-            "process_total": self._total_rows,
+            "processes": self._rows,
             "process_other": self._process_family.other,
             "process_offsets": [
                 [*key, offset] for key, offset in self._process_family.offsets.items()
@@ -264,15 +264,12 @@ class MonotonicCounters:
         """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
         self._gpu = _monotonic_states(carry.field(state, "gpu"), text)
         self._xid = _monotonic_states(carry.field(state, "xid"), code)
-        self._process_seen = _process_values(carry.field(state, "process_seen"))
-        self._process_total = _process_values(carry.field(state, "process_total"))
+        rows = carry.rows(carry.field(state, "processes"), integer, text, text, number, number)
+        self._process_seen = {(pid, comm, cid): seen for pid, comm, cid, seen, _ in rows}
+        self._process_total = {(pid, comm, cid): total for pid, comm, cid, _, total in rows}
         self._keys = self._total_keys = None
-        for table, values in (
-            (self._seen_rows, self._process_seen),
-            (self._total_rows, self._process_total),
-        ):
-            table.clear()
-            table.changed(values)
+        self._rows.clear()
+        self._rows.changed(self._process_seen)
         self._process_family.restore(
             optional_number(carry.field(state, "process_other")),
             _process_values(carry.field(state, "process_offsets")),
