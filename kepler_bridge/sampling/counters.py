@@ -82,6 +82,8 @@ class MonotonicCounters:
         self._total_keys: list[ProcessLabels] | None = []
         # [pid, comm, container id, last CPU seconds, total] of each process of the last sample.
         self._rows = carry.Table(_cells, self._process_numbers)
+        # [uuid, counter name, last raw value, value] of each device counter.
+        self._gpu_rows = carry.Table(_cells, self._gpu_numbers)
 
     def configure(self, process_limit: int | None) -> None:
         """A new --process-metrics: series shown from now on follow it; none decreases."""
@@ -90,6 +92,7 @@ class MonotonicCounters:
     def forget(self, uuids: Iterable[str]) -> None:
         """Drop the counters of devices gone for good: if one comes back, they start again."""
         for uuid in uuids:
+            self._gpu_rows.removed((uuid, name) for name in self._gpu.get(uuid, ()))
             self._gpu.pop(uuid, None)
             self._xid.pop(uuid, None)
 
@@ -100,6 +103,8 @@ class MonotonicCounters:
         state = device.get(name)
         if state is None:
             state = device[name] = Monotonic()
+        if state.last_raw != raw:
+            self._gpu_rows.changed(((uuid, name),))
         return state.update(raw)
 
     def gpu(self, reading: GpuReading) -> GpuReading:
@@ -247,10 +252,15 @@ class MonotonicCounters:
     def _process_numbers(self, key: ProcessLabels) -> tuple[float, float]:
         return self._process_seen[key], self._process_total.get(key, 0.0)
 
+    def _gpu_numbers(self, key: tuple[str, str]) -> tuple[float, float]:
+        state = self._gpu[key[0]][key[1]]
+        assert state.last_raw is not None  # updated when it was made
+        return state.last_raw, state.value
+
     def state(self) -> dict[str, Any]:
         """Plain data for `carry.save`; `restore` takes it back."""
         return {
-            "gpu": _monotonic_rows(self._gpu),
+            "gpu": self._gpu_rows,
             "xid": _monotonic_rows(self._xid),
             "processes": self._rows,
             "process_other": self._process_family.other,
@@ -263,6 +273,14 @@ class MonotonicCounters:
     def restore(self, state: object) -> None:
         """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
         self._gpu = _monotonic_states(carry.field(state, "gpu"), text)
+        if any(
+            counter.last_raw is None for device in self._gpu.values() for counter in device.values()
+        ):
+            raise carry.BadState("a device counter without its last raw value")
+        self._gpu_rows.clear()
+        self._gpu_rows.changed(
+            (uuid, name) for uuid, device in self._gpu.items() for name in device
+        )
         self._xid = _monotonic_states(carry.field(state, "xid"), code)
         rows = carry.rows(carry.field(state, "processes"), integer, text, text, number, number)
         self._process_seen = {(pid, comm, cid): seen for pid, comm, cid, seen, _ in rows}
@@ -278,7 +296,7 @@ class MonotonicCounters:
         self._container_total = {cid: seconds for cid, seconds in found}
 
 
-def _cells(key: ProcessLabels) -> ProcessLabels:
+def _cells(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return key
 
 
