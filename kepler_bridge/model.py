@@ -7,9 +7,8 @@ from every output.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
-from operator import attrgetter, is_
+from operator import attrgetter, is_, itemgetter
 from typing import Any, Hashable, Mapping, NamedTuple, TypeVar
 
 # Above any physical reading, and every 32/64-bit "not available" sentinel we see; below it whole
@@ -332,9 +331,10 @@ class Snapshot:
 def top(values: Mapping[K, float], limit: int | None) -> list[K]:
     """The keys of the `limit` highest values, highest first, equal values in their order in
     `values`; every key when limit is None."""
-    if limit is None:
-        return sorted(values, key=values.__getitem__, reverse=True)
-    return heapq.nlargest(limit, values, key=values.__getitem__)
+    # One sort in C: heapq.nlargest loops in Python, and costs most where the values come in
+    # ascending order (the newest process last with the lowest total is common, the reverse too).
+    ranked = sorted(values.items(), key=itemgetter(1), reverse=True)
+    return [key for key, _ in (ranked if limit is None else ranked[:limit])]
 
 
 def replaced(record: R, **changes: Any) -> R:

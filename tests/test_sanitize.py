@@ -12,6 +12,7 @@ import os
 import shlex
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -31,9 +32,11 @@ from kepler_bridge.model import (
     RaplZone,
     Snapshot,
     SourceReading,
+    replaced,
 )
+from kepler_bridge.sampling import sanitize
 from kepler_bridge.sampling.sampler import Sampler
-from kepler_bridge.sampling.slots import Slot
+from kepler_bridge.sampling.slots import Slot, build_slots
 from kepler_bridge.sources.base import Source
 from kepler_bridge.sources.command import NUMBERS
 from kepler_bridge.store import SnapshotStore
@@ -305,6 +308,33 @@ def test_a_source_reporting_more_than_max_devices_is_down_with_the_reason() -> N
     )  # the last good ones, down
     wrong = agent.sample()
     assert "read() returned str, not a SourceReading" in wrong.sources[0].error
+
+
+def rule_by_rule(raw: SourceReading) -> SourceReading:
+    """What the sanitiser gives with every rule run on every value of every record, the checks of
+    many records at once left out."""
+    with mock.patch.object(sanitize, "_records", sanitize._one_by_one):
+        return sanitize.reading(raw)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=readings())
+def test_the_checks_of_many_records_keep_what_the_rules_keep(raw: SourceReading) -> None:
+    clean = sanitize.reading(raw)
+    assert clean == rule_by_rule(raw)
+    assert sanitize.reading(clean) == clean == rule_by_rule(clean)
+
+
+def test_a_clean_reading_passes_as_the_very_object() -> None:
+    """The fast path: a reading whose every value its rule keeps is not copied."""
+    (slot,) = [
+        slot for slot in build_slots(make_config(simulate=2, sources="simulated")) if slot.started
+    ]
+    assert slot.source is not None
+    raw = slot.source.read()
+    assert raw.gpus and raw.gpus[0].processes
+    assert sanitize.reading(raw) is raw
+    assert sanitize.reading(replaced(raw, gpus=raw.gpus[::-1])).gpus[0] is raw.gpus[-1]
 
 
 # JSON number tokens a collector may print, Python's NaN and Infinity extensions included.

@@ -106,7 +106,8 @@ def remove_dir(directory: str) -> None:
 class Table(Generic[K]):
     """A list of rows in the state, one per key, each kept encoded. A row is the key's `head`
     cells (encoded when the key first shows up, or again once `relabelled`), then its `tail`
-    numbers (ints or finite floats), encoded for the keys `changed` since the last save."""
+    numbers (at least one; ints or finite floats), encoded for the keys `changed` since the last
+    save."""
 
     def __init__(
         self, head: Callable[[K], Iterable[Any]], tail: Callable[[K], Iterable[float]]
@@ -137,14 +138,16 @@ class Table(Generic[K]):
 
     def json(self) -> str:
         """The rows as a JSON list."""
-        heads, text = self._head, self._text
-        for key in self._changed:
-            head = heads.get(key)
-            if head is None:
-                head = heads[key] = _dumps(list(self._head_of(key)))[:-1]
-            # repr of an int or a finite float is its JSON.
-            text[key] = f"{head},{','.join(map(repr, self._tail_of(key)))}]"
-        self._changed.clear()
+        heads, text, changed = self._head, self._text, list(self._changed)
+        if changed:
+            # The tails in one go: "[[1.5,2],[3.0,4]]"; numbers only, so "],[" parts them.
+            tails = _dumps([tuple(self._tail_of(key)) for key in changed])[2:-2].split("],[")
+            for key, tail in zip(changed, tails):
+                head = heads.get(key)
+                if head is None:
+                    head = heads[key] = _dumps(list(self._head_of(key)))[:-1]
+                text[key] = f"{head},{tail}]"
+            self._changed.clear()
         return "[" + ",".join(text.values()) + "]"
 
 

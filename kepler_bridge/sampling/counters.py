@@ -80,8 +80,10 @@ class MonotonicCounters:
         self._keys: list[ProcessLabels] | None = []
         self._seconds: list[float] = []
         self._total_keys: list[ProcessLabels] | None = []
-        self._seen_rows = carry.Table(_cells, lambda key: (self._process_seen[key],))
-        self._total_rows = carry.Table(_cells, lambda key: (self._process_total[key],))
+        # [pid, comm, container id, last CPU seconds, total] of each process of the last sample.
+        self._rows = carry.Table(_cells, self._process_numbers)
+        # [uuid, counter name, last raw value, value] of each device counter.
+        self._gpu_rows = carry.Table(_cells, self._gpu_numbers)
 
     def configure(self, process_limit: int | None) -> None:
         """A new --process-metrics: series shown from now on follow it; none decreases."""
@@ -90,6 +92,7 @@ class MonotonicCounters:
     def forget(self, uuids: Iterable[str]) -> None:
         """Drop the counters of devices gone for good: if one comes back, they start again."""
         for uuid in uuids:
+            self._gpu_rows.removed((uuid, name) for name in self._gpu.get(uuid, ()))
             self._gpu.pop(uuid, None)
             self._xid.pop(uuid, None)
 
@@ -100,6 +103,8 @@ class MonotonicCounters:
         state = device.get(name)
         if state is None:
             state = device[name] = Monotonic()
+        if state.last_raw != raw:
+            self._gpu_rows.changed(((uuid, name),))
         return state.update(raw)
 
     def gpu(self, reading: GpuReading) -> GpuReading:
@@ -185,9 +190,9 @@ class MonotonicCounters:
             gained = list(map(increase, before, seconds))
         self._process_seen = seen = dict(zip(keys, seconds))
         self._keys, self._seconds = keys, seconds
-        self._seen_rows.changed(compress(keys, map(ne, seconds, before)))
-        self._seen_rows.changed(seen.keys() - last.keys())
-        self._seen_rows.removed(last.keys() - seen.keys())
+        self._rows.changed(compress(keys, map(ne, seconds, before)))
+        self._rows.changed(seen.keys() - last.keys())
+        self._rows.removed(last.keys() - seen.keys())
         if len(seen) < len(keys):  # a key twice: the last row of it counts
             return dict(zip(keys, gained))
         increases = dict.fromkeys(seen, 0.0)
@@ -205,7 +210,7 @@ class MonotonicCounters:
             increases[key] = increase(last[at], seconds[at])
             seen[key] = seconds[at]
         self._seconds = seconds
-        self._seen_rows.changed(keys[at] for at in moved)
+        self._rows.changed(keys[at] for at in moved)
         return increases
 
     def process_seconds(
@@ -213,21 +218,19 @@ class MonotonicCounters:
     ) -> tuple[tuple[ProcessCpu, ...], float | None]:
         """The shown processes (top N by CPU seconds) with their series' values, and the seconds of
         all the others (None before any was left out); a process's total adds up its increases, so
-        it never decreases."""
+        it never decreases. `increases`: what `cpu_increases` gave last."""
         last = self._process_total
         grew = dict(compress(increases.items(), increases.values()))
         keys = list(increases)
         if keys == self._total_keys:  # the same processes: only those that ran are looked at
             for key, seconds in grew.items():
                 last[key] += seconds
-            self._total_rows.changed(grew)
         else:
-            self._process_total = totals = dict(
+            self._process_total = dict(
                 zip(keys, map(add, map(last.get, keys, repeat(0.0)), increases.values()))
             )
             self._total_keys = keys
-            self._total_rows.changed(grew.keys() | (totals.keys() - last.keys()))
-            self._total_rows.removed(last.keys() - totals.keys())
+        self._rows.changed(grew)  # cpu_increases marked the new and the gone
         shown = self._process_family.update(self._process_total, grew)
         rows = tuple(ProcessCpu(pid, comm, seconds, cid) for (pid, comm, cid), seconds in shown)
         return rows, self._process_family.other
@@ -246,13 +249,20 @@ class MonotonicCounters:
             del totals[container]
         return tuple(sorted(totals.items()))
 
+    def _process_numbers(self, key: ProcessLabels) -> tuple[float, float]:
+        return self._process_seen[key], self._process_total.get(key, 0.0)
+
+    def _gpu_numbers(self, key: tuple[str, str]) -> tuple[float, float]:
+        state = self._gpu[key[0]][key[1]]
+        assert state.last_raw is not None  # updated when it was made
+        return state.last_raw, state.value
+
     def state(self) -> dict[str, Any]:
         """Plain data for `carry.save`; `restore` takes it back."""
         return {
-            "gpu": _monotonic_rows(self._gpu),
+            "gpu": self._gpu_rows,
             "xid": _monotonic_rows(self._xid),
-            "process_seen": self._seen_rows,
-            "process_total": self._total_rows,
+            "processes": self._rows,
             "process_other": self._process_family.other,
             "process_offsets": [
                 [*key, offset] for key, offset in self._process_family.offsets.items()
@@ -263,16 +273,21 @@ class MonotonicCounters:
     def restore(self, state: object) -> None:
         """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
         self._gpu = _monotonic_states(carry.field(state, "gpu"), text)
-        self._xid = _monotonic_states(carry.field(state, "xid"), code)
-        self._process_seen = _process_values(carry.field(state, "process_seen"))
-        self._process_total = _process_values(carry.field(state, "process_total"))
-        self._keys = self._total_keys = None
-        for table, values in (
-            (self._seen_rows, self._process_seen),
-            (self._total_rows, self._process_total),
+        if any(
+            counter.last_raw is None for device in self._gpu.values() for counter in device.values()
         ):
-            table.clear()
-            table.changed(values)
+            raise carry.BadState("a device counter without its last raw value")
+        self._gpu_rows.clear()
+        self._gpu_rows.changed(
+            (uuid, name) for uuid, device in self._gpu.items() for name in device
+        )
+        self._xid = _monotonic_states(carry.field(state, "xid"), code)
+        rows = carry.rows(carry.field(state, "processes"), integer, text, text, number, number)
+        self._process_seen = {(pid, comm, cid): seen for pid, comm, cid, seen, _ in rows}
+        self._process_total = {(pid, comm, cid): total for pid, comm, cid, _, total in rows}
+        self._keys = self._total_keys = None
+        self._rows.clear()
+        self._rows.changed(self._process_seen)
         self._process_family.restore(
             optional_number(carry.field(state, "process_other")),
             _process_values(carry.field(state, "process_offsets")),
@@ -281,7 +296,7 @@ class MonotonicCounters:
         self._container_total = {cid: seconds for cid, seconds in found}
 
 
-def _cells(key: ProcessLabels) -> ProcessLabels:
+def _cells(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return key
 
 

@@ -13,20 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain, compress, filterfalse, repeat
-from operator import attrgetter, is_not, itemgetter
-from typing import Any, Generic, Hashable, Iterable, Mapping, TypeVar
+from operator import attrgetter, is_not
+from typing import Any, Hashable, Iterable, Mapping, TypeVar
 
 from kepler_bridge.model import Holder, PodRef, ProcessLabels, WorkloadEnergy, replaced
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import integer, number, optional_number, text
+from kepler_bridge.sampling.presence import ContainerKey, Containers, Presence, container_key
 from kepler_bridge.sampling.top import TopCounter
 
 KINDS = ("cpu", "gpu")  # the fields of Joules, and the `kind` of each per-process family
 K = TypeVar("K", bound=Hashable)
-ContainerKey = tuple[str, str, str, str]  # container id, namespace, pod, container
 PodKey = tuple[str, str]  # namespace, pod
 _CPU, _GPU, _OWNER = attrgetter("joules.cpu"), attrgetter("joules.gpu"), attrgetter("labels.owner")
-_CONTAINER_ID = itemgetter(2)
 
 
 @dataclass(slots=True)
@@ -60,39 +59,6 @@ class Tally:
 _UNKNOWN = Tally(WorkloadEnergy(owner=PodRef()))
 
 
-class Presence(Generic[K]):
-    """Which keys of one level were in the last sample, and when each other one last was."""
-
-    def __init__(self) -> None:
-        self.present: set[K] = set()
-        self.gone: dict[K, float] = {}
-
-    def update(self, present: set[K], last_now: float) -> tuple[set[K], set[K]]:
-        """Take this sample's keys (`last_now`: when the last sample was); the keys that came and
-        those that went."""
-        came, went = present - self.present, self.present - present
-        self.gone.update(dict.fromkeys(went, last_now))
-        for key in came:
-            self.gone.pop(key, None)
-        self.present = present
-        return came, went
-
-    def seen(self, key: K) -> float | None:
-        """When the key was last in a sample; None: in the last one."""
-        return None if key in self.present else self.gone[key]
-
-    def expired(self, now: float, grace: float) -> list[K]:
-        return [key for key, seen in self.gone.items() if now - seen > grace]
-
-    def forget(self, key: K) -> None:
-        self.gone.pop(key, None)
-        self.present.discard(key)
-
-    def restore(self, seen: Mapping[K, float | None]) -> None:
-        self.present = {key for key, when in seen.items() if when is None}
-        self.gone = {key: when for key, when in seen.items() if when is not None}
-
-
 class Ledger:
     """Accumulated joules per process, container and pod; the top-N families of the process rows."""
 
@@ -114,8 +80,7 @@ class Ledger:
             Presence(),
             Presence(),
         )
-        # The containers and pods of the processes; None: to be worked out at the next sample.
-        self._levels: tuple[set[ContainerKey], set[PodKey]] | None = None
+        self._counted = Containers()  # the containers of the processes
         self._rows = carry.Table(self._process_labels, self._process_numbers)
 
     def configure(self, *, process_limit: int | None, grace: float, max_processes: int) -> None:
@@ -138,21 +103,25 @@ class Ledger:
         """
         last = now if self._now is None else self._now
         keys, values = list(owners), list(owners.values())
-        if keys == self._owner_keys:  # the same processes: only those whose owner moved
-            changed = self._join(owners, compress(keys, map(is_not, values, self._owner_values)))
-            came: set[ProcessLabels] = set()
-            went: set[ProcessLabels] = set()
-        else:
-            known = map(_OWNER, map(self._processes.get, owners, repeat(_UNKNOWN)))
-            changed = self._join(owners, compress(keys, map(is_not, values, known)))
+        same = keys == self._owner_keys  # the same processes: only those whose owner moved
+        known = (
+            self._owner_values
+            if same
+            else map(_OWNER, map(self._processes.get, keys, repeat(_UNKNOWN)))
+        )
+        changed, moved = self._join(owners, compress(keys, map(is_not, values, known)))
+        came: set[ProcessLabels] = set()
+        went: set[ProcessLabels] = set()
+        if not same:
             came, went = self._presence[0].update(set(owners), last)
         self._owner_keys, self._owner_values = keys, values
-        if changed or came or went or self._levels is None:
-            self._levels = _levels(owners)
-        containers, pods = self._levels
-        held = {(h.container_id, h.owner.namespace, h.owner.pod, h.owner.container) for h in owned}
-        self._presence[1].update(containers | held, last)
-        self._presence[2].update(pods | {key[1:3] for key in held}, last)
+        self._count(owners, came, went, moved)
+        assert self._counted.counts is not None  # counted just now
+        containers = set(self._counted.counts) | {
+            container_key(h.container_id, h.owner) for h in owned
+        }
+        self._presence[1].update(containers, last)
+        self._presence[2].update({key[1:3] for key in containers}, last)
         self._accumulate(owners, increments, owned)
         self._rows.relabelled(chain(changed, came, went))  # their owner or last sight
         self._rows.changed(increments)
@@ -192,12 +161,13 @@ class Ledger:
         return tuple(self._pods[key].row() for key in sorted(self._pods))
 
     def _join(
-        self, owners: Mapping[ProcessLabels, PodRef], moved: Iterable[ProcessLabels]
-    ) -> list[ProcessLabels]:
-        """Make the tallies of new processes and give their new owner to those that `moved` (whose
-        owner is not the very object of their tally); those whose labels changed."""
-        processes, changed = self._processes, []
-        for key in moved:
+        self, owners: Mapping[ProcessLabels, PodRef], looked_at: Iterable[ProcessLabels]
+    ) -> tuple[list[ProcessLabels], list[tuple[ProcessLabels, PodRef]]]:
+        """Make the tallies of new processes and give their owner to those `looked_at` (whose
+        owner is not the very object of their tally): those whose labels changed, and those of
+        them that moved, with the owner they had."""
+        processes, changed, moved = self._processes, [], []
+        for key in looked_at:
             pid, comm, container_id = key
             owner, tally = owners[key], processes.get(key)
             labels = WorkloadEnergy(str(pid), comm, container_id, owner)
@@ -208,10 +178,32 @@ class Ledger:
                 continue
             if tally.labels.owner != owner:  # else the same owner in a new object
                 changed.append(key)
+                moved.append((key, tally.labels.owner))
                 for family in self._families.values():
                     family.restart(key)  # its series has new labels
             tally.labels = labels
-        return changed
+        return changed, moved
+
+    def _count(
+        self,
+        owners: Mapping[ProcessLabels, PodRef],
+        came: set[ProcessLabels],
+        went: set[ProcessLabels],
+        moved: list[tuple[ProcessLabels, PodRef]],
+    ) -> None:
+        """Count the processes of each container: those that came, went or moved, or all of them
+        where nothing is counted yet."""
+        if self._counted.counts is None:
+            self._counted.count(owners)
+            return
+        owner = lambda key: self._processes[key].labels.owner  # noqa: E731
+        self._counted.move(
+            chain(
+                ((key, before, owner(key)) for key, before in moved if key not in came),
+                ((key, None, owner(key)) for key in came),
+                ((key, owner(key), None) for key in went),
+            )
+        )
 
     def _accumulate(
         self,
@@ -317,7 +309,7 @@ class Ledger:
             presence.restore({key[:cut]: seen for key, seen, _ in found})
         self._cpu = dict(zip(self._processes, map(_CPU, self._processes.values())))
         self._owner_keys, self._owner_values = None, []
-        self._levels = None
+        self._counted.counts = None
         self._rows.clear()
         self._rows.changed(self._processes)
         families = carry.field(state, "families")
@@ -331,19 +323,6 @@ class Ledger:
 
 
 POD = (text, text, text)  # namespace, pod, container
-
-
-def _levels(owners: Mapping[ProcessLabels, PodRef]) -> tuple[set[ContainerKey], set[PodKey]]:
-    """The containers and pods of these processes; Python only sees each distinct pair of
-    container id and owner object."""
-    values = owners.values()
-    by_id = dict(zip(map(id, values), values))
-    pairs = set(zip(map(_CONTAINER_ID, owners), map(id, values)))
-    containers = {
-        (container_id, owner.namespace, owner.pod, owner.container)
-        for container_id, owner in ((cid, by_id[oid]) for cid, oid in pairs)
-    }
-    return containers, {key[1:3] for key in containers}
 
 
 def _tally_rows(tallies: Mapping[Any, Tally], presence: Presence[Any]) -> list[list[Any]]:

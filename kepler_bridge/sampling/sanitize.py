@@ -7,20 +7,18 @@ escape sequence or control character.
 A value that fails is dropped, never clamped: it reads as "cannot report". A record without
 a value it cannot do without (a process without a pid) is dropped whole.
 
-Most readings need no change. Each rule has a check that tells, for one field of many records at
-once and mostly in C, whether the rule would leave every value as it is. The records of a tuple
-are cleaned a field at a time: a field whose check passes is kept as it came, and only the values
-of the other fields go through the rule one by one.
+Most readings need no change. Each rule has a check (checks.py) that tells, for one field of many
+records at once and mostly in C, whether the rule would leave every value as it is. The records of
+a tuple are cleaned a field at a time: a field whose check passes is kept as it came, and only the
+values of the other fields go through the rule one by one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
-from functools import partial
-from itertools import chain, repeat
-from operator import attrgetter, is_, is_not, itemgetter
+from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable
 
 from kepler_bridge.model import (
@@ -37,6 +35,8 @@ from kepler_bridge.model import (
     SourceReading,
     replaced,
 )
+from kepler_bridge.sampling import checks
+from kepler_bridge.sampling.checks import Check
 from kepler_bridge.sources.printable import printable
 
 if TYPE_CHECKING:
@@ -44,14 +44,10 @@ if TYPE_CHECKING:
 
 # A rule takes a field's value as the source gave it; None means the value is dropped.
 _Rule = Callable[[Any], Any]
-# A check takes one field's values of many records: True only where the rule keeps each as it is.
-_Check = Callable[[list[Any]], bool]
 # (field name, rule, whether the record needs the field, check, getter) for each field of a record.
-_Plan = tuple[tuple[str, _Rule, bool, _Check, Callable[[Any], Any]], ...]
+_Plan = tuple[tuple[str, _Rule, bool, Check, Callable[[Any], Any]], ...]
 # The fields of a record by annotation: (check, getter of all their values, the fields' plan).
-_Groups = tuple[tuple[_Check, Callable[[Any], Any], _Plan], ...]
-_NONE = type(None)
-_present = partial(is_not, None)
+_Groups = tuple[tuple[Check, Callable[[Any], Any], _Plan], ...]
 
 
 def reading(value: Any) -> SourceReading:
@@ -116,7 +112,7 @@ def utf8_text(value: Any) -> str:
     return printable(value).encode("utf-8", "replace").decode("utf-8")
 
 
-def _items(rule: _Rule, check: _Check) -> Callable[[Any], tuple]:
+def _items(rule: _Rule, check: Check) -> Callable[[Any], tuple]:
     """A rule for a tuple field: each element through rule, the dropped (None) ones left out;
     `check` is the rule's check for the elements."""
 
@@ -225,116 +221,62 @@ def _one_by_one(values: Any, cls: type[DataclassInstance]) -> tuple:
     return tuple(new for new in cleaned if new is not None)
 
 
-def _nested(cls: type[DataclassInstance]) -> tuple[_Rule, bool, _Check]:
+def _nested(cls: type[DataclassInstance]) -> tuple[_Rule, bool, Check]:
     """The rule, and its check, of a tuple of `cls` records."""
     return (
         lambda values: _records(values, cls),
         False,
-        lambda values: _of_tuples(values) and _unchanged(list(chain.from_iterable(values)), cls),
+        lambda values: checks.tuples(values) and _unchanged(list(chain.from_iterable(values)), cls),
     )
 
 
-def _optional(cls: type[DataclassInstance]) -> tuple[_Rule, bool, _Check]:
+def _optional(cls: type[DataclassInstance]) -> tuple[_Rule, bool, Check]:
     return (
         lambda value: None if value is None else _record(value, cls),
         False,
-        lambda values: _unchanged(list(filter(_present, values)), cls),
+        lambda values: _unchanged(list(filter(checks.present, values)), cls),
     )
 
 
-def _of_tuples(values: list[Any]) -> bool:
-    return {tuple}.issuperset(map(type, values))
-
-
-def _numbers(kind: type, optional: bool) -> _Check:
-    """The check of `real` (kind float) or `whole` (int): each value of that very type (or None,
-    where optional), in range and no NaN."""
-    kinds = {kind, _NONE} if optional else {kind}
-
-    def check(values: list[Any]) -> bool:
-        if not kinds.issuperset(map(type, values)):
-            return False
-        found = list(filter(_present, values)) if optional else values
-        return not found or (
-            min(found) >= 0
-            and max(found) < MAX_EXACT
-            and (kind is int or not any(map(math.isnan, found)))
-        )
-
-    return check
-
-
-def _kinds(*kinds: type) -> _Check:
-    """The check of a rule that keeps exactly the values of these types."""
-    allowed = set(kinds)
-    return lambda values: allowed.issuperset(map(type, values))
-
-
-def _texts(values: list[Any]) -> bool:
-    """The check of `utf8_text`."""
-    return {str}.issuperset(map(type, values)) and all(map(str.isprintable, values))
-
-
-def _xid_codes(values: list[Any]) -> bool:
-    """The check of `_xid_code`."""
-    if not {str, int}.issuperset(map(type, values)):
-        return False
-    texts = [value for value in values if type(value) is str]
-    return _texts(texts) and _WHOLE([value for value in values if type(value) is int])
-
-
-def _tuple_of(rule: _Rule, check: _Check) -> tuple[_Rule, bool, _Check]:
+def _tuple_of(rule: _Rule, check: Check) -> tuple[_Rule, bool, Check]:
     """A tuple field of values that `rule` and `check` take one by one."""
-    return (
-        _items(rule, check),
-        False,
-        lambda values: _of_tuples(values) and check(list(chain.from_iterable(values))),
-    )
+    return (_items(rule, check), False, checks.each(check))
 
 
-def _pairs(first: tuple[_Rule, _Check], second: tuple[_Rule, _Check]) -> tuple[_Rule, bool, _Check]:
+def _pairs(first: tuple[_Rule, Check], second: tuple[_Rule, Check]) -> tuple[_Rule, bool, Check]:
     """A tuple field of (first, second) pairs, a pair dropped when either of its values is."""
-
-    def check(pairs: list[Any]) -> bool:
-        return (
-            _of_tuples(pairs)
-            and {2}.issuperset(map(len, pairs))
-            and first[1](list(map(itemgetter(0), pairs)))
-            and second[1](list(map(itemgetter(1), pairs)))
-        )
-
-    return _tuple_of(_pair(first[0], second[0]), check)
+    return _tuple_of(_pair(first[0], second[0]), checks.pairs(first[1], second[1]))
 
 
-def _constant(value: Any) -> tuple[_Rule, bool, _Check]:
+def _constant(value: Any) -> tuple[_Rule, bool, Check]:
     """A field the sampler sets after this check: what a source put there becomes `value`."""
-    return (lambda _: value, False, lambda values: all(map(is_, values, repeat(value))))
+    return (lambda _: value, False, checks.constant(value))
 
 
 # Checks of values that must be there: required fields, tuple elements and pair values.
-_REAL, _WHOLE = _numbers(float, False), _numbers(int, False)
-_TEXT, _FLAG = (utf8_text, _texts), (bool, _kinds(bool))
+_REAL, _WHOLE = checks.REAL, checks.WHOLE
+_TEXT, _FLAG = (utf8_text, checks.texts), (bool, checks.kinds(bool))
 
 
 # Field annotation (as written in model.py) -> (rule, whether the record needs it, check).
 # A new annotation must get a rule here: the plans below refuse to build without one.
 # Under `from __future__ import annotations` dataclasses give the annotation as text.
-_RULES: dict[str | type, tuple[_Rule, bool, _Check]] = {
-    "float | None": (real, False, _numbers(float, True)),
-    "int | None": (whole, False, _numbers(int, True)),
+_RULES: dict[str | type, tuple[_Rule, bool, Check]] = {
+    "float | None": (real, False, checks.numbers(float, True)),
+    "int | None": (whole, False, checks.numbers(int, True)),
     "float": (real, True, _REAL),
     "int": (whole, True, _WHOLE),
-    "str": (utf8_text, False, _texts),
-    "bool": (bool, False, _kinds(bool)),
-    "tuple[str, ...]": _tuple_of(utf8_text, _texts),
+    "str": (utf8_text, False, checks.texts),
+    "bool": (bool, False, checks.kinds(bool)),
+    "tuple[str, ...]": _tuple_of(utf8_text, checks.texts),
     "tuple[tuple[str, bool], ...]": _pairs(_TEXT, _FLAG),
     "tuple[tuple[str, float], ...]": _pairs(_TEXT, (real, _REAL)),
-    "tuple[tuple[int | str, int], ...]": _pairs((_xid_code, _xid_codes), (whole, _WHOLE)),
+    "tuple[tuple[int | str, int], ...]": _pairs((_xid_code, checks.xid_codes), (whole, _WHOLE)),
     "tuple[GpuProcess, ...]": _nested(GpuProcess),
     "tuple[GpuReading, ...]": _nested(GpuReading),
     "tuple[ProcessCpu, ...]": _nested(ProcessCpu),
     "tuple[RaplZone, ...]": _nested(RaplZone),
-    "bool | None": (flag, False, _kinds(bool, _NONE)),
+    "bool | None": (flag, False, checks.kinds(bool, checks.NONE)),
     "tuple[tuple[str, int], ...]": _pairs(_TEXT, (whole, _WHOLE)),
     "tuple[NvLink, ...]": _nested(NvLink),
     "tuple[int, ...]": _tuple_of(whole, _WHOLE),
@@ -366,22 +308,13 @@ def _plan(cls: type[DataclassInstance]) -> _Plan:
 
 def _groups(plan: _Plan) -> _Groups:
     """The fields of a plan grouped by their check, each group's values read in one go."""
-    by_check: dict[_Check, list[str]] = {}
+    by_check: dict[Check, list[str]] = {}
     for name, _, _, check, _ in plan:
         by_check.setdefault(check, []).append(name)
     return tuple(
-        (check, _getter(names), tuple(field for field in plan if field[0] in names))
+        (check, checks.column(names), tuple(field for field in plan if field[0] in names))
         for check, names in by_check.items()
     )
-
-
-def _getter(names: list[str]) -> Callable[[list[Any]], list[Any]]:
-    """The values of these fields of many records, as one list."""
-    if len(names) == 1:
-        one = attrgetter(names[0])
-        return lambda records: list(map(one, records))
-    many = attrgetter(*names)
-    return lambda records: list(chain.from_iterable(map(many, records)))
 
 
 _PLANS: dict[type[DataclassInstance], _Plan] = {

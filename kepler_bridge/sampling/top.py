@@ -27,7 +27,7 @@ class TopCounter(Generic[K]):
         self._offsets: dict[K, float] = {}
         self._shown: list[K] = []
         # The limit and keys of the last full ranking, and each key's place in them.
-        self._ranked: tuple[int | None, list[K], dict[K, int]] | None = None
+        self._ranked: tuple[int | None, list[K], dict[K, int] | None] | None = None
 
     def update(
         self, totals: Mapping[K, float], increases: Mapping[K, float]
@@ -58,9 +58,12 @@ class TopCounter(Generic[K]):
         only the keys shown then and those that grew are ranked."""
         keys, ranked = list(totals), self._ranked
         if ranked is None or ranked[0] != self.limit or self.limit is None or ranked[1] != keys:
-            self._ranked = (self.limit, keys, dict(zip(keys, range(len(keys)))))
+            self._ranked = (self.limit, keys, None)
             return top(totals, self.limit)
         place = ranked[2]
+        if place is None:  # the keys stayed: their places, worked out once for as long
+            place = dict(zip(keys, range(len(keys))))
+            self._ranked = (self.limit, keys, place)
         candidates = dict.fromkeys(self._shown)
         candidates.update(dict.fromkeys(increases))
         ranking = sorted(candidates, key=lambda key: (-totals[key], place[key]))
