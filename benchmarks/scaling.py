@@ -26,12 +26,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
 from agent_http import percentile  # noqa: E402
 from peers import Exporter, agent, gpu_processes, tree_cpu_seconds, tree_memory_mb  # noqa: E402
 from scaling_fit import Point, report  # noqa: E402
 from sleepers import SLEEPERS_C, build, sleepers  # noqa: E402
 
+from kepler_bridge import config  # noqa: E402
 from scaffold import values  # noqa: E402
 
 DURATION = "kepler_bridge_sample_duration_seconds"
@@ -49,6 +51,9 @@ def arguments() -> Namespace:
     parser.add_argument("--window", type=float, default=30, help="seconds measured per point")
     parser.add_argument("--settle", type=float, default=5, help="seconds before each window")
     parser.add_argument("--agent-sources", default="auto", help="kepler-bridge --sources")
+    parser.add_argument(
+        "--max-processes", type=int, help="kepler-bridge --max-processes (0: no cap)"
+    )
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     args = parser.parse_args()
     if args.quick:
@@ -119,6 +124,7 @@ def window(exporter: Exporter, gpus: int, extra: int, seconds: float) -> Point:
         sample_p90_ms=percentile(found, 0.9),
         cpu_s_min=cpu,
         pss_mb=tree_memory_mb(exporter.pid)[0],
+        load=os.getloadavg()[0],
     )
 
 
@@ -142,31 +148,39 @@ def one_gpu_count(args: Namespace, work: Path, gpus: int, lifetime: int) -> list
             print(
                 f"  {gpus} GPUs, {added} extra processes ({point.processes} on the host): sample "
                 f"{point.sample_ms:.2f} ms (p90 {point.sample_p90_ms:.2f}, {point.samples} "
-                f"samples), CPU {point.cpu_s_min:.3f} s/min",
+                f"samples), CPU {point.cpu_s_min:.3f} s/min, load average {point.load:.1f}",
                 flush=True,
             )
     return points
+
+
+def process_cap(args: Namespace) -> int:
+    """The agent's --max-processes: given here (to the agent by its environment), or its default."""
+    if args.max_processes is not None:
+        os.environ["KEPLER_BRIDGE_MAX_PROCESSES"] = str(args.max_processes)
+    return config.load({}).max_processes
 
 
 def main() -> None:
     args = arguments()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind as Ctrl-C does
     check_room(args)
-    expected = expected_seconds(args)
+    expected, cap = expected_seconds(args), process_cap(args)
     print(
         f"scaling: sizes {args.sizes} extra processes x {args.gpus} fake GPUs "
         f"({args.gpu_processes} processes each), --sources {args.agent_sources}, 1 s interval, "
-        f"{args.window:g} s windows; about {expected / 60:.0f} min; {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.1f}",
+        f"--max-processes {cap}, {args.window:g} s windows; about {expected / 60:.0f} min; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
+    if 0 < cap < max(args.sizes):
+        print(f"  above {cap} processes the agent evicts the excess every sample (--max-processes)")
     lifetime = int(3 * expected + 600)  # the longest a sleeping process lives, whatever happens
     points = []
     with tempfile.TemporaryDirectory(prefix="kb-scaling-") as directory:
         build(Path(directory), "sleepers", SLEEPERS_C)
         for gpus in sorted(set(args.gpus)):
             points += one_gpu_count(args, Path(directory), gpus, lifetime)
-    print(f"load average at the end {os.getloadavg()[0]:.1f}")
     print()
     print(report(points))
 
