@@ -6,9 +6,11 @@ interval; for each host size (--sizes: sleeping processes added, in ascending or
 process ends while the agent measures and none waits in its --process-grace) it settles, then
 reads kepler_bridge_sample_duration_seconds from /metrics once a second for --window s (median
 and p90 of the distinct samples) and the agent's CPU over the window (utime + stime of master and
-worker, the scrapes once a second included). Prints a table, then the least-squares lines of both
-against the processes on the host and the GPUs, with the residuals of every point. Every process
-it starts ends with it, also on an error or Ctrl-C. Needs a C compiler; root for eBPF.
+worker, the scrapes once a second included), beside the tasks runnable on the (shared) host.
+Prints a table, then the least-squares lines of both against the processes on the host and the
+GPUs, with the residuals of every point. --max-processes 0 lifts the agent's cap on tracked
+processes (above it, the excess is evicted and read anew every sample). Every process it starts
+ends with it, also on an error or Ctrl-C. Needs a C compiler; root for eBPF.
 """
 
 from __future__ import annotations
@@ -103,15 +105,24 @@ def host_processes() -> int:
     return sum(1 for name in os.listdir("/proc") if name.isdigit())
 
 
+def runnable() -> int:
+    """Tasks runnable on the host now (procs_running of /proc/stat), this one included."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("procs_running "):
+            return int(line.split()[1])
+    raise KeyError("procs_running")
+
+
 def window(exporter: Exporter, gpus: int, extra: int, seconds: float) -> Point:
     """The agent's readings over `seconds`: /metrics once a second, CPU from start to end."""
     durations: dict[float, float] = {}  # by the sample's timestamp: each sample once
-    counts = []
+    counts, running = [], []
     cpu_before, started = tree_cpu_seconds(exporter.pid), time.monotonic()
     while (now := time.monotonic()) < started + seconds:
         text = exporter.get()[0].decode()
         durations[values(text, LAST_SAMPLE, "")[""]] = values(text, DURATION, "")[""] * 1e3
         counts.append(host_processes())
+        running.append(runnable())
         time.sleep(max(0.0, 1.0 - (time.monotonic() - now)))
     cpu = (tree_cpu_seconds(exporter.pid) - cpu_before) * 60 / (time.monotonic() - started)
     found = list(durations.values())
@@ -124,7 +135,7 @@ def window(exporter: Exporter, gpus: int, extra: int, seconds: float) -> Point:
         sample_p90_ms=percentile(found, 0.9),
         cpu_s_min=cpu,
         pss_mb=tree_memory_mb(exporter.pid)[0],
-        load=os.getloadavg()[0],
+        runnable=statistics.mean(running),
     )
 
 
@@ -148,7 +159,7 @@ def one_gpu_count(args: Namespace, work: Path, gpus: int, lifetime: int) -> list
             print(
                 f"  {gpus} GPUs, {added} extra processes ({point.processes} on the host): sample "
                 f"{point.sample_ms:.2f} ms (p90 {point.sample_p90_ms:.2f}, {point.samples} "
-                f"samples), CPU {point.cpu_s_min:.3f} s/min, load average {point.load:.1f}",
+                f"samples), CPU {point.cpu_s_min:.3f} s/min, {point.runnable:.1f} tasks runnable",
                 flush=True,
             )
     return points

@@ -18,7 +18,7 @@ class Point:
     sample_p90_ms: float
     cpu_s_min: float  # utime + stime of the agent's processes over the window
     pss_mb: float  # PSS of the agent's processes at the end of the window
-    load: float  # the host's 1-minute load average at the end of the window
+    runnable: float  # tasks runnable on the host (this benchmark's too), mean over the window
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ HEADER = (
     "fit",
     "resid",
     "PSS MB",
-    "load",
+    "runnable",
 )
 
 
@@ -128,7 +128,7 @@ def table(points: list[Point], sample: Line, cpu: Line) -> str:
                 f"{point.cpu_s_min - cpu_residual:.3f}",
                 f"{cpu_residual:+.3f}",
                 f"{point.pss_mb:.1f}",
-                f"{point.load:.1f}",
+                f"{point.runnable:.1f}",
             ]
         )
     widths = [max(len(line[column]) for line in lines) for column in range(len(HEADER))]

@@ -23,7 +23,7 @@ def point(gpus: int, processes: int, sample_ms: float, cpu: float = 1.0) -> Poin
         sample_p90_ms=sample_ms * 1.1,
         cpu_s_min=cpu,
         pss_mb=40.0,
-        load=1.5,
+        runnable=1.5,
     )
 
 
