@@ -6,7 +6,8 @@ interval; for each host size (--sizes: sleeping processes added, in ascending or
 process ends while the agent measures and none waits in its --process-grace) it settles, then
 reads kepler_bridge_sample_duration_seconds from /metrics once a second for --window s (median
 and p90 of the distinct samples) and the agent's CPU over the window (utime + stime of master and
-worker, the scrapes once a second included), beside the tasks runnable on the (shared) host.
+worker, the scrapes once a second included), beside the tasks runnable on the (shared) host and
+the processes started there a second.
 Prints a table, then the least-squares lines of both against the processes on the host and the
 GPUs, with the residuals of every point. --max-processes 0 lifts the agent's cap on tracked
 processes (above it, the excess is evicted and read anew every sample). Every process it starts
@@ -100,9 +101,9 @@ def meminfo_mb(field: str) -> float:
     raise KeyError(field)
 
 
-def host_processes() -> int:
+def host_pids() -> set[str]:
     """The processes on the host now (the agent's pid namespace)."""
-    return sum(1 for name in os.listdir("/proc") if name.isdigit())
+    return {name for name in os.listdir("/proc") if name.isdigit()}
 
 
 def runnable() -> int:
@@ -116,15 +117,18 @@ def runnable() -> int:
 def window(exporter: Exporter, gpus: int, extra: int, seconds: float) -> Point:
     """The agent's readings over `seconds`: /metrics once a second, CPU from start to end."""
     durations: dict[float, float] = {}  # by the sample's timestamp: each sample once
-    counts, running = [], []
+    counts, running, pids, appeared = [], [], host_pids(), 0
     cpu_before, started = tree_cpu_seconds(exporter.pid), time.monotonic()
     while (now := time.monotonic()) < started + seconds:
         text = exporter.get()[0].decode()
         durations[values(text, LAST_SAMPLE, "")[""]] = values(text, DURATION, "")[""] * 1e3
-        counts.append(host_processes())
+        seen = host_pids()
+        appeared, pids = appeared + len(seen - pids), seen
+        counts.append(len(pids))
         running.append(runnable())
         time.sleep(max(0.0, 1.0 - (time.monotonic() - now)))
-    cpu = (tree_cpu_seconds(exporter.pid) - cpu_before) * 60 / (time.monotonic() - started)
+    elapsed = time.monotonic() - started
+    cpu = (tree_cpu_seconds(exporter.pid) - cpu_before) * 60 / elapsed
     found = list(durations.values())
     return Point(
         gpus=gpus,
@@ -136,6 +140,7 @@ def window(exporter: Exporter, gpus: int, extra: int, seconds: float) -> Point:
         cpu_s_min=cpu,
         pss_mb=tree_memory_mb(exporter.pid)[0],
         runnable=statistics.mean(running),
+        new_per_s=appeared / elapsed,
     )
 
 
@@ -159,7 +164,8 @@ def one_gpu_count(args: Namespace, work: Path, gpus: int, lifetime: int) -> list
             print(
                 f"  {gpus} GPUs, {added} extra processes ({point.processes} on the host): sample "
                 f"{point.sample_ms:.2f} ms (p90 {point.sample_p90_ms:.2f}, {point.samples} "
-                f"samples), CPU {point.cpu_s_min:.3f} s/min, {point.runnable:.1f} tasks runnable",
+                f"samples), CPU {point.cpu_s_min:.3f} s/min, {point.runnable:.1f} tasks runnable, "
+                f"{point.new_per_s:.0f} new processes/s",
                 flush=True,
             )
     return points

@@ -19,6 +19,7 @@ class Point:
     cpu_s_min: float  # utime + stime of the agent's processes over the window
     pss_mb: float  # PSS of the agent's processes at the end of the window
     runnable: float  # tasks runnable on the host (this benchmark's too), mean over the window
+    new_per_s: float  # processes started on the host a second (other jobs' churn), mean
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ HEADER = (
     "resid",
     "PSS MB",
     "runnable",
+    "new/s",
 )
 
 
@@ -129,6 +131,7 @@ def table(points: list[Point], sample: Line, cpu: Line) -> str:
                 f"{cpu_residual:+.3f}",
                 f"{point.pss_mb:.1f}",
                 f"{point.runnable:.1f}",
+                f"{point.new_per_s:.0f}",
             ]
         )
     widths = [max(len(line[column]) for line in lines) for column in range(len(HEADER))]

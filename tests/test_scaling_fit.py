@@ -24,6 +24,7 @@ def point(gpus: int, processes: int, sample_ms: float, cpu: float = 1.0) -> Poin
         cpu_s_min=cpu,
         pss_mb=40.0,
         runnable=1.5,
+        new_per_s=0.0,
     )
 
 
