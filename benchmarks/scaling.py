@@ -7,7 +7,8 @@ process ends while the agent measures and none waits in its --process-grace) it 
 reads kepler_bridge_sample_duration_seconds from /metrics once a second for --window s (median
 and p90 of the distinct samples) and the agent's CPU over the window (utime + stime of master and
 worker, the scrapes once a second included), beside the tasks runnable on the (shared) host and
-the processes started there a second.
+the processes started there a second (a window is measured again, --retries times at most, while
+another job starts more than 20 a second).
 Prints a table, then the least-squares lines of both against the processes on the host and the
 GPUs, with the residuals of every point. --max-processes 0 lifts the agent's cap on tracked
 processes (above it, the excess is evicted and read anew every sample). Every process it starts
@@ -44,6 +45,9 @@ LAST_SAMPLE = "kepler_bridge_last_sample_timestamp_seconds"
 SLEEPER_MB = 0.2  # memory per sleeping process: about 0.1 MB measured, twice for headroom
 START_SECONDS = 15  # an agent start with eBPF on a busy 2-core machine, about
 SPAWN_PER_SECOND = 3000  # sleeping processes forked a second, about
+# Processes started a second on the host above which a window is measured again: each new process
+# costs the agent a read of its cgroup, and ended ones stay in its table for --process-grace.
+CHURN_LIMIT = 20
 
 
 def arguments() -> Namespace:
@@ -57,6 +61,9 @@ def arguments() -> Namespace:
     parser.add_argument(
         "--max-processes", type=int, help="kepler-bridge --max-processes (0: no cap)"
     )
+    parser.add_argument(
+        "--retries", type=int, default=2, help=f"windows again over {CHURN_LIMIT} new processes/s"
+    )
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     args = parser.parse_args()
     if args.quick:
@@ -66,12 +73,14 @@ def arguments() -> Namespace:
         parser.error("--sizes: 0 to 20000 sleeping processes")
     if not 1 <= min(args.gpus) <= max(args.gpus) <= 64 or not 1 <= args.gpu_processes <= 64:
         parser.error("--gpus: 1 to 64; --gpu-processes: 1 to 64")
+    if not 0 <= args.retries <= 5:
+        parser.error("--retries: 0 to 5")
     return args
 
 
-def expected_seconds(args: Namespace) -> float:
-    """About how long the whole run takes."""
-    per_size = args.settle + args.window + 1  # + the last read's wait
+def expected_seconds(args: Namespace, retries: int = 0) -> float:
+    """About how long the whole run takes, each window measured `retries` more times."""
+    per_size = args.settle + (args.window + 1) * (1 + retries)  # + the last read's wait
     spawn = max(args.sizes) / SPAWN_PER_SECOND
     return len(args.gpus) * (START_SECONDS + spawn + len(args.sizes) * per_size)
 
@@ -144,6 +153,19 @@ def window(exporter: Exporter, gpus: int, extra: int, seconds: float) -> Point:
     )
 
 
+def measured(exporter: Exporter, gpus: int, extra: int, args: Namespace) -> Point:
+    """A window; again (at most --retries times) while another job starts many processes."""
+    point = window(exporter, gpus, extra, args.window)
+    for _ in range(args.retries):
+        if point.new_per_s <= CHURN_LIMIT:
+            break
+        print(
+            f"  {point.new_per_s:.0f} processes started a second elsewhere: once more", flush=True
+        )
+        point = min(point, window(exporter, gpus, extra, args.window), key=lambda p: p.new_per_s)
+    return point
+
+
 def one_gpu_count(args: Namespace, work: Path, gpus: int, lifetime: int) -> list[Point]:
     """A fresh agent on `gpus` fake GPUs, measured at each host size; every process ended after."""
     binary, points = work / "sleepers", []
@@ -159,7 +181,7 @@ def one_gpu_count(args: Namespace, work: Path, gpus: int, lifetime: int) -> list
             started = stack.enter_context(sleepers(binary, size - added, lifetime))
             added += len(started)
             time.sleep(args.settle)
-            point = window(exporter, gpus, added, args.window)
+            point = measured(exporter, gpus, added, args)
             points.append(point)
             print(
                 f"  {gpus} GPUs, {added} extra processes ({point.processes} on the host): sample "
@@ -186,13 +208,15 @@ def main() -> None:
     print(
         f"scaling: sizes {args.sizes} extra processes x {args.gpus} fake GPUs "
         f"({args.gpu_processes} processes each), --sources {args.agent_sources}, 1 s interval, "
-        f"--max-processes {cap}, {args.window:g} s windows; about {expected / 60:.0f} min; "
+        f"--max-processes {cap}, {args.window:g} s windows; about {expected / 60:.0f} min "
+        f"(at most {expected_seconds(args, args.retries) / 60:.0f}); "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     if 0 < cap < max(args.sizes):
         print(f"  above {cap} processes the agent evicts the excess every sample (--max-processes)")
-    lifetime = int(3 * expected + 600)  # the longest a sleeping process lives, whatever happens
+    # The longest a sleeping process lives, whatever happens to this script.
+    lifetime = int(2 * expected_seconds(args, args.retries) + 600)
     points = []
     with tempfile.TemporaryDirectory(prefix="kb-scaling-") as directory:
         build(Path(directory), "sleepers", SLEEPERS_C)
