@@ -58,6 +58,7 @@ bench: deps-test $(PEERS_VENV)/.installed
 	$(BIN)/python benchmarks/bpf_overhead.py
 	$(BIN)/python benchmarks/state_save.py
 	$(BIN)/python benchmarks/device_churn.py
+	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/peers.py
 
 # On a machine with an NVIDIA GPU: kepler-bridge against nvidia-smi, read-only (README "Check on a

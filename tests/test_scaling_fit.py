@@ -71,3 +71,11 @@ def test_the_report_states_the_constants_and_every_point() -> None:
     assert "12 points" in sample and "largest residual 0.000 ms" in sample
     cpu = next(line for line in lines if line.startswith("CPU = "))
     assert "s/min per 1000 processes" in cpu and "s/min per GPU" in cpu
+
+
+def test_make_bench_runs_scaling_and_ends_with_the_peers_targets_line() -> None:
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    recipe = makefile.split("\nbench:", 1)[1].split("\n\n", 1)[0]
+    scripts = [line.split()[-1] for line in recipe.splitlines() if "benchmarks/" in line]
+    assert "benchmarks/scaling.py" in scripts
+    assert scripts[-1] == "benchmarks/peers.py"  # its line of targets ends `make bench`
