@@ -61,6 +61,7 @@ bench: deps-test $(PEERS_VENV)/.installed
 	$(BIN)/python benchmarks/source_reads.py
 	$(BIN)/python benchmarks/source_reads.py --sources ebpf,procfs --extra 3000
 	$(BIN)/python benchmarks/scrape_phase.py
+	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/peers.py
 
 # On a machine with an NVIDIA GPU: kepler-bridge against nvidia-smi, read-only (README "Check on a
