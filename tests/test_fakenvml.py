@@ -1196,4 +1196,5 @@ def test_event_wait_sleeps_instead_of_polling(fake_nvml: FakeNvml, nvml: NvmlPro
             pass
         result = switches() - before
     """)
-    assert result <= 4  # polling every 50 ms switched out 18 times
+    # Polling every 50 ms switched out 18 times; sleeping, about once (a loaded machine adds a few).
+    assert result <= 9
