@@ -223,7 +223,7 @@ def main() -> None:
         for gpus in sorted(set(args.gpus)):
             points += one_gpu_count(args, Path(directory), gpus, lifetime)
     print()
-    print(report(points))
+    print(report(points, cap))
 
 
 if __name__ == "__main__":

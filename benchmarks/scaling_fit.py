@@ -140,15 +140,24 @@ def table(points: list[Point], sample: Line, cpu: Line) -> str:
     )
 
 
-def report(points: list[Point]) -> str:
-    """The table, then the two fitted lines with their constants."""
-    sample = fit(points, lambda p: p.sample_ms)
-    cpu = fit(points, lambda p: p.cpu_s_min)
-    return "\n".join(
-        [
-            table(points, sample, cpu),
-            "",
-            f"sample = {formula(sample, 'ms', 1e3, 'us per process')}",
-            f"CPU = {formula(cpu, 's/min', 1e3, 's/min per 1000 processes')}",
-        ]
-    )
+def fits(points: list[Point]) -> tuple[Line, Line]:
+    """The lines of sample cost and of CPU over `points`."""
+    return fit(points, lambda p: p.sample_ms), fit(points, lambda p: p.cpu_s_min)
+
+
+def formulas(sample: Line, cpu: Line, prefix: str = "") -> list[str]:
+    return [
+        f"{prefix}sample = {formula(sample, 'ms', 1e3, 'us per process')}",
+        f"{prefix}CPU = {formula(cpu, 's/min', 1e3, 's/min per 1000 processes')}",
+    ]
+
+
+def report(points: list[Point], cap: int = 0) -> str:
+    """The table and the fitted lines; again over the points within the agent's process cap
+    (--max-processes `cap`, 0: none) where some lie above it."""
+    sample, cpu = fits(points)
+    text = [table(points, sample, cpu), "", *formulas(sample, cpu)]
+    within = [p for p in points if p.processes <= cap]
+    if 0 < cap and len(within) < len(points) and len({p.extra for p in within}) > 1:
+        text += formulas(*fits(within), f"within --max-processes {cap} ({len(within)} points): ")
+    return "\n".join(text)

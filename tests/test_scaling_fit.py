@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -79,3 +80,17 @@ def test_make_bench_runs_scaling_and_ends_with_the_peers_targets_line() -> None:
     scripts = [line.split()[-1] for line in recipe.splitlines() if "benchmarks/" in line]
     assert "benchmarks/scaling.py" in scripts
     assert scripts[-1] == "benchmarks/peers.py"  # its line of targets ends `make bench`
+
+
+def test_points_over_the_process_cap_get_a_line_of_their_own_below_it() -> None:
+    points = [
+        replace(point, sample_ms=point.sample_ms * (3 if point.processes > 5000 else 1))
+        for point in grid(lambda g, p: 2.0 + 0.0005 * p + 0.25 * g)
+    ]
+    text = report(points, cap=5000).splitlines()
+    within = [line for line in text if line.startswith("within --max-processes 5000 (9 points)")]
+    assert len(within) == 2
+    assert "sample = 2.000 ms + 0.500 us per process + 0.250 ms per GPU" in within[0]
+    assert "largest residual 0.000 ms" not in text[text.index("") + 1]  # all points: not a line
+    assert not any(line.startswith("within") for line in report(points, cap=0).splitlines())
+    assert not any(line.startswith("within") for line in report(points, cap=20000).splitlines())
