@@ -30,6 +30,7 @@ from typing import TypedDict
 
 from kepler_bridge.config import Config
 from kepler_bridge.model import SourceReading
+from kepler_bridge.sources import pid_namespace
 from kepler_bridge.sources.base import SourceAbsent, SourceUnavailable
 from kepler_bridge.sources.cgroup import CgroupIdIndex, read_container_id
 from kepler_bridge.sources.ebpf import kernel_headers
@@ -43,8 +44,6 @@ log = logging.getLogger(__name__)
 PROGRAM = "cpu_account.c"
 LOADER = str(Path(__file__).with_name("loader.py"))
 LOAD_TIMEOUT = 120.0
-# PROC_PID_INIT_INO: the initial pid namespace, whose pids BPF helpers return.
-INIT_PID_NS = "pid:[4026531836]"
 FALLBACK = (
     "; with --sources auto the procfs source counts CPU time instead "
     "(it misses processes that live less than one interval)"
@@ -201,31 +200,24 @@ def btf_problem(path: str = BTF_PATH) -> str:
     )
 
 
-def pid_namespace_problem(procfs: str, own: str = "/proc/self/ns/pid") -> str:
+def pid_namespace_problem(procfs: str, own: str = pid_namespace.OWN) -> str:
     """Why the task iterator would miss processes, or name them by pids --procfs does not show;
     '' when the agent (`own`) and `procfs` are in the initial pid namespace (or cannot be read)."""
-    agent, shown = _namespace(own), _namespace(f"{procfs}/1/ns/pid")
-    if agent not in ("", INIT_PID_NS):
+    agent = pid_namespace.namespace(own)
+    if pid_namespace.nested(own):
         # The kernel's task iterator walks the pid namespace of the process that reads it.
         return (
             f"the agent runs in pid namespace {agent}, not the host's: the eBPF task iterator "
             "sees only the processes of that namespace; run the pod with hostPID: true "
             "(and the host's /proc at --procfs /host/proc)"
         )
-    if shown not in ("", INIT_PID_NS):
+    if pid_namespace.nested(f"{procfs}/1/ns/pid"):
+        shown = pid_namespace.namespace(f"{procfs}/1/ns/pid")
         return (
             f"{procfs} shows pid namespace {shown}, but eBPF reports the host's pids: run the pod "
             "with hostPID: true, or mount the host's /proc and pass --procfs /host/proc"
         )
     return ""
-
-
-def _namespace(link: str) -> str:
-    """The target of a /proc/<pid>/ns/pid link, '' where it cannot be read."""
-    try:
-        return os.readlink(link)
-    except OSError:
-        return ""
 
 
 class EbpfSource(ProcessSource):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pynvml
 
 from kepler_bridge.model import GpuProcess
-from kepler_bridge.sources import ranges
+from kepler_bridge.sources import pid_namespace, ranges
 from kepler_bridge.sources.cgroup import read_container_id
 from kepler_bridge.sources.nvml.device import Device
 from kepler_bridge.sources.procfs import read_stat
@@ -37,19 +37,15 @@ NOTHING_RAN = pynvml.NVML_ERROR_NOT_FOUND
 
 
 def pid_namespace_problem(procfs: str) -> str:
-    """Why NVML lists no process of another pod: '' when this process is in the pid namespace
-    `procfs` shows (hostPID), or where that cannot be told."""
-    try:
-        with open(f"{procfs}/self/status", encoding="ascii", errors="replace") as file:
-            pids = next(line.split()[1:] for line in file if line.startswith("NSpid:"))
-    except (OSError, StopIteration):
-        return ""
-    if len(pids) < 2:
+    """Why NVML lists no process of another pod: '' when this process is in the host's pid
+    namespace (hostPID), or where that cannot be told."""
+    if not pid_namespace.nested(f"{procfs}/self/ns/pid"):
         return ""
     # The driver reports each GPU process by its pid in the caller's pid namespace and leaves out
     # those that have none there, so from inside a pod it sees only the pod's own processes.
     return (
-        f"the agent runs in a pid namespace of its own (pid {os.getpid()}, {pids[0]} in {procfs}): "
+        f"the agent runs in a pid namespace of its own (pid {os.getpid()}, "
+        f"{pid_namespace.namespace(f'{procfs}/self/ns/pid')}): "
         "the NVIDIA driver lists only the GPU processes of that namespace, so no process or pod "
         "gets GPU energy and it all counts as idle; run the pod with hostPID: true"
     )
