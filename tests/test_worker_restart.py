@@ -243,15 +243,19 @@ def test_state_directories_of_masters_that_no_longer_run_are_removed_at_start_up
     ended = subprocess.Popen(["true"])
     ended.wait()
     # Named after a pid that has ended, and after a live process that is no kepler-bridge.
+    here = "".join(filter(str.isdigit, os.readlink("/proc/self/ns/pid")))
     stale = [
-        Path(place, f"kepler-bridge-{pid}-left")
+        Path(place, f"kepler-bridge-{pid}-{here}-left")
         for place in ("/dev/shm", tempfile.gettempdir())
         for pid in (ended.pid, os.getpid())
     ]
     for path in stale:
         path.mkdir()
         (path / carry.FILE).write_text("{}")
-    not_a_directory = Path(tempfile.gettempdir(), f"kepler-bridge-{ended.pid}-file")
+    not_a_directory = Path(tempfile.gettempdir(), f"kepler-bridge-{ended.pid}-{here}-file")
+    # The same ended pid in another pid namespace, where it may well be running.
+    elsewhere = Path(tempfile.gettempdir(), f"kepler-bridge-{ended.pid}-1-left")
+    elsewhere.mkdir()
     not_a_directory.write_text("")
     try:
         with Agent(*SIMULATED) as running:
@@ -260,8 +264,10 @@ def test_state_directories_of_masters_that_no_longer_run_are_removed_at_start_up
                 assert kept.exists(), "a running agent's state directory was removed"
                 assert not [path for path in stale if path.exists()]
                 assert not_a_directory.exists()
+                assert elsewhere.exists(), "another pid namespace's directory was removed"
     finally:
         not_a_directory.unlink()
+        shutil.rmtree(elsewhere, ignore_errors=True)
         for path in stale:
             shutil.rmtree(path, ignore_errors=True)
 
@@ -306,8 +312,9 @@ def test_a_state_directory_named_after_this_masters_pid_is_a_predecessors(
 ) -> None:
     """In a restarted container the new master often has the pid of the killed one (1)."""
     monkeypatch.setattr(carry, "_agent_running", lambda pid: True)
-    own = tmp_path / f"kepler-bridge-{os.getpid()}-old"
-    other = tmp_path / f"kepler-bridge-{os.getpid() + 1}-live"
+    here = "".join(filter(str.isdigit, os.readlink("/proc/self/ns/pid")))
+    own = tmp_path / f"kepler-bridge-{os.getpid()}-{here}-old"
+    other = tmp_path / f"kepler-bridge-{os.getpid() + 1}-{here}-live"
     own.mkdir()
     other.mkdir()
     carry.remove_stale_dirs(str(tmp_path))

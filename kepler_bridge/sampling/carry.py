@@ -22,14 +22,17 @@ import stat
 import tempfile
 from typing import Any, Callable, Generic, Hashable, Iterable, TypeVar
 
+from kepler_bridge.sources import pid_namespace
+
 log = logging.getLogger(__name__)
 
 FILE = "sampler-state.json"
 # tmpfs first: the state is rewritten every sample and must not outlive the agent.
 PLACES = ("/dev/shm", None)
 PREFIX = "kepler-bridge-"
-# A state directory: the prefix, the pid of the master that made it, mkdtemp's suffix.
-DIRECTORY = re.compile(re.escape(PREFIX) + r"([0-9]+)-")
+# A state directory: the prefix, the pid of the master that made it, the inode of that master's
+# pid namespace, mkdtemp's suffix.
+DIRECTORY = re.compile(re.escape(PREFIX) + r"([0-9]+)-([0-9]+)-")
 VERSION = 1
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 K = TypeVar("K", bound=Hashable)
@@ -50,7 +53,7 @@ def make_dir() -> str:
     problems = []
     for place in PLACES:
         try:
-            return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=place)
+            return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{_namespace_id()}-", dir=place)
         except OSError as err:
             problems.append(f"{place or tempfile.gettempdir()}: {err.strerror or err}")
     log.warning(
@@ -63,15 +66,18 @@ def make_dir() -> str:
 
 def remove_stale_dirs(place: str) -> None:
     """Delete the state directories in `place` that a killed master left: ours (same owner, a
-    real directory) and named after a pid that is gone, is no kepler-bridge process, or is this
-    one's (a restarted container's master often has the pid of the one before)."""
+    real directory), made in this pid namespace, and named after a pid that is gone, is no
+    kepler-bridge process, or is this one's (a restarted container's master often has the pid of
+    the one before). A master of another pid namespace (another pod sharing the directory) has
+    pids this one cannot see, so its directories are left alone."""
     try:
         names = os.listdir(place)
     except OSError:
         return
+    own = _namespace_id()
     for name in names:
         found = DIRECTORY.match(name)
-        if found is None:
+        if found is None or found.group(2) != own:
             continue
         pid, path = int(found.group(1)), os.path.join(place, name)
         if pid != os.getpid() and _agent_running(pid):
@@ -83,6 +89,11 @@ def remove_stale_dirs(place: str) -> None:
         if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
             log.info("removing %s: the agent that made it no longer runs", path)
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _namespace_id() -> str:
+    """The inode number of this process's pid namespace; '0' where it cannot be read."""
+    return "".join(filter(str.isdigit, pid_namespace.namespace())) or "0"
 
 
 def _agent_running(pid: int) -> bool:
