@@ -70,6 +70,10 @@ class Ledger:
         self._now: float | None = None  # of the last sample
         self._processes: dict[ProcessLabels, Tally] = {}
         self._cpu: dict[ProcessLabels, float] = {}  # each process's CPU joules, in the same order
+        # Those with GPU joules, in the same order, and each key's place in `owners` while the
+        # processes stay; None: to be worked out again.
+        self._gpu: dict[ProcessLabels, float] | None = None
+        self._place: dict[ProcessLabels, int] | None = None
         # The processes of the last sample and their owners, in its order.
         self._owner_keys: list[ProcessLabels] | None = []  # None: not known (a restored state)
         self._owner_values: list[PodRef] = []
@@ -122,7 +126,7 @@ class Ledger:
         }
         self._presence[1].update(containers, last)
         self._presence[2].update({key[1:3] for key in containers}, last)
-        self._accumulate(owners, increments, owned)
+        self._accumulate(self._in_order(keys, same, increments), increments, owned)
         self._rows.relabelled(chain(changed, came, went))  # their owner or last sight
         self._rows.changed(increments)
         self._now = now
@@ -141,8 +145,10 @@ class Ledger:
         if kind == "cpu":
             totals = self._cpu
         else:  # only processes with GPU energy: joules never decrease, so once there, they stay
-            gpu = list(map(_GPU, processes.values()))
-            totals = dict(compress(zip(processes, gpu), gpu))
+            if self._gpu is None:
+                gpu = list(map(_GPU, processes.values()))
+                self._gpu = dict(compress(zip(processes, gpu), gpu))
+            totals = self._gpu
         gained = {
             key: joules.of(kind) for key, joules in increments.items() if _ranks(kind, joules)
         }
@@ -205,23 +211,37 @@ class Ledger:
             )
         )
 
+    def _in_order(
+        self, keys: list[ProcessLabels], same: bool, increments: Mapping[ProcessLabels, Joules]
+    ) -> list[ProcessLabels]:
+        """The processes with increments, in the order of the sample's processes: sorted by their
+        place while the processes stay the same, else picked out of all."""
+        if not same:
+            self._place = None
+            return list(filter(increments.__contains__, keys))
+        if self._place is None:
+            self._place = dict(zip(keys, range(len(keys))))
+        return sorted(increments, key=self._place.__getitem__)
+
     def _accumulate(
         self,
-        owners: Mapping[ProcessLabels, PodRef],
+        ordered: list[ProcessLabels],
         increments: Mapping[ProcessLabels, Joules],
         owned: Mapping[Holder, float],
     ) -> None:
-        """Adds the increments (in the order of `owners`) to processes, containers and pods, then
-        device energy booked to a holder to that container and its pod."""
+        """Adds the increments (in the order of `ordered`) to processes, containers and pods,
+        then device energy booked to a holder to that container and its pod."""
         for container in self._presence[1].present - self._containers.keys():
             self._containers[container] = Tally(
                 WorkloadEnergy(container_id=container[0], owner=PodRef(*container[1:]))
             )
         for pod in self._presence[2].present - self._pods.keys():
             self._pods[pod] = Tally(WorkloadEnergy(owner=PodRef(*pod)))
-        for key in filter(increments.__contains__, owners):
+        for key in ordered:
             increment, process = increments[key], self._processes[key]
             owner = process.labels.owner
+            if increment.gpu > 0 and not process.joules.gpu:
+                self._gpu = None  # its first GPU energy: it joins the GPU family
             for joules in (
                 process.joules,
                 self._containers[(key[2], owner.namespace, owner.pod, owner.container)].joules,
@@ -230,6 +250,8 @@ class Ledger:
                 joules.cpu += increment.cpu
                 joules.gpu += increment.gpu
             self._cpu[key] = process.joules.cpu
+            if self._gpu is not None and key in self._gpu:
+                self._gpu[key] = process.joules.gpu
         for holder, added in owned.items():
             owner = holder.owner
             self._containers[
@@ -244,8 +266,7 @@ class Ledger:
                 del tallies[key]
                 presence.forget(key)
                 if tallies is self._processes:
-                    del self._cpu[key]
-                    self._rows.removed((key,))
+                    self._drop(key)
         excess = len(self._processes) - self.max_processes
         if self.max_processes > 0 and excess > 0:
             absent = sorted(
@@ -253,9 +274,16 @@ class Ledger:
                 key=lambda key: self._processes[key].joules.total,
             )
             for key in absent[:excess]:
-                del self._processes[key], self._cpu[key]
+                del self._processes[key]
                 self._presence[0].forget(key)
-            self._rows.removed(absent[:excess])
+                self._drop(key)
+
+    def _drop(self, key: ProcessLabels) -> None:
+        """Forget the totals and the row of a process whose tally is gone."""
+        del self._cpu[key]
+        if self._gpu is not None:
+            self._gpu.pop(key, None)
+        self._rows.removed((key,))
 
     def _process_labels(self, key: ProcessLabels) -> tuple[Any, ...]:
         owner = self._processes[key].labels.owner
@@ -308,6 +336,7 @@ class Ledger:
             cut = 3 if presence is self._presence[0] else None
             presence.restore({key[:cut]: seen for key, seen, _ in found})
         self._cpu = dict(zip(self._processes, map(_CPU, self._processes.values())))
+        self._gpu = self._place = None
         self._owner_keys, self._owner_values = None, []
         self._counted.counts = None
         self._rows.clear()

@@ -193,20 +193,22 @@ def _changes(records: Any, cls: type[DataclassInstance]) -> dict[int, dict[str, 
     """Position of a record -> what its rules change (None: a value it needs is unusable), for
     the records that change; the rules of a field run only where its check fails."""
     found: dict[int, dict[str, Any] | None] = {}
-    failed = (plan for check, getter, plan in _GROUPS[cls] if not check(getter(records)))
-    for name, rule, required, check, getter in chain.from_iterable(failed):
-        column = list(map(getter, records))
-        if check(column):
+    for group_check, values, plan in _GROUPS[cls]:
+        if group_check(values(records)):
             continue
-        for position, old in enumerate(column):
-            changes = found.get(position, {})
-            if changes is None:
+        for name, rule, required, check, getter in plan:
+            column = list(map(getter, records))
+            if len(plan) > 1 and check(column):  # another field of the group failed
                 continue
-            new = rule(old)
-            if new is None and required:
-                found[position] = None
-            elif new is not old:
-                found[position] = {**changes, name: new}
+            for position, old in enumerate(column):
+                changes = found.get(position, {})
+                if changes is None:
+                    continue
+                new = rule(old)
+                if new is None and required:
+                    found[position] = None
+                elif new is not old:
+                    found[position] = {**changes, name: new}
     return found
 
 

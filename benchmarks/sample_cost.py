@@ -1,0 +1,152 @@
+"""Cost of one sample and of one counter-state save, in the process (no HTTP), with real sources.
+
+A Sampler reads the fake NVML (--gpus x --processes, those processes real sleeping children) and
+the CPU source of --sources (procfs, or ebpf as root), with --extra-processes more sleeping
+processes on the host. It prints, per block of --samples samples, the median of the blocks: wall
+and thread CPU ms per `Sampler.sample` (what kepler_bridge_sample_duration_seconds reports) and
+per state save, how much of a sample went to reading the sources and to sanitising what they
+gave (the rest is counters, owners, attribution and the snapshot), and how many processes the CPU
+source reported. Targets (issue 18): a sample at most 3 ms at 8 GPUs x 16 processes and 10 ms with
+3000 more processes on eBPF, a save at most 1 ms.
+
+The CPU source sees every process of the host, so other work on the machine changes the figure;
+run it in a pid namespace of its own for procfs (`unshare --pid --fork --mount-proc`), which eBPF
+refuses. --gc-freeze freezes the garbage collector's view of what start-up made (gc.freeze), to
+show what the worker's collections cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from sleepers import SLEEPERS_C, build, sleepers  # noqa: E402
+
+from fakenvml import FakeNvml, default_process  # noqa: E402
+from fakenvml import build as build_fakenvml  # noqa: E402
+from scaffold import make_config  # noqa: E402
+
+if TYPE_CHECKING:
+    from kepler_bridge.sampling.sampler import Sampler
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sources", default="nvml,procfs", help="nvml,procfs or nvml,ebpf")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--processes", type=int, default=16, help="per GPU")
+    parser.add_argument("--extra-processes", type=int, default=0)
+    parser.add_argument("--samples", type=int, default=100, help="per block")
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--gc-freeze", action="store_true")
+    return parser.parse_args()
+
+
+def timed(call: Callable[[], object]) -> tuple[float, float]:
+    """Wall and thread CPU seconds of one call."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    call()
+    return time.perf_counter() - wall, time.thread_time() - cpu
+
+
+class Stage:
+    """Wall seconds spent in one function, which it wraps where it is looked up."""
+
+    def __init__(self, owner: object, name: str) -> None:
+        self.seconds, self.function = 0.0, getattr(owner, name)
+        setattr(owner, name, self)
+
+    def __call__(self, *args: object) -> object:
+        started = time.perf_counter()
+        try:
+            return self.function(*args)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+
+def blocks(sampler: Sampler, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Per block, the mean ms of each measure; the blocks' list per measure."""
+    from kepler_bridge.sampling import sanitize, slots
+
+    found: dict[str, list[float]] = {}
+    reads, cleaning = Stage(slots, "read_clean"), Stage(sanitize, "reading")
+    for _ in range(args.blocks):
+        totals = dict.fromkeys(("sample", "sample CPU", "save", "save CPU"), 0.0)
+        reads.seconds = cleaning.seconds = 0.0
+        for _ in range(args.samples):
+            wall, cpu = timed(sampler.sample)
+            totals["sample"] += wall
+            totals["sample CPU"] += cpu
+            wall, cpu = timed(sampler._save)
+            totals["save"] += wall
+            totals["save CPU"] += cpu
+        totals["of which reading"] = reads.seconds - cleaning.seconds
+        totals["sanitising"] = cleaning.seconds
+        for name, seconds in totals.items():
+            found.setdefault(name, []).append(seconds * 1e3 / args.samples)
+    return found
+
+
+def main() -> None:
+    args = arguments()
+    work = Path(tempfile.mkdtemp(prefix="kb-sample-"))
+    state = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    gpu_processes = args.gpus * args.processes
+    binary = build(work, "sleepers", SLEEPERS_C)
+    try:
+        with sleepers(binary, gpu_processes + args.extra_processes, 3600) as pids:
+            fake = FakeNvml(build_fakenvml(work), work / "nvml.conf", gpus=args.gpus)
+            for gpu in range(args.gpus):
+                mine = pids[gpu * args.processes : (gpu + 1) * args.processes]
+                fake.processes(gpu, [default_process(pid, n) for n, pid in enumerate(mine)])
+            os.environ["FAKE_NVML_CONFIG"] = str(fake.config)  # read when the library loads
+            run(args, str(fake.library), state)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, library: str, state: str) -> None:
+    from kepler_bridge.sampling.sampler import Sampler
+    from kepler_bridge.store import SnapshotStore
+
+    config = make_config(
+        sources=args.sources, nvml_library=library, kube_source="off", pod_resources_socket=""
+    )
+    sampler = Sampler(config, SnapshotStore(), state_dir=state)
+    try:
+        failed = [f"{slot.name}: {slot.error}" for slot in sampler.slots if not slot.started]
+        if failed:
+            raise SystemExit(f"sources did not start: {'; '.join(failed)}")
+        for _ in range(20):  # warm up: every counter seen, every table written once
+            sampler.sample()
+            sampler._save()
+        if args.gc_freeze:
+            gc.freeze()
+        found = blocks(sampler, args)
+        counted = max(len(slot.last.processes) for slot in sampler.slots)
+    finally:
+        sampler.stop()
+    figures = ", ".join(
+        f"{name} {statistics.median(values):.2f} ms" for name, values in found.items()
+    )
+    print(
+        f"{args.sources}, {args.gpus} GPUs x {args.processes} processes, "
+        f"{args.extra_processes} more ({counted} processes counted): {figures} "
+        f"(median of {args.blocks} blocks of {args.samples})"
+    )
+
+
+if __name__ == "__main__":
+    main()
