@@ -123,6 +123,8 @@ def main() -> None:
         build(work), work / "nvml.conf", gpus=args.gpus, processes_per_gpu=args.processes
     )
     os.environ["FAKE_NVML_CONFIG"] = str(fake.config)  # read when the library loads
+    # The fake re-reads a config younger than a second at every call (tests/fakenvml/README.md).
+    time.sleep(1.1)
     with ExitStack() as stack:
         if args.extra:
             binary = sleepers.build(work, "sleepers", sleepers.SLEEPERS_C)

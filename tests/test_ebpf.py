@@ -538,3 +538,34 @@ def test_task_groups_sum_again_only_the_groups_that_changed() -> None:
     assert gone == {30}
     changed, gone = groups.update(b"".join([record(10, 11, 25), fixed[2]]))
     assert changed == {} and gone == {10}  # a thread without its leader is no process
+
+
+def test_reads_that_reuse_the_last_pass_match_a_fresh_source(ebpf: EbpfSource) -> None:
+    """A source that has read before looks again only at changed groups; its rows still equal
+    those of a source reading for the first time, through exec, a cgroup move and an exit."""
+    with container_cgroup("ebpf-reuse", ID) as cgroup:
+        sleeping = [subprocess.Popen(["sleep", "60"]) for _ in range(20)]
+        execs = subprocess.Popen(["sh", "-c", "sleep 0.5; exec sleep 60"])
+        ending = subprocess.Popen(["sleep", "0.5"])
+        watched = {p.pid for p in (*sleeping, execs, ending)}
+        try:
+            for _ in range(3):
+                ebpf.read()
+            (cgroup / "cgroup.procs").write_text(str(sleeping[0].pid))
+            ending.wait()
+            time.sleep(0.6)
+            again = {row.pid: row for row in ebpf.read().processes if row.pid in watched}
+            fresh = EbpfSource(make_config())
+            fresh.start()
+            try:
+                first = {row.pid: row for row in fresh.read().processes if row.pid in watched}
+            finally:
+                fresh.stop()
+        finally:
+            for process in (*sleeping, execs):
+                process.kill()
+                process.wait()
+    assert again[execs.pid].comm == "sleep" and again[sleeping[0].pid].container_id == ID
+    assert ending.pid in again and ending.pid not in first  # ended: kept for the grace period
+    del again[ending.pid]
+    assert again == first

@@ -7,10 +7,9 @@ here. Each read() drains the groups that ended since the last one (their final
 runtime, recorded at sched_process_free), then runs one pass of the task
 iterator over the living ones, of which only the groups whose records changed
 since the last pass are looked at again (tasks.py); nothing runs per context
-switch. Pids are those
-of the initial pid namespace, and the iterator walks the pid namespace of the
-process reading it: the agent must run in the host's (hostPID), and --procfs
-must show the host's processes.
+switch. Pids are those of the initial pid namespace, and the iterator walks
+the pid namespace of the process reading it: the agent must run in the host's
+(hostPID), and --procfs must show the host's processes.
 """
 
 from __future__ import annotations

@@ -94,6 +94,7 @@ def _listed(
 ) -> list[tuple[Any, ...]]:
     """The records of an NVML list call, asked with `ask(function, count pointer, buffer)`, read
     into the device's buffer for that call, which grows when NVML says it is too small."""
+    # pynvml's own lookup, as its wrappers do: cached, and FunctionNotFound on an older driver.
     function = pynvml._nvmlGetFunctionPointer(call)
     buffer = device.lists.get(call) or ctypes.create_string_buffer(record.size * FIRST_CAPACITY)
     for _ in range(GROW_TRIES):
