@@ -373,13 +373,11 @@ def test_charts_read_at_a_glance_from_a_phone_to_a_wide_screen(
     with Browser(tmp_path / "profile") as browser:
         browser.open(agent.url + "/")
         browser.wait_for(charts_drawn(8))
-        for width, height, phone in ((360, 740, True), (1440, 900, False)):
+        for width, height, phone in ((360, 740, True), (1440, 900, False), (1920, 1080, False)):
             browser.resize(width, height, mobile=phone)
             browser.wait_for(f"innerWidth === {width}")
-            page = "document.documentElement"
-            assert browser.evaluate(f"{page}.scrollWidth <= {page}.clientWidth"), (
-                width
-            )  # no sideways scroll
+            page = "document.documentElement"  # which never scrolls sideways
+            assert browser.evaluate(f"{page}.scrollWidth <= {page}.clientWidth"), width
             assert browser.layout_problems() == [], width
             assert_charts_read_at_a_glance(browser)
             shot = tmp_path / f"live-{width}.png"
