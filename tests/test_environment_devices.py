@@ -135,6 +135,18 @@ def test_a_million_nuls_cost_no_list_of_entries() -> None:
     assert parse_environ(b"\0" * (1 << 20)) == NO_DEVICES
 
 
+def test_an_environ_past_the_bound_loses_its_cut_entry_not_a_digit(tmp_path: Path) -> None:
+    """`NVIDIA_VISIBLE_DEVICES=12` cut after its "1" by the read's bound must not name GPU 1."""
+    cut = b"\0NVIDIA_VISIBLE_DEVICES=1"
+    padding = b"PAD=" + b"x" * (environment.MAX_ENVIRON_BYTES - len(cut) - 4)
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "environ").write_bytes(padding + cut + b"2\0")
+    learned = EnvironmentDevices(str(tmp_path), container_of=lambda pid: "c1")
+    kube = learning({"c1": POD["train"]})
+    assert learned.view(kube, {"c1"}, [(7, "x", "c1")], GPUS) is kube
+    assert learned.reads == 1
+
+
 @pytest.fixture
 def children() -> Iterator[list[subprocess.Popen]]:
     started: list[subprocess.Popen] = []
@@ -264,6 +276,8 @@ def test_pod_resources_wins_and_the_environment_fills_in_only_while_it_does_not_
         kube = KubeView({"c-train": POD["train"]}, kube.devices, kube.learn_from_environment)
         return owners(learned.view(kube, set(pids), [(pids["c-train"], "x", "c-train")], GPUS))
 
+    metadata.refresh()  # no socket at all, as under EdgeCore
+    assert metadata.view().learn_from_environment
     with FakePodResources(
         socket, list_response([("ml", "infer", [("main", [("nvidia.com/gpu", [GPU[0]])])])])
     ):
