@@ -110,4 +110,3 @@ class KubeView:
 def _names(gpu: GpuReading) -> tuple[str, ...]:
     """Every name a device plugin or a runtime may give this device or a part of it."""
     return (gpu.uuid, *gpu.mig_uuids, gpu.pci_bus_id, *gpu.device_ids)
-

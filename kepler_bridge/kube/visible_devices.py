@@ -172,9 +172,7 @@ def _nvidia_keys(token: str, nvidia: Iterable[GpuReading]) -> list[str]:
 
 def _narrowed(keys: set[str], cuda: set[str], nvidia: Iterable[GpuReading]) -> set[str]:
     """The CUDA uuids among what the runtime gave: a MIG device counts where its GPU was given."""
-    parents = {
-        device_key(uuid): device_key(gpu.uuid) for gpu in nvidia for uuid in gpu.mig_uuids
-    }
+    parents = {device_key(uuid): device_key(gpu.uuid) for gpu in nvidia for uuid in gpu.mig_uuids}
     return {key for key in cuda if key in keys or parents.get(key) in keys}
 
 
