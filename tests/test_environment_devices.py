@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -129,6 +130,23 @@ def test_hostile_environs_never_raise_and_stay_bounded(
     assert len(visible.ascend) <= 256
     found, _ = named(visible, GPUS)
     assert len(found) <= len(GPUS) + 1 + len(visible.nvidia) + len(visible.cuda) + len(visible.rocm)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.binary(max_size=2000), hostile_values), min_size=1, max_size=12))
+def test_hostile_environ_files_give_a_view_and_cost_one_read_each(files: list[bytes]) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        for pid, data in enumerate(files, start=1):
+            (Path(directory) / str(pid)).mkdir()
+            (Path(directory) / str(pid) / "environ").write_bytes(data)
+        containers = {f"c{pid}": POD["train"] for pid in range(1, len(files) + 1)}
+        learned = EnvironmentDevices(directory, container_of=lambda pid: f"c{pid}")
+        rows = [(pid, "x", f"c{pid}") for pid in range(1, len(files) + 1)]
+        for _ in range(environment.MAX_TRIES * 2 + 2):
+            view = learned.view(learning(containers), set(containers), rows, GPUS)
+            assert all(len(view.holders(gpu)) <= len(files) for gpu in GPUS)
+        # An empty environ is tried again (a process in exec), up to MAX_TRIES; others once.
+        assert learned.reads == sum(environment.MAX_TRIES if not data else 1 for data in files)
 
 
 def test_a_million_nuls_cost_no_list_of_entries() -> None:
