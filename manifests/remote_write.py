@@ -86,6 +86,11 @@ elif [ -s "$secret/username" ] && [ -s "$secret/password" ]; then
 else
   fail "Secret $REMOTE_WRITE_SECRET needs key token, or keys username and password"
 fi
+if [ -s "$secret/tenant" ]; then
+  tenant=$(cat "$secret/tenant")
+  case "$tenant" in *[\"\\]*) fail "tenant holds a quote or backslash";; esac
+  printf '  headers:\n    X-Scope-OrgID: "%s"\n' "$tenant" >> "$out"
+fi
 printf '  tls_config:\n' >> "$out"
 [ -s "$secret/ca.crt" ] && printf '    ca_file: %s/ca.crt\n' "$secret" >> "$out"
 if [ -s "$secret/tls.crt" ] && [ -s "$secret/tls.key" ]; then

@@ -5,6 +5,7 @@ them that counts bytes and can cut the link."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -102,7 +103,7 @@ def _reset(sock: socket.socket) -> None:
 
 
 class Tls:
-    """A CA, a server certificate for 127.0.0.1, and the receivers' basic-auth user."""
+    """A CA and a server certificate for 127.0.0.1, signed by it."""
 
     def __init__(self, directory: Path) -> None:
         authority = Authority(directory)
@@ -176,7 +177,9 @@ class PrometheusReceiver(Daemon):
             "basic_auth_users": {USER: hashed},
         }
         (workdir / "web.yml").write_text(yaml.safe_dump(web))
-        (workdir / "receiver.yml").write_text(yaml.safe_dump({"global": {}}))
+        # As manifests/README.md advises: a fleet's backlog after an outage is older than the head.
+        storage = {"tsdb": {"out_of_order_time_window": "24h"}}
+        (workdir / "receiver.yml").write_text(yaml.safe_dump({"storage": storage}))
         super().__init__(
             [
                 binary("prometheus"),
@@ -306,6 +309,17 @@ class PrometheusAgent(Daemon):
             for line in text.splitlines()
             if line.startswith(name) and line[len(name)] in "{ "
         )
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time Prometheus has used so far."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_bytes(self) -> int:
+        """Prometheus' resident memory now."""
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        (line,) = [line for line in status.splitlines() if line.startswith("VmRSS:")]
+        return int(line.split()[1]) * 1024
 
     def wal_bytes(self) -> int:
         """The size of the WAL directory now."""

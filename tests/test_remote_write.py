@@ -7,15 +7,20 @@ restored: each receiver must hold every scrape of the outage, and the WAL must s
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
 from agent import Agent
 from assets import generator
+from promserver import binary
 from remote_write_rig import (
     NODE,
     PASSWORD,
@@ -36,7 +41,7 @@ INTERVAL = 5.0
 # Prometheus offsets each scrape within its interval by a fixed amount; the tolerance covers a
 # scrape that starts late on a loaded machine.
 TOLERANCE = 1.5
-OUTAGE = 125.0
+OUTAGE = 121.0
 METRICS = ("gpu_energy_joules_total", "kepler_bridge_last_sample_timestamp_seconds")
 
 
@@ -157,3 +162,71 @@ def test_every_scrape_of_a_two_minute_outage_reaches_both_receivers(rig: dict) -
     held = _hours(remote.MAX_TIME) + remote.TRUNCATE_HOURS
     assert 2 * per_hour * held + wal_at_cut < limit, f"WAL grows {per_hour / 1e6:.1f} MB/h"
     assert writer.metric("prometheus_remote_storage_samples_failed_total") == 0
+
+
+def test_shipped_image_is_the_prometheus_this_test_runs() -> None:
+    version = subprocess.run(
+        [binary("prometheus"), "--version"], capture_output=True, text=True, timeout=30
+    ).stdout
+    found = re.match(r"prometheus, version (\d+\.\d+\.\d+)", version)
+    assert found, version
+    assert _shipped().PROMETHEUS_IMAGE.endswith(f":v{found.group(1)}")
+
+
+@pytest.mark.parametrize(
+    "secret,wanted",
+    [
+        (
+            {"token": "t0ken", "tenant": "edge-fleet"},
+            {
+                "authorization": {"credentials_file": "{dir}/token"},
+                "headers": {"X-Scope-OrgID": "edge-fleet"},
+            },
+        ),
+        (
+            {"username": USER, "password": PASSWORD, "tls.crt": "c", "tls.key": "k"},
+            {
+                "basic_auth": {"username": USER, "password_file": "{dir}/password"},
+                "tls_config": {
+                    "cert_file": "{dir}/tls.crt",
+                    "key_file": "{dir}/tls.key",
+                    "insecure_skip_verify": False,
+                },
+            },
+        ),
+    ],
+    ids=["bearer-token-and-tenant", "basic-auth-and-client-certificate"],
+)
+def test_init_script_writes_a_configuration_promtool_accepts(
+    tmp_path: Path, secret: dict[str, str], wanted: dict
+) -> None:
+    url = "https://metrics.example.net/api/v1/write"
+    config = render_config(tmp_path, "127.0.0.1:30060", "15s", [url], secret)
+    (entry,) = yaml.safe_load(config.read_text())["remote_write"]
+    assert entry["url"] == url
+    for key, value in wanted.items():
+        assert entry[key] == json.loads(
+            json.dumps(value).replace("{dir}", str(tmp_path / "secret-0"))
+        )
+    checked = subprocess.run(
+        [binary("promtool"), "check", "config", str(config)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize(
+    "url,secret,message",
+    [
+        ("http://metrics.example.net/api/v1/write", {"token": "t"}, "must start with https://"),
+        ("https://metrics.example.net/api/v1/write", {}, "needs key token, or keys username"),
+        ('https://a.example/"x', {"token": "t"}, "percent-encode it"),
+    ],
+    ids=["plain-http", "no-credentials", "quote-in-url"],
+)
+def test_init_script_refuses_a_secret_it_cannot_use_and_says_why(
+    tmp_path: Path, url: str, secret: dict[str, str], message: str
+) -> None:
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        render_config(tmp_path, "127.0.0.1:30060", "15s", [url], secret)
+    assert message in failed.value.stderr.decode()
+    assert not (tmp_path / "init-output.yml").exists()
