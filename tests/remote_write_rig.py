@@ -237,7 +237,7 @@ def render_config(
     entry per url."""
     template = yaml.safe_load(shipped("10-configmap.yaml")["data"]["prometheus.yml"])
     template["global"]["scrape_interval"] = interval
-    template["global"]["scrape_timeout"] = min(interval, "5s", key=_seconds)
+    template["global"]["scrape_timeout"] = min(interval, "5s", key=seconds)
     (job,) = template["scrape_configs"]
     job["static_configs"] = [{"targets": [target]}]
     (workdir / "template.yml").write_text(yaml.safe_dump(template, sort_keys=False))
@@ -271,7 +271,8 @@ def _run_init(secret_dir: Path, url: str, secret: dict[str, str]) -> str:
     return (workdir / "init-output.yml").read_text()
 
 
-def _seconds(duration: str) -> float:
+def seconds(duration: str) -> float:
+    """A Prometheus duration of one unit (5s, 24h) in seconds."""
     return float(duration[:-1]) * {"s": 1, "m": 60, "h": 3600}[duration[-1]]
 
 

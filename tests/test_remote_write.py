@@ -32,6 +32,7 @@ from remote_write_rig import (
     Tls,
     VictoriaMetrics,
     render_config,
+    seconds,
 )
 from scaffold import wait_for
 
@@ -53,10 +54,6 @@ def _shipped() -> ModuleType:
 def _bytes(quantity: str) -> int:
     units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
     return int(quantity[:-2]) * units[quantity[-2:]]
-
-
-def _hours(duration: str) -> float:
-    return float(duration[:-1]) * {"m": 1 / 60, "h": 1.0}[duration[-1]]
 
 
 @pytest.fixture
@@ -159,7 +156,7 @@ def test_every_scrape_of_a_two_minute_outage_reaches_both_receivers(rig: dict) -
     # checkpoint is written, still fits the emptyDir: the pod is never evicted for its WAL. This
     # test's 2 GPUs at 5 s write about as many samples a second as 8 GPUs at the shipped 15 s.
     per_hour = (wal_most - wal_at_cut) / OUTAGE * 3600
-    held = _hours(remote.MAX_TIME) + remote.TRUNCATE_HOURS
+    held = seconds(remote.MAX_TIME) / 3600 + remote.TRUNCATE_HOURS
     assert 2 * per_hour * held + wal_at_cut < limit, f"WAL grows {per_hour / 1e6:.1f} MB/h"
     assert writer.metric("prometheus_remote_storage_samples_failed_total") == 0
 
