@@ -1,5 +1,5 @@
-"""The gpu-alerts rules: rendered files up to date, same rules everywhere,
-promtool checks and unit tests."""
+"""The gpu-alerts rules and the gpu-fleet recording rules: rendered files up to date, same rules
+everywhere, promtool checks and unit tests."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from assets import generator
+from assets import CONTRACT_METRICS, generator, metric_names, recording_rules
 from promserver import ROOT, binary
 
 ALERTS = ROOT / "alerts"
@@ -109,3 +109,49 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
             (fires if check.get("exp_alerts") else quiet).add(check["alertname"])
     assert fires == EXPECTED, f"alerts without a firing test: {EXPECTED - fires}"
     assert quiet == EXPECTED, f"alerts without a quiet test: {EXPECTED - quiet}"
+
+
+def test_fleet_plain_file_and_prometheusrules_hold_the_same_recording_rules() -> None:
+    render = generator("alerts/render.py")
+    plain = _load(render.FLEET_PLAIN)["groups"]
+    assert plain == [render.load_group(render.FLEET_SOURCE, "gpu-fleet")]
+    for path in render.FLEET_RULES:
+        manifest = _load(path)
+        assert manifest["kind"] == "PrometheusRule"
+        assert manifest["metadata"]["name"] == "kepler-bridge-gpu-fleet"
+        assert manifest["spec"]["groups"] == plain, path
+
+
+def test_fleet_group_records_only_and_names_follow_the_convention() -> None:
+    rules = recording_rules()
+    assert rules and all(set(rule) == {"record", "expr"} for rule in rules), "no alerts here"
+    for rule in rules:
+        level, _, operation = rule["record"].split(":")
+        assert level in {"node", "namespace"} and operation, rule["record"]
+        assert f"by ({level})" in rule["expr"], f"{rule['record']} keeps its level's label"
+        names = metric_names(rule["expr"])
+        assert names and names <= CONTRACT_METRICS, f"{rule['record']}: {names - CONTRACT_METRICS}"
+
+
+def test_promtool_accepts_the_fleet_rules_and_their_unit_tests_pass(tmp_path: Path) -> None:
+    result = _promtool("check", "rules", "gpu-fleet.rules.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    spec = _load(ROOT / "manifests" / "kubernetes" / "71-fleetrules.yaml")["spec"]
+    (tmp_path / "from-manifest.yml").write_text(yaml.safe_dump(spec), encoding="utf-8")
+    result = _promtool("check", "rules", "from-manifest.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = _promtool("test", "rules", "gpu-fleet.test.yml")
+    assert result.returncode == 0 and "SUCCESS" in result.stdout + result.stderr, (
+        result.stdout + result.stderr
+    )
+
+
+def test_every_recording_rule_has_a_unit_test() -> None:
+    tested = {
+        name
+        for case in _load(ALERTS / "gpu-fleet.test.yml")["tests"]
+        for check in case.get("promql_expr_test", [])
+        for name in metric_names(check["expr"])
+    }
+    recorded = {rule["record"] for rule in recording_rules()}
+    assert recorded <= tested, f"recording rules without a unit test: {recorded - tested}"
