@@ -614,10 +614,162 @@ def agent() -> dict[str, Any]:
     )
 
 
+# The fleet dashboard reads only the gpu-fleet recording rules (alerts/fleet-rules.src.yaml): a
+# few series per node and namespace, so it stays quick over thousands of nodes.
+NAMESPACE = 'namespace=~"$namespace"'
+TOP = 20  # nodes or namespaces in a ranking panel
+RED_FROM_ONE = {
+    "thresholds": {
+        "mode": "absolute",
+        "steps": [{"color": "green", "value": None}, {"color": "red", "value": 1}],
+    }
+}
+
+
+def fleet_energy(window: str = "") -> str:
+    """CPU + GPU energy (kWh) of the top namespaces: in the last hour, or over the range `window`
+    (the average of the 5-minute power times the range)."""
+    parts = []
+    for kind in ("gpu", "cpu"):
+        if window:
+            rate = f"namespace:kepler_bridge_pod_{kind}_joules:rate5m{{{NAMESPACE}}}"
+            part = f"avg_over_time({rate}[{window}]) * $__range_s"
+        else:
+            part = f"namespace:kepler_bridge_pod_{kind}_joules:increase1h{{{NAMESPACE}}}"
+        # avg_over_time() drops the names, which told the two sides apart for `or`.
+        parts.append(f'label_replace({part}, "kind", "{kind}", "", "")')
+    return f"topk({TOP}, sum by (namespace) ({' or '.join(parts)}) / 3.6e6)"
+
+
+def fleet() -> dict[str, Any]:
+    """Many nodes at once: power, energy, busy GPUs and accelerators down, by node and namespace."""
+    node_power = f"node:gpu_energy_joules:rate5m{{{NODE}}}"
+    busy = f"node:gpu_utilization_ratio:sum{{{NODE}}}"
+    panels = [
+        stat("Nodes with accelerators", f"count(node:gpu:count{{{NODE}}})"),
+        stat(
+            "Accelerators down",
+            f"sum(node:gpu_down:count{{{NODE}}})",
+            description="Failing, or reported in the last hour and not now (agent or link down).",
+            fieldConfig={"defaults": RED_FROM_ONE},
+        ),
+        stat(
+            "Accelerator power",
+            f"sum(node:gpu_power_watts:sum{{{NODE}}})",
+            "watt",
+            description="The power the accelerators draw now.",
+        ),
+        stat(
+            "GPU busy hours in the selected range",
+            f"sum(avg_over_time({busy}[$__range])) * $__range_s / 3600",
+            "h",
+        ),
+        timeseries(
+            f"Accelerator power, top {TOP} nodes",
+            [target(f"topk({TOP}, {node_power})", "{{node}}")],
+            "watt",
+            description="From the energy counters, averaged over 5 minutes.",
+        ),
+        timeseries(
+            "Power by namespace (CPU + GPU)",
+            [
+                target(
+                    "sum by (namespace) ("
+                    f"namespace:kepler_bridge_pod_gpu_joules:rate5m{{{NAMESPACE}}} or "
+                    f"namespace:kepler_bridge_pod_cpu_joules:rate5m{{{NAMESPACE}}})",
+                    "{{namespace}}",
+                )
+            ],
+            "watt",
+            fieldConfig={"defaults": {"custom": {"stacking": {"mode": "normal"}}}},
+        ),
+        bars(
+            f"Accelerator energy in the last hour, top {TOP} nodes",
+            [
+                target(
+                    f"topk({TOP}, node:gpu_energy_joules:increase1h{{{NODE}}} / 3.6e6)",
+                    "{{node}}",
+                    instant=True,
+                )
+            ],
+            "kwatth",
+        ),
+        bars(
+            f"Energy by namespace in the selected range, top {TOP}",
+            [target(fleet_energy("$__range"), "{{namespace}}", True)],
+            "kwatth",
+            description="CPU + GPU; the average of the 5-minute power times the range.",
+        ),
+        bars(
+            f"Energy by namespace in the last hour, top {TOP}",
+            [target(fleet_energy(), "{{namespace}}", True)],
+            "kwatth",
+            width=24,
+        ),
+        timeseries(
+            f"Busy GPUs, top {TOP} nodes",
+            [target(f"topk({TOP}, {busy})", "{{node}}")],
+            "short",
+            description="The sum of utilization: 1 is one GPU busy all the time.",
+        ),
+        timeseries(
+            "Busy GPUs by namespace",
+            [target(f"namespace:gpu_utilization_ratio:sum{{{NAMESPACE}}}", "{{namespace}}")],
+            "short",
+            description="GPUs the kubelet assigned to one of the namespace's containers.",
+        ),
+        timeseries(
+            f"CPU package power, top {TOP} nodes",
+            [
+                target(
+                    f"topk({TOP}, node:kepler_bridge_node_cpu_joules:rate5m{{{NODE}}})", "{{node}}"
+                )
+            ],
+            "watt",
+        ),
+        timeseries(
+            "Accelerators down",
+            [target(f"sum(node:gpu_down:count{{{NODE}}})", "down")],
+            "short",
+            fieldConfig={"defaults": RED_FROM_ONE},
+        ),
+        table(
+            "Nodes with accelerators down",
+            [
+                target(f"topk(50, node:gpu_down:count{{{NODE}}} > 0)", instant=True, table=True),
+                target(
+                    f"node:gpu:count{{{NODE}}} and on (node) node:gpu_down:count > 0",
+                    instant=True,
+                    table=True,
+                ),
+            ],
+            hide=["__name__"],
+            rename={"Value #A": "Down", "Value #B": "Accelerators"},
+        ),
+    ]
+    variables = [
+        variable("node", "label_values(node:gpu:count, node)", "Node"),
+        variable(
+            "namespace",
+            "label_values(namespace:kepler_bridge_pod_gpu_joules:rate5m, namespace)",
+            "Namespace",
+        ),
+    ]
+    return dashboard(
+        "kepler-bridge-fleet",
+        "Accelerator fleet",
+        "Power, energy, busy GPUs and accelerators down across nodes and namespaces, from the "
+        "gpu-fleet recording rules.",
+        variables,
+        panels,
+    )
+
+
 DASHBOARDS = {
     "accelerators.json": accelerators,
     "workload-energy.json": workload_energy,
     "agent.json": agent,
+    "fleet.json": fleet,
 }
 
 

@@ -31,6 +31,7 @@ SUBSTITUTIONS = {
     "$__rate_interval": "10s",
     "$__interval": "5s",
     "$__range": "1m",
+    "$__range_s": "60",
     "$node": ".*",
     "$gpu": ".*",
     "$namespace": ".*",
@@ -45,9 +46,11 @@ CONTRACT_METRICS = set(METRICS) | {
     "scrape_samples_scraped",
     "scrape_duration_seconds",
 }
-# A name not followed by "(" (a function) nor by a label matcher such as =, =~, != or !~.
+# A name not followed by "(" (a function) nor by a label matcher such as =, =~, != or !~; a
+# recorded one (level:metric:operations) as a whole.
 _METRIC = re.compile(
-    r"\b((?:gpu|kepler_bridge|process|scrape)_[a-z_]+|up)\b(?!\s*\()(?![=!]~|!=|=(?!=))"
+    r"\b([a-z_]+:[a-z0-9_]+:[a-z0-9_]+|(?:gpu|kepler_bridge|process|scrape)_[a-z_]+|up)\b"
+    r"(?!\s*\()(?![=!]~|!=|=(?!=))"
 )
 _LABEL_VALUES = re.compile(r"label_values\((.+), *(\w+)\)")
 _NAME_REGEX = re.compile(r'__name__=~"([^"]+)"')
@@ -57,6 +60,14 @@ def alert_rules() -> list[dict[str, Any]]:
     """The rules of the gpu-alerts group as Prometheus loads them."""
     (group,) = yaml.safe_load(
         (ROOT / "alerts" / "gpu-alerts.rules.yml").read_text(encoding="utf-8")
+    )["groups"]
+    return group["rules"]
+
+
+def recording_rules() -> list[dict[str, Any]]:
+    """The rules of the gpu-fleet recording-rule group as Prometheus loads them."""
+    (group,) = yaml.safe_load(
+        (ROOT / "alerts" / "gpu-fleet.rules.yml").read_text(encoding="utf-8")
     )["groups"]
     return group["rules"]
 

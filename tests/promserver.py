@@ -21,7 +21,8 @@ import yaml
 from scaffold import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-RULES = ROOT / "alerts" / "gpu-alerts.rules.yml"
+# The alerts and the fleet's recording rules (their dashboard's panels query the recorded series).
+RULES = (ROOT / "alerts" / "gpu-alerts.rules.yml", ROOT / "alerts" / "gpu-fleet.rules.yml")
 
 
 def binary(name: str) -> str:
@@ -78,7 +79,8 @@ class Daemon:
 
 
 class Prometheus(Daemon):
-    """A Prometheus server scraping the static targets every second with the gpu-alerts rules."""
+    """A Prometheus server scraping the static targets every second with the gpu-alerts and
+    gpu-fleet rules."""
 
     def __init__(
         self, workdir: Path, jobs: dict[str, list[str]], alertmanager: str | None = None
@@ -91,7 +93,7 @@ class Prometheus(Daemon):
                 "scrape_timeout": "1s",
                 "evaluation_interval": "1s",
             },
-            "rule_files": [str(RULES)],
+            "rule_files": [str(path) for path in RULES],
             "scrape_configs": [
                 {"job_name": job, "static_configs": [{"targets": targets}]}
                 for job, targets in jobs.items()
