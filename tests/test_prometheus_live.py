@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 
 from agent import Agent
-from assets import alert_rules, panel_queries, variable_queries
+from assets import alert_rules, panel_queries, recording_rules, variable_queries
 from cpu_helpers import Burner
 from fakenvml import FakeNvml, default_process
 from fixtures.sysfs import FakeSysfs
@@ -264,6 +264,13 @@ def test_alert_expression_returns_series(stack: Stack, rule: dict) -> None:
     timeout = STALE_AFTER_S + 30 if rule["alert"] == "KeplerBridgeStale" else 30
     wait_until(
         lambda: stack.prometheus.query(rule["expr"]), timeout, f"{rule['alert']} to select a series"
+    )
+
+
+@pytest.mark.parametrize("rule", recording_rules(), ids=lambda rule: rule["record"])
+def test_recording_rule_records_series(stack: Stack, rule: dict) -> None:
+    wait_until(
+        lambda: stack.prometheus.query(rule["record"]), 30, f"{rule['record']} to be recorded"
     )
 
 
