@@ -63,8 +63,8 @@ bench: deps-test $(PEERS_VENV)/.installed
 	$(BIN)/python benchmarks/scrape_phase.py
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/remote_write_bytes.py
-	$(BIN)/python benchmarks/peers.py
 	$(BIN)/python benchmarks/fleet.py
+	$(BIN)/python benchmarks/peers.py
 
 # On a machine with an NVIDIA GPU: kepler-bridge against nvidia-smi, read-only (README "Check on a
 # real GPU"). It needs no venv: $(PYTHON) with the wheels of dist/gpu-check, built where PyPI is

@@ -11,7 +11,7 @@ processes), Prometheus' head series, samples appended a second, the p50/p99 of e
 scrape_duration_seconds of the window, the bytes a second the sink received beside
 prometheus_remote_storage_bytes_total, and Prometheus' own CPU and memory; prints them for the
 fleet and per node. Every process it starts ends with it (TERM, then KILL after 20 s), also on an
-error or Ctrl-C. Needs Debian's prometheus (`make deps`).
+error, Ctrl-C or SIGTERM. Needs Debian's prometheus (`make deps`).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--minutes", type=float, default=5, help="measured window")
     parser.add_argument("--sources", default="procfs", help="kepler-bridge --sources")
     parser.add_argument("--starting", type=int, default=4, help="agents started at once")
+    parser.add_argument("--node-prefix", default="edge", help="node names: PREFIX-000, ...")
     args = parser.parse_args()
     if not 1 <= args.agents <= 200 or not 1 <= args.gpus <= 64:
         parser.error("--agents: 1 to 200; --gpus: 1 to 64")
@@ -105,7 +106,7 @@ class Sink:
 
 def agent_args(n: int, args: argparse.Namespace) -> list[str]:
     return [
-        *("--node-name", f"edge-{n:03d}", "--simulate", str(args.gpus)),
+        *("--node-name", f"{args.node_prefix}-{n:03d}", "--simulate", str(args.gpus)),
         *("--simulate-seed", str(n), "--sources", args.sources),
         *("--interval", f"{args.interval}s", "--kube-source", "off"),
     ]
@@ -313,6 +314,7 @@ def table(rows: list[Row]) -> str:
 
 def main() -> None:
     args = arguments()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind as Ctrl-C does
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(
         f"{args.agents} agents x {args.gpus} simulated accelerators, {args.interval} s interval, "
