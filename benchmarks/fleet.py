@@ -212,6 +212,7 @@ class Reading:
     remote_bytes: float
     sink_requests: int
     sink_bytes: int
+    host_processes: int  # procfs reads each of them every sample: the agents' CPU follows it
 
 
 def read(agents: list[Agent], prometheus: Prometheus, sink: Sink) -> Reading:
@@ -224,6 +225,7 @@ def read(agents: list[Agent], prometheus: Prometheus, sink: Sink) -> Reading:
         remote_bytes=prometheus.own("prometheus_remote_storage_bytes_total"),
         sink_requests=requests,
         sink_bytes=body,
+        host_processes=sum(1 for name in os.listdir("/proc") if name.isdigit()),
     )
 
 
@@ -260,6 +262,7 @@ def agent_rows(before: Reading, after: Reading, agents: list[Agent]) -> list[Row
     return [
         ("agents' CPU", cpu, cpu / n, "s/min"),
         ("agents' memory (PSS, all their processes)", pss, pss / n, "MB"),
+        ("processes on the host (start; end)", before.host_processes, after.host_processes, ""),
     ]
 
 
