@@ -2,7 +2,8 @@
 on this host, optionally with extra sleeping processes; and NVML calls per GPU per sample.
 
 Each figure is the median over blocks of reads (100 by default) of the CPU time per read (this
-process, kernel time included: the eBPF task iterator runs in the kernel) and of the wall time;
+process, kernel time included: the eBPF task iterator runs in the kernel), of the wall time, and
+of the CPU time the sanitiser then takes over the reading (sanitize.reading, as every sample does);
 for the CPU sources also per process, which stays comparable when other jobs start or end
 processes meanwhile. Runs the sources in this process (no HTTP, no sampler), the fake NVML
 without its call-statistics file (as benchmarks/peers.py): calls are counted in process. Issue
@@ -45,18 +46,25 @@ def arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def timed(source: Any, args: argparse.Namespace) -> tuple[float, float]:
-    """Median CPU and wall ms per read over the blocks."""
+def timed(source: Any, args: argparse.Namespace) -> tuple[float, float, float]:
+    """Median CPU and wall ms per read, and CPU ms per sanitising of it, over the blocks."""
+    from kepler_bridge.sampling import sanitize
+
     for _ in range(5):
-        source.read()
-    cpu, wall = [], []
+        sanitize.reading(source.read())
+    cpu, wall, cleaning = [], [], []
     for _ in range(args.blocks):
-        started, used = time.perf_counter(), time.process_time()
+        started, used, cleaned, waited = time.perf_counter(), time.process_time(), 0.0, 0.0
         for _ in range(args.reads):
-            source.read()
-        cpu.append((time.process_time() - used) / args.reads * 1e3)
-        wall.append((time.perf_counter() - started) / args.reads * 1e3)
-    return statistics.median(cpu), statistics.median(wall)
+            reading = source.read()
+            before, at = time.process_time(), time.perf_counter()
+            sanitize.reading(reading)
+            cleaned += time.process_time() - before
+            waited += time.perf_counter() - at
+        cpu.append((time.process_time() - used - cleaned) / args.reads * 1e3)
+        wall.append((time.perf_counter() - started - waited) / args.reads * 1e3)
+        cleaning.append(cleaned / args.reads * 1e3)
+    return statistics.median(cpu), statistics.median(wall), statistics.median(cleaning)
 
 
 def nvml_calls(source: Any, gpus: int, reads: int = 20) -> float:
@@ -80,7 +88,7 @@ def nvml(fake: FakeNvml, args: argparse.Namespace) -> str:
     source = NvmlSource(config)
     source.start()
     try:
-        cpu, wall = timed(source, args)
+        cpu, wall, cleaning = timed(source, args)
         live = nvml_calls(source, args.gpus)
         source.configure(make_config(nvml_library=str(fake.library), nvml_counter_interval="0"))
         every = nvml_calls(source, args.gpus)
@@ -89,9 +97,9 @@ def nvml(fake: FakeNvml, args: argparse.Namespace) -> str:
     averaged = live + (every - live) * args.interval / config.nvml_counter_interval
     return (
         f"nvml   {args.gpus} GPUs x {args.processes}: {cpu:.2f} ms CPU ({wall:.2f} ms wall) per "
-        f"read; NVML calls per GPU per sample {live:.1f}, {every:.1f} when the slow counters "
-        f"are read, {averaged:.1f} averaged at {args.interval:g} s / "
-        f"{config.nvml_counter_interval:g} s"
+        f"read, sanitising {cleaning:.2f} ms CPU; NVML calls per GPU per sample {live:.1f}, "
+        f"{every:.1f} when the slow counters are read, {averaged:.1f} averaged at "
+        f"{args.interval:g} s / {config.nvml_counter_interval:g} s"
     )
 
 
@@ -106,13 +114,13 @@ def processes(name: str, args: argparse.Namespace) -> str:
     except Exception as err:  # noqa: BLE001 - shown, and the other sources still measured
         return f"{name:6} not measured: {err}"
     try:
-        cpu, wall = timed(source, args)
+        cpu, wall, cleaning = timed(source, args)
         count = len(source.read().processes)
     finally:
         source.stop()
     return (
         f"{name:6} {count} processes: {cpu:.2f} ms CPU ({wall:.2f} ms wall) per read, "
-        f"{cpu / count * 1e3:.2f} us CPU per process"
+        f"{cpu / count * 1e3:.2f} us CPU per process, sanitising {cleaning:.2f} ms CPU"
     )
 
 

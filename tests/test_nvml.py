@@ -92,6 +92,26 @@ def _process_values(text: str, name: str) -> dict[str, float]:
     return {s.labels["pid"]: s.value for s in samples(text, name) if s.labels["gpu"] == "0"}
 
 
+def test_a_gpu_process_row_follows_each_change_of_its_values(fake_nvml: FakeNvml) -> None:
+    """The source keeps a process's row while NVML gives the same values: a changed memory or
+    utilization still reaches /metrics at the next sample, and an exited process goes."""
+    me, other = {"pid": os.getpid(), "used_memory": GIB, "sm_util": 60}, {"pid": 999999}
+    fake_nvml.processes(0, [me, {**other, "used_memory": GIB, "sm_util": 20}])
+    with nvml_agent(fake_nvml) as agent:
+
+        def seen(name: str, want: dict[str, float]) -> None:
+            agent.wait_for(lambda: _process_values(agent.metrics(), name) == want, what=name)
+
+        seen("gpu_process_utilization_ratio", {str(os.getpid()): 0.6, "999999": 0.2})
+        time.sleep(0.6)  # samples with the same values
+        fake_nvml.processes(0, [{**me, "used_memory": 3 * GIB}, {**other, "used_memory": GIB}])
+        seen("gpu_process_memory_used_bytes", {str(os.getpid()): 3 * GIB, "999999": GIB})
+        seen("gpu_process_utilization_ratio", {str(os.getpid()): 0.6, "999999": 0.0})
+        fake_nvml.processes(0, [{**me, "used_memory": 3 * GIB, "sm_util": 70}])
+        seen("gpu_process_utilization_ratio", {str(os.getpid()): 0.7})
+        seen("gpu_process_memory_used_bytes", {str(os.getpid()): 3 * GIB})
+
+
 def test_memory_falls_back_to_v1(fake_nvml: FakeNvml) -> None:
     fake_nvml.gpu(1, memory_v2=False)
     with nvml_agent(fake_nvml) as agent:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import subprocess
 import sys
@@ -150,3 +151,36 @@ def test_a_truncated_stat_skips_that_process_only(cut: int) -> None:
     assert set(rows) <= {1, 2}
     if 2 in rows:  # cut after the fields the agent reads
         assert (rows[2].comm, rows[2].cpu_seconds) == ("a (b) c", pytest.approx(200 / CLOCK_TICKS))
+
+
+def test_a_stat_line_read_again_is_taken_only_when_it_changed(tmp_path: Path) -> None:
+    """An unchanged /proc/<pid>/stat line is not parsed again; a changed counter, an exec (new
+    comm), a pid reused (new start) and an exit are each seen at the next read."""
+    proc = host_proc(
+        tmp_path / "proc", {1: stat_line(1, "init", 3, 1, 1), 2: stat_line(2, "job", 100, 0, 50)}
+    )
+    source = ProcfsSource(make_config(procfs=str(proc), process_grace="0"))
+    source.start()
+
+    def rows() -> dict[int, tuple[str, float]]:
+        return {
+            row.pid: (row.comm, row.cpu_seconds * CLOCK_TICKS) for row in source.read().processes
+        }
+
+    def write(line: str) -> None:
+        (proc / "2" / "stat").write_text(line)
+
+    first = source.read().processes
+    assert source.read().processes == first and all(
+        map(operator.is_, source.read().processes, first)
+    )
+    write(stat_line(2, "job", 150, 10, 50))
+    assert rows()[2] == ("job", pytest.approx(160))
+    write(stat_line(2, "exec'd", 150, 10, 50))
+    assert rows()[2] == ("exec'd", pytest.approx(160))
+    write(stat_line(2, "new", 5, 0, 90))  # the pid now belongs to a process started later
+    assert rows()[2] == ("new", pytest.approx(5))
+    write(stat_line(2, "new", 5, 0, 90))  # the very same line again
+    assert rows()[2] == ("new", pytest.approx(5))
+    (proc / "2" / "stat").unlink()
+    assert set(rows()) == {1}

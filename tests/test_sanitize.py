@@ -8,8 +8,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
 import os
 import shlex
+import weakref
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -335,6 +337,42 @@ def test_a_clean_reading_passes_as_the_very_object() -> None:
     assert raw.gpus and raw.gpus[0].processes
     assert sanitize.reading(raw) is raw
     assert sanitize.reading(replaced(raw, gpus=raw.gpus[::-1])).gpus[0] is raw.gpus[-1]
+
+
+def test_rows_known_clean_do_not_let_a_new_bad_row_through() -> None:
+    """Rows a source keeps from one sample to the next are known clean by identity; a new row,
+    even one equal in labels to a known one or in the place of a freed one, is checked."""
+    rows = tuple(ProcessCpu(pid, f"p{pid}", 1.0 + pid) for pid in range(1, 50))
+    for _ in range(3):
+        assert sanitize.reading(SourceReading(processes=rows)).processes == rows
+    bad = (ProcessCpu(1, "p1", math.nan), ProcessCpu(2, "p\x1b[2J2", 3.0), ProcessCpu(-3, "x", 1.0))
+    cleaned = sanitize.reading(SourceReading(processes=rows + bad)).processes
+    assert cleaned[: len(rows)] == rows and all(map(operator.is_, cleaned, rows))
+    assert cleaned[len(rows) :] == (ProcessCpu(2, "p2", 3.0),)
+    gpu = GpuReading(index=0, uuid="u", vendor="acme", model="x", processes=(GpuProcess(7, "a"),))
+    assert sanitize.reading(SourceReading(gpus=(gpu,))).gpus[0] is gpu
+    for _ in range(20):  # new rows in the memory of freed ones, their ids too
+        clean = [ProcessCpu(pid, "q", 1.0) for pid in range(1, 50)]
+        sanitize.reading(SourceReading(processes=tuple(clean)))
+        del clean
+        dirty = tuple(ProcessCpu(pid, "q", -1.0) for pid in range(1, 50))
+        assert sanitize.reading(SourceReading(processes=dirty)).processes == ()
+        again = replaced(gpu, processes=(GpuProcess(7, "a", utilization=math.inf),))
+        assert sanitize.reading(SourceReading(gpus=(again,))).gpus[0].processes == (
+            GpuProcess(7, "a"),
+        )
+
+
+def test_rows_no_longer_reported_are_let_go() -> None:
+    """What the sanitiser remembers of rows is bounded: an exited process's row is freed."""
+    gone = ProcessCpu(1, "exited", 5.0)
+    assert sanitize.reading(SourceReading(processes=(gone,))).processes == (gone,)
+    freed = weakref.ref(gone)
+    del gone
+    for sample in range(100):  # the rows of a host whose processes change every sample
+        rows = tuple(ProcessCpu(pid, "busy", float(sample)) for pid in range(2, 200))
+        sanitize.reading(SourceReading(processes=rows))
+    assert freed() is None
 
 
 # JSON number tokens a collector may print, Python's NaN and Infinity extensions included.

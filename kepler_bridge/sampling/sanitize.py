@@ -11,6 +11,9 @@ Most readings need no change. Each rule has a check (checks.py) that tells, for 
 records at once and mostly in C, whether the rule would leave every value as it is. The records of
 a tuple are cleaned a field at a time: a field whose check passes is kept as it came, and only the
 values of the other fields go through the rule one by one.
+
+Records are frozen, so one that passed stays clean: the process rows a CPU source keeps from one
+sample to the next (ProcessTable's) are checked once, then known by identity (`Seen`).
 """
 
 from __future__ import annotations
@@ -161,11 +164,47 @@ def _record(value: Any, cls: type[DataclassInstance]) -> Any:
     return replaced(value, **changes) if changes else value
 
 
+class Seen:
+    """The records of one class found clean, by id, for the classes whose records sources keep
+    from one sample to the next. It holds each record, so no id is reused while it is known; the
+    young generation becomes the old one when it holds twice the records of a call (plus
+    SLACK), and a record found there is made young again, so only rows no longer reported go."""
+
+    SLACK = 256
+
+    def __init__(self) -> None:
+        self.young: dict[int, Any] = {}
+        self.old: dict[int, Any] = {}
+
+    def unknown(self, records: list[Any]) -> list[Any]:
+        """Those of `records` not known clean."""
+        ids = list(map(id, records))
+        if all(map(self.young.__contains__, ids)):
+            return []
+        by_id = dict(zip(ids, records))
+        unseen = set(ids).difference(self.young)
+        fresh = unseen.difference(self.old)
+        self.young.update((key, by_id[key]) for key in unseen - fresh)
+        return list(map(by_id.__getitem__, fresh))
+
+    def add(self, records: list[Any], called_with: int) -> None:
+        """Records found clean, from a call with `called_with` records."""
+        self.young.update(zip(map(id, records), records))
+        if len(self.young) > 2 * called_with + self.SLACK:
+            self.old, self.young = self.young, {}
+
+
 def _unchanged(records: list[Any], cls: type[DataclassInstance]) -> bool:
     """Whether every one of `records` is a `cls` that its rules keep as it is."""
-    if not {cls}.issuperset(map(type, records)):
+    seen = _SEEN.get(cls)
+    fresh = records if seen is None else seen.unknown(records)  # those known are `cls` records
+    if not {cls}.issuperset(map(type, fresh)):
         return False
-    return all(check(getter(records)) for check, getter, _ in _GROUPS[cls])
+    if not all(check(getter(fresh)) for check, getter, _ in _GROUPS[cls]):
+        return False
+    if seen is not None and fresh:
+        seen.add(fresh, len(records))
+    return True
 
 
 def _records(values: Any, cls: type[DataclassInstance]) -> tuple:
@@ -333,3 +372,6 @@ _PLANS: dict[type[DataclassInstance], _Plan] = {
     )
 }
 _GROUPS = {cls: _groups(plan) for cls, plan in _PLANS.items()}
+# The records sources keep from one sample to the next: ProcessTable's rows. (A class whose records
+# are new at every read only pays for remembering them.)
+_SEEN: dict[type, Seen] = {ProcessCpu: Seen()}

@@ -40,6 +40,8 @@ class TrackedProcess:
     # Kept by the ebpf source to notice exec (comm change) and cgroup moves cheaply.
     raw_comm: bytes = b""
     cgroup_id: int = 0
+    # Kept by the procfs source: the last /proc/<pid>/stat line, not parsed again while the same.
+    raw_stat: bytes = b""
 
 
 class ProcessTable:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kepler_bridge.model import CpuTimes, SourceReading
 from kepler_bridge.sources.base import SourceAbsent
 from kepler_bridge.sources.cgroup import read_container_id
-from kepler_bridge.sources.process_table import ProcessSource
+from kepler_bridge.sources.process_table import ProcessSource, TrackedProcess
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 STAT_BYTES = 4096
@@ -41,16 +41,24 @@ def parse_stat(pid: int, text: str) -> ProcStat:
 def read_stat(procfs: str, pid: int) -> ProcStat | None:
     """The stat of a live process (or thread id); None when it is gone, hidden (hidepid, an LSM)
     or truncated."""
+    raw = read_raw_stat(procfs, pid)
+    try:
+        return None if raw is None else parse_stat(pid, raw.decode(errors="replace"))
+    except (ValueError, IndexError):
+        return None
+
+
+def read_raw_stat(procfs: str, pid: int) -> bytes | None:
+    """The /proc/<pid>/stat line as it is; None when the process is gone or hidden."""
     # os.read: half the cost of a file object, read once per process per sample. The kernel
     # writes the whole line (well under STAT_BYTES) in one read.
     try:
         fd = os.open(f"{procfs}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            text = os.read(fd, STAT_BYTES).decode(errors="replace")
+            return os.read(fd, STAT_BYTES)
         finally:
             os.close(fd)
-        return parse_stat(pid, text)
-    except (OSError, ValueError, IndexError):
+    except OSError:
         return None
 
 
@@ -88,22 +96,36 @@ class ProcfsSource(ProcessSource):
         procfs = self.config.procfs
         alive: set[int] = set()
         for pid in list_pids(procfs):
-            stat = read_stat(procfs, pid)
-            if stat is None:
+            raw = read_raw_stat(procfs, pid)
+            if raw is None:
                 continue
             entry = self.table.current(pid)
-            if entry is None or entry.start != stat.start:
-                container_id = read_container_id(procfs, pid)
-                if container_id is None:
-                    continue
-                self.table.begin(pid, stat.start, stat.comm, container_id, stat.cpu_seconds)
-            else:
+            if entry is not None and raw == entry.raw_stat:  # a sleeper: nothing to parse
                 self.table.revive(entry)
-                self.table.relabel(entry, stat.comm, entry.container_id)
-                self.table.count(entry, stat.cpu_seconds)
-            alive.add(pid)
+                alive.add(pid)
+            elif self._changed(pid, raw, entry):
+                alive.add(pid)
         self.table.end_missing(alive)
         return SourceReading(processes=self.table.rows())
+
+    def _changed(self, pid: int, raw: bytes, entry: TrackedProcess | None) -> bool:
+        """Take a process's stat line that differs from the last one read; False when it cannot
+        be parsed or the process is gone."""
+        try:
+            stat = parse_stat(pid, raw.decode(errors="replace"))
+        except (ValueError, IndexError):
+            return False
+        if entry is None or entry.start != stat.start:
+            container_id = read_container_id(self.config.procfs, pid)
+            if container_id is None:
+                return False
+            entry = self.table.begin(pid, stat.start, stat.comm, container_id, stat.cpu_seconds)
+        else:
+            self.table.revive(entry)
+            self.table.relabel(entry, stat.comm, entry.container_id)
+            self.table.count(entry, stat.cpu_seconds)
+        entry.raw_stat = raw
+        return True
 
     def describe(self, reading: SourceReading) -> str:
         return (

@@ -12,10 +12,11 @@ MAX_BYTES_PER_SECOND = 1e12
 
 
 def bounded(value: float | None, low: float, high: float) -> float | None:
-    """The value when low <= value <= high, else None."""
+    """The value when low <= value <= high, else None; an int as a float, as the sanitiser would
+    make it (most NVML readings are ints), so the reading passes it as it is."""
     if value is None or not low <= value <= high:
         return None
-    return value
+    return float(value) if type(value) is int else value
 
 
 def ratio_from_percent(percent: float | None) -> float | None:

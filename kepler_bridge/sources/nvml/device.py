@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterable
 
 import pynvml
 
+from kepler_bridge.model import GpuProcess
 from kepler_bridge.sources.base import Retry
 from kepler_bridge.sources.nvml.gpm import Gpm
 
@@ -46,6 +47,7 @@ class Device:
     retry: Retry = field(default_factory=lambda: Retry(MAX_DEVICE_BACKOFF_SECONDS))
     last_process_sample_us: int = 0
     comms: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (comm, container id)
+    process_rows: dict[int, GpuProcess] = field(default_factory=dict)  # the last read's, by pid
     gpm: Gpm = field(default_factory=Gpm)
     mig_profiles: dict[int, Any] | None = None  # mig.py's GPU instance profiles, asked once
     lists: dict[str, Any] = field(default_factory=dict)  # processes.py's buffers, by NVML call

@@ -60,21 +60,24 @@ def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:
             if memory.get(pid) is None:
                 memory[pid] = ranges.byte_count(used)
     if not memory:
+        device.process_rows = {}
         return ()
     utilization = _utilization(device)
     device.comms = {
         pid: device.comms[pid] if pid in device.comms else _identity(procfs, pid) for pid in memory
     }
-    return tuple(
-        GpuProcess(
-            pid=pid,
-            comm=device.comms[pid][0],
-            memory_used_bytes=used,
-            utilization=None if utilization is None else utilization.get(pid, 0.0),
-            container_id=device.comms[pid][1],
-        )
-        for pid, used in sorted(memory.items())
-    )
+    last, rows = device.process_rows, {}
+    for pid, used in sorted(memory.items()):
+        util = None if utilization is None else utilization.get(pid, 0.0)
+        row = last.get(pid)
+        # The last read's row where it holds the same values: no new record, and the sanitiser
+        # and the sampler get the very object again.
+        if row is None or row.memory_used_bytes != used or row.utilization != util:
+            comm, container_id = device.comms[pid]
+            row = GpuProcess(pid, comm, used, util, container_id)
+        rows[pid] = row
+    device.process_rows = rows
+    return tuple(rows.values())
 
 
 def running_processes(device: Device, call: str, handle: Any) -> list[tuple[int, int | None]]:
