@@ -5,9 +5,10 @@ EdgeCore serves no pod-resources socket, so on an edge node the environment is t
 Opening /proc/<pid>/environ passes the kernel's ptrace access check (mode READ_FSCREDS): without
 CAP_SYS_PTRACE it fails for a process of another uid, one that is not dumpable, or one whose
 permitted capabilities are not within the agent's effective ones, which is nearly every other
-container's. The capability does not let the agent attach to a process: the seccomp profile is
-the one of the other hardened pods, resolved without CAP_SYS_PTRACE, and the agent's container
-forbids new privileges; reading environ needs no system call beyond open and read.
+container's. A container of another uid also keeps its environ (mode 0400) from an agent
+without CAP_DAC_READ_SEARCH, which is not added (manifests/README.md). The seccomp profile, the
+same for every hardened pod, refuses the calls through which the capability would act on
+another process (seccomp_profile.SECCOMP_REFUSED): reading environ is open and read.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ where the device assignments come from."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 from contextlib import contextmanager
@@ -17,6 +18,10 @@ from agent import KEPLER_BRIDGE, Agent
 from cpu_helpers import container_cgroup
 from fakenvml import FakeNvml
 from fixtures.sysfs import FakeSysfs
+from kepler_bridge.kube.view import KubeView
+from kepler_bridge.model import PodRef
+from kepler_bridge.sampling.device_check import _environment
+from kepler_bridge.sampling.environment import EnvironmentDevices, EnvironmentTally
 from kubefakes import FakeKube, pod, pod_list
 from scaffold import by_name, require
 from test_energy_e2e import drawing, write_microjoules
@@ -146,3 +151,21 @@ def test_doctor_says_where_the_device_assignments_come_from(
         off
         == f"--  devices    {absent}; --device-environment off: no device is given to a container"
     )
+
+
+def test_failed_reads_are_counted_with_their_cause_and_a_refusal_names_the_capability(
+    tmp_path: Path,
+) -> None:
+    procfs = tmp_path / "proc"
+    (procfs / "6" / "environ").mkdir(parents=True)  # reading it fails: EISDIR
+    learned = EnvironmentDevices(str(procfs), container_of=lambda pid: "c1")
+    kube = KubeView({"c1": PodRef("ml", "train", "main")}, learn_from_environment=True)
+    learned.view(kube, {"c1"}, [(6, "x", "c1")], ())
+    assert learned.tally() == EnvironmentTally(0, 0, 1, os.strerror(errno.EISDIR))
+    denied = EnvironmentTally(3, 2, 1, os.strerror(errno.EACCES))
+    assert _environment(denied).endswith(
+        "1 reads failed (Permission denied: give the agent CAP_SYS_PTRACE to read environ, and "
+        "CAP_DAC_READ_SEARCH for containers of another uid)"
+    )
+    off = EnvironmentDevices(str(procfs), container_of=lambda pid: "c1", enabled=False)
+    assert off.view(kube, {"c1"}, [(6, "x", "c1")], ()) is kube and off.reads == 0

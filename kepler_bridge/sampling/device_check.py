@@ -67,5 +67,8 @@ def _environment(tally: EnvironmentTally) -> str:
         f"{tally.holding} give devices, {tally.failed} reads failed"
     )
     if tally.failed and tally.last_error in _DENIED:
-        return f"{line} ({tally.last_error}: give the agent CAP_SYS_PTRACE to read environ)"
+        return (
+            f"{line} ({tally.last_error}: give the agent CAP_SYS_PTRACE to read environ, and "
+            "CAP_DAC_READ_SEARCH for containers of another uid)"
+        )
     return f"{line} (last: {tally.last_error})" if tally.failed else line
