@@ -126,6 +126,7 @@ def _collect(config: Config, form: str) -> int:
 
 
 def _doctor(config: Config) -> int:
+    from kepler_bridge.sampling.device_check import check_devices
     from kepler_bridge.sampling.slots import check_source
 
     groups = selected_groups(config)
@@ -136,4 +137,6 @@ def _doctor(config: Config) -> int:
         ok, line = check_source(name, config)
         working += ok
         print(f"{'ok ' if ok else 'no '} {name:<10} {line}")
+    mark, line = check_devices(config)
+    print(f"{mark} {'devices':<10} {line}")
     return 0 if working else 1

@@ -38,6 +38,7 @@ RELOADABLE = frozenset(
         "kube_insecure_skip_tls_verify",
         "kube_max_reply_bytes",
         "kube_timeout",
+        "device_environment",
     }
 )
 KUBE = frozenset(name for name in RELOADABLE if name.startswith("kube") or name == "metaserver_url")

@@ -2,8 +2,8 @@
 template.
 
 The objects around the pods are in cluster_objects.py, the nodes they run on in scheduling.py,
-the hardened pods' seccomp profile in seccomp_profile.py; this folder is no package, so they
-import by name from it.
+the hardened pods' seccomp profile in seccomp_profile.py, what the hardened KubeEdge pod adds in
+edge_devices.py; this folder is no package, so they import by name from it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from cluster_objects import (  # noqa: E402
     service_account,
     service_monitor,
 )
+from edge_devices import edge_daemonset  # noqa: E402
 from remote_write import outputs as remote_write_outputs  # noqa: E402
 from scheduling import cloud_scheduling, edge_scheduling  # noqa: E402
 from seccomp_profile import seccomp_profile  # noqa: E402
@@ -352,17 +353,16 @@ def _kubeedge(edge: Path) -> dict[Path, str]:
     outputs = _namespace_files(edge)
     for hardened in (False, True):
         sub = "hardened/" if hardened else ""
-        outputs[edge / f"{sub}30-daemonset.yaml"] = documents(
-            daemonset(
-                "kepler-bridge-edge",
-                NAMESPACE,
-                "kepler-bridge-edge",
-                hardened,
-                kube_source="metaserver",
-                edge=True,
-                scheduling=edge_scheduling(),
-            )
+        workload = daemonset(
+            "kepler-bridge-edge",
+            NAMESPACE,
+            "kepler-bridge-edge",
+            hardened,
+            kube_source="metaserver",
+            edge=True,
+            scheduling=edge_scheduling(),
         )
+        outputs[edge / f"{sub}30-daemonset.yaml"] = edge_daemonset(workload, hardened, documents)
     outputs[edge / "40-service.yaml"] = documents(
         service("kepler-bridge-edge", "kepler-bridge-edge")
     )

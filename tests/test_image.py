@@ -35,6 +35,7 @@ MANIFESTS = ROOT / "manifests"
 PRIVILEGED = MANIFESTS / "kubernetes" / "30-daemonset.yaml"
 HARDENED = MANIFESTS / "kubernetes" / "hardened" / "30-daemonset.yaml"
 ASCEND = MANIFESTS / "kubernetes" / "ascend" / "30-daemonset.yaml"
+KUBEEDGE_HARDENED = MANIFESTS / "kubeedge" / "hardened" / "30-daemonset.yaml"
 # The Ascend host files the ascend DaemonSet mounts (this machine has none:
 # a fake host stands in for them).
 ASCEND_PATHS = ("/usr/local/Ascend/driver", "/usr/local/sbin/npu-smi", "/etc/ascend_install.info")
@@ -81,6 +82,8 @@ RUNS = [
         env=("KEPLER_BRIDGE_PROCESS_METRICS=all",),
     ),
     Run("slim", HARDENED, "slim"),
+    # SYS_PTRACE, for the environ of other containers; slim: bcc's compile is not what it shows.
+    Run("hardened-kubeedge", KUBEEDGE_HARDENED, "slim"),
     Run("ascend", ASCEND, "full"),
 ]
 # Burns a little CPU, then becomes `sleep`: a host process with CPU time and a known comm.
@@ -622,6 +625,69 @@ def test_slim_image_accounts_cpu_from_procfs(containers: dict[str, Container]) -
     )
     doctor = container.doctor()
     assert doctor["ebpf"].startswith("no") and doctor["procfs"].startswith("ok"), doctor
+
+
+# Inside a container: whether it holds CAP_SYS_PTRACE, then for each host pid: open its environ,
+# try to attach to it; prints the outcomes.
+PEEK = """
+import ctypes, sys
+effective = [line for line in open("/proc/self/status") if line.startswith("CapEff")][0]
+print("sys_ptrace", bool(int(effective.split()[1], 16) >> 19 & 1))
+libc = ctypes.CDLL(None, use_errno=True)
+for pid in map(int, sys.argv[1:]):
+    try:
+        data = open(f"/host/proc/{pid}/environ", "rb").read()
+        print("read", b"NVIDIA_VISIBLE_DEVICES=GPU-image-test" in data)
+    except OSError as err:
+        print("open", err.errno)
+    print("attach", libc.ptrace(16, pid, None, None), ctypes.get_errno())  # PTRACE_ATTACH
+"""
+
+
+def test_hardened_kubeedge_pod_reads_containers_environ_and_attaches_to_none(
+    containers: dict[str, Container],
+) -> None:
+    """The hardened KubeEdge DaemonSet holds CAP_SYS_PTRACE and reads a root process's environ;
+    a process of another uid keeps its 0400 environ (DAC: CAP_DAC_READ_SEARCH, which no manifest
+    adds); the seccomp profile refuses attaching (EPERM), which the capability would allow."""
+    hosts = [
+        subprocess.Popen(
+            ["sleep", "300"],
+            env={"NVIDIA_VISIBLE_DEVICES": "GPU-image-test"},
+            **({"user": 65534, "group": 65534, "extra_groups": []} if other else {}),
+        )
+        for other in (False, True)
+    ]
+    try:
+        for pid in (host.pid for host in hosts):
+            wait_for(lambda pid=pid: b"GPU-image-test" in _environ(pid), 5, "sleep's exec")
+        pids = [str(host.pid) for host in hosts]
+        seen = {
+            name: containers[name]
+            .podman("exec", containers[name].name, "python3", "-c", PEEK, *pids)
+            .stdout.split("\n")[:5]
+            for name in ("hardened-kubeedge", "hardened")
+        }
+    finally:
+        for host in hosts:
+            host.kill()
+            host.wait()
+    assert seen["hardened-kubeedge"] == [
+        "sys_ptrace True",
+        "read True",
+        "attach -1 1",
+        "open 13",
+        "attach -1 1",
+    ], seen
+    assert seen["hardened"][0] == "sys_ptrace False" and seen["hardened"][2::2] == [
+        "attach -1 1",
+        "attach -1 1",
+    ], seen
+    _serves(containers["hardened-kubeedge"])
+
+
+def _environ(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/environ").read_bytes()
 
 
 @pytest.fixture(scope="module")

@@ -189,9 +189,12 @@ def test_variant_security_settings(item: tuple[Path, dict[str, Any]]) -> None:
         assert doc["spec"]["template"]["metadata"]["labels"]["variant"] == "hardened"
         assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
         assert security["readOnlyRootFilesystem"] is True
+        # Only on KubeEdge, where no pod-resources socket exists, the environment reading needs
+        # CAP_SYS_PTRACE: test_only_the_hardened_kubeedge_pod_may_read_other_containers_environ.
+        reads_environ = path.parent.parent.name == "kubeedge"
         assert security["capabilities"] == {
             "drop": ["ALL"],
-            "add": ["BPF", "PERFMON", "SYS_RESOURCE"],
+            "add": ["BPF", "PERFMON", "SYS_RESOURCE", *(["SYS_PTRACE"] * reads_environ)],
         }
         # The kubelet reads Localhost profiles relative to /var/lib/kubelet/seccomp;
         # manifests/seccomp/ is that folder.
@@ -306,6 +309,39 @@ def test_servicemonitor_scrapes_the_service(folder: str) -> None:
     )
     # KeplerBridgeDown matches job=~".*kepler-bridge.*"; the job label is the Service's name.
     assert "kepler-bridge" in service["metadata"]["name"]
+
+
+def test_only_the_hardened_kubeedge_pod_may_read_other_containers_environ() -> None:
+    """EdgeCore serves no pod-resources: the devices' holders come from the containers'
+    /proc/<pid>/environ, which the kernel's ptrace access check opens only with CAP_SYS_PTRACE.
+    Where pod-resources serves (the kubelet, baetyl's k3s) no hardened pod gets it. The seccomp
+    profile stays the one resolved without it: what the runtime allows only with CAP_SYS_PTRACE
+    (kcmp, process_madvise) stays refused, and so do the calls through which the capability acts
+    on another process (ptrace, process_vm_readv/writev, pidfd_getfd), which the base allows."""
+    with_ptrace = {
+        path.relative_to(MANIFESTS).as_posix()
+        for path, doc in _workloads()
+        if "SYS_PTRACE"
+        in doc["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+        .get("capabilities", {})
+        .get("add", [])
+    }
+    assert with_ptrace == {"kubeedge/hardened/30-daemonset.yaml"}
+    text = (MANIFESTS / "kubeedge" / "hardened" / "30-daemonset.yaml").read_text(encoding="utf-8")
+    comment = text[: text.index("- SYS_PTRACE")].rsplit("- SYS_RESOURCE", 1)[1]
+    assert "/proc/<pid>/environ" in comment and "pod-resources" in comment, comment
+    profile = json.loads(SECCOMP_PROFILE.read_text(encoding="utf-8"))
+    base = json.loads(SECCOMP_BASE.read_text(encoding="utf-8"))
+    for name in ("kcmp", "process_madvise"):
+        (rule,) = [rule for rule in profile["syscalls"] if name in rule["names"]]
+        assert rule["action"] == "SCMP_ACT_ERRNO", name
+
+    for name in ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd"):
+        assert [rule["action"] for rule in base["syscalls"] if name in rule["names"]] == [
+            "SCMP_ACT_ALLOW"
+        ], name
+        (rule,) = [rule for rule in profile["syscalls"] if name in rule["names"]]
+        assert (rule["action"], rule["errnoRet"]) == ("SCMP_ACT_ERRNO", 1), name
 
 
 def test_kubeedge_runs_only_on_edge_gpu_nodes_and_survives_disconnection() -> None:

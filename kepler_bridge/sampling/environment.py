@@ -11,6 +11,7 @@ tries the container counts as holding nothing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
 from typing import Callable, Iterable, Mapping, Sequence
@@ -29,15 +30,31 @@ MAX_TRIES = 3
 _IDENTITY = attrgetter("vendor", "uuid", "index", "mig_uuids", "device_ids")
 
 
+@dataclass(frozen=True)
+class EnvironmentTally:
+    """What the environment gave: containers read (those that give a device among them), reads
+    that failed, and the cause of the last failure."""
+
+    read: int
+    holding: int
+    failed: int
+    last_error: str
+
+
 class EnvironmentDevices:
     """Which container holds which device by its environment; `view` adds that to a KubeView."""
 
     def __init__(
-        self, procfs: str, container_of: Callable[[int], str | None] | None = None
+        self,
+        procfs: str,
+        container_of: Callable[[int], str | None] | None = None,
+        enabled: bool = True,
     ) -> None:
         """`container_of`: a live pid's container id (its cgroup), checked after each read so
-        that a pid reused by another container is not believed."""
+        that a pid reused by another container is not believed; `enabled` False
+        (--device-environment off): no environ is read, and what was learned is forgotten."""
         self.procfs = procfs
+        self.enabled = enabled
         self._container_of = container_of or (lambda pid: read_container_id(procfs, pid))
         self._own = _own_container(procfs)
         self._devices: dict[str, VisibleDevices] = {}
@@ -46,6 +63,8 @@ class EnvironmentDevices:
         self._made: tuple[object, ...] = ()
         self._view = KubeView()
         self.reads = 0  # environ files opened, for tests and the cost figures
+        self.failures = 0
+        self.last_error = ""
 
     def view(
         self,
@@ -56,7 +75,7 @@ class EnvironmentDevices:
     ) -> KubeView:
         """`kube` with the devices the environment of this sample's containers gives them; `kube`
         itself where it does not ask for that (pod-resources answered) or nothing is learned."""
-        if not kube.learn_from_environment or not kube.containers:
+        if not (self.enabled and kube.learn_from_environment and kube.containers):
             self._devices.clear()
             self._failed.clear()
             return kube
@@ -76,6 +95,11 @@ class EnvironmentDevices:
             self._view = KubeView(kube.containers, kube.devices, True, learned)
             self._kube, self._made = kube, made
         return self._view
+
+    def tally(self) -> EnvironmentTally:
+        """What the environment gave so far, for doctor."""
+        holding = sum(map(bool, self._devices.values()))
+        return EnvironmentTally(len(self._devices), holding, self.failures, self.last_error)
 
     def _learn(
         self, new: set[str], increases: Iterable[ProcessLabels], gpus: Sequence[GpuReading]
@@ -102,6 +126,7 @@ class EnvironmentDevices:
             pid = untried.get(cid, lowest[cid])
             found = self._read(pid, cid)
             if found is None:
+                self.failures += 1
                 self._failed.setdefault(cid, []).append(pid)
                 if len(self._failed[cid]) < MAX_TRIES:
                     continue
@@ -118,9 +143,11 @@ class EnvironmentDevices:
         try:
             with open(f"{self.procfs}/{pid}/environ", "rb") as file:
                 data = file.read(MAX_ENVIRON_BYTES)
-        except OSError:  # gone, hidden (hidepid), or not ours to read (no CAP_SYS_PTRACE)
+        except OSError as err:  # gone, hidden (hidepid), or not ours to read (no CAP_SYS_PTRACE)
+            self.last_error = err.strerror or type(err).__name__
             return None
         if not data or self._container_of(pid) != cid:  # exited mid-read, or the pid was reused
+            self.last_error = "empty, or no longer the container's"
             return None
         if len(data) == MAX_ENVIRON_BYTES:  # cut: the last entry may be part of one
             data = data[: data.rfind(b"\0") + 1]

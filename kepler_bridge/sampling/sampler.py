@@ -65,7 +65,7 @@ class Sampler:
         self._devices = DeviceIndexes()
         self._attribution = Attribution(**_attribution_settings(config))
         self.kube = KubeMetadata(config)
-        self._environment = EnvironmentDevices(config.procfs)
+        self.environment = EnvironmentDevices(config.procfs, enabled=config.device_environment)
         self._state_dir = state_dir
         self._save_errors = 0
         self._save_warned = False
@@ -92,6 +92,7 @@ class Sampler:
         old, self.config = self.config, config
         self._counters.configure(config.process_metrics)
         self._attribution.configure(**_attribution_settings(config))
+        self.environment.enabled = config.device_environment
         for slot in self.slots:
             slot.configure(config)
         if old.command != config.command:
@@ -216,7 +217,7 @@ class Sampler:
         # Kubernetes owners are joined here, once per sample: every output reads them from the rows.
         increases = self._counters.cpu_increases(reading.processes)
         container_ids = _container_ids(increases, reading.gpus)
-        kube = self._environment.view(self.kube.view(), container_ids, increases, reading.gpus)
+        kube = self.environment.view(self.kube.view(), container_ids, increases, reading.gpus)
         node_gpus = tuple(
             join_owners(self._counters.gpu(gpu), kube) for gpu in self._number(reading, started)
         )
