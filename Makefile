@@ -24,7 +24,7 @@ ifeq ($(IS_ROOT),yes)
 endif
 
 deps-test: deps-run
-	bash scripts/apt-install.sh gcc prometheus prometheus-alertmanager victoria-metrics chromium podman runc debootstrap docker-registry gnupg
+	bash scripts/apt-install.sh gcc prometheus prometheus-alertmanager victoria-metrics chromium podman runc debootstrap docker-registry gnupg qemu-user-static binfmt-support
 
 deps: deps-test
 

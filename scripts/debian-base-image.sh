@@ -5,10 +5,14 @@
 # image is (debuerreotype's slimify lists); it also carries this machine's apt Acquire:: settings and
 # trusted CAs, so apt and pip inside a build work behind the same (TLS-inspecting) proxy.
 # Cached in CACHE_DIR: rebuilt once per ISO week, or when the mirror or this script changes.
-# Usage: scripts/debian-base-image.sh CACHE_DIR   (root; debootstrap: bash scripts/apt-install.sh debootstrap)
+# ARCH is a Debian architecture (default: this machine's). A foreign one (arm64 on amd64) runs its
+# second stage under qemu-user-static, through the kernel's binfmt_misc entry for that CPU.
+# Usage: scripts/debian-base-image.sh CACHE_DIR [ARCH]
+#   (root; bash scripts/apt-install.sh debootstrap, and qemu-user-static binfmt-support for a foreign ARCH)
 set -euo pipefail
 
-cache=${1:?usage: debian-base-image.sh CACHE_DIR}
+cache=${1:?usage: debian-base-image.sh CACHE_DIR [ARCH]}
+arch=${2:-$(dpkg --print-architecture)}
 suite=bookworm
 if [ "$(id -u)" -ne 0 ]; then
   echo "debian-base-image: run as root (debootstrap needs it)" >&2
@@ -30,19 +34,33 @@ fi
 [ -n "$mirror" ] || { echo "debian-base-image: no Debian mirror in /etc/apt; set DEBIAN_MIRROR=URL" >&2; exit 1; }
 
 key=$( { echo "$mirror"; cat "$0"; } | sha256sum | cut -c1-12)
-tarball="$cache/debian-$suite-slim-$(date +%G-W%V)-$key.tar"
+tarball="$cache/debian-$suite-slim-$arch-$(date +%G-W%V)-$key.tar"
 if [ -s "$tarball" ]; then
   echo "$tarball"
   exit 0
+fi
+
+if [ "$arch" != "$(dpkg --print-architecture)" ]; then
+  # The kernel's name for the CPU, as qemu-user-static names its binfmt_misc entries.
+  case $arch in
+    arm64) cpu=aarch64 ;; armhf | armel) cpu=arm ;; amd64) cpu=x86_64 ;; i386) cpu=i386 ;;
+    ppc64el) cpu=ppc64le ;; *) cpu=$arch ;;
+  esac
+  if ! grep -qx enabled "/proc/sys/fs/binfmt_misc/qemu-$cpu" 2>/dev/null; then
+    echo "debian-base-image: $arch binaries cannot run here (no enabled /proc/sys/fs/binfmt_misc/qemu-$cpu):" \
+      "bash scripts/apt-install.sh qemu-user-static binfmt-support, then update-binfmts --enable qemu-$cpu" \
+      "(mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc first where it is not mounted)" >&2
+    exit 1
+  fi
 fi
 
 mkdir -p "$cache"
 work=$(mktemp -d "$cache/rootfs.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 rootfs="$work/rootfs"
-if ! debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" >"$work/debootstrap.log" 2>&1; then
+if ! debootstrap --variant=minbase --arch="$arch" "$suite" "$rootfs" "$mirror" >"$work/debootstrap.log" 2>&1; then
   tail -n 20 "$work/debootstrap.log" >&2
-  echo "debian-base-image: debootstrap $suite from $mirror failed (log above); DEBIAN_MIRROR=URL picks another" >&2
+  echo "debian-base-image: debootstrap $suite ($arch) from $mirror failed (log above); DEBIAN_MIRROR=URL picks another" >&2
   exit 1
 fi
 
@@ -94,7 +112,7 @@ printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$rootfs/etc/pip
 # Like the official image: no package lists or downloaded packages.
 rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
 
-rm -f "$cache"/debian-"$suite"-slim-*.tar
+rm -f "$cache"/debian-"$suite"-slim-"$arch"-*.tar
 tar --numeric-owner -C "$rootfs" -cf "$tarball.$$.tmp" .
 mv "$tarball.$$.tmp" "$tarball"
 echo "$tarball"
