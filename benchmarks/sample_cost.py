@@ -11,14 +11,14 @@ source reported. Targets (issue 18): a sample at most 3 ms at 8 GPUs x 16 proces
 
 The CPU source sees every process of the host, so other work on the machine changes the figure;
 run it in a pid namespace of its own for procfs (`unshare --pid --fork --mount-proc`), which eBPF
-refuses. --gc-freeze freezes the garbage collector's view of what start-up made (gc.freeze), to
-show what the worker's collections cost.
+refuses. --worker-gc sets the garbage collector as the agent's worker does once its sources have
+started (http/server.py: gc.freeze, a higher threshold for the youngest generation); without it,
+Python's defaults. --profile N prints the N functions that cost most (cProfile, own time).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import shutil
 import statistics
@@ -49,7 +49,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--extra-processes", type=int, default=0)
     parser.add_argument("--samples", type=int, default=100, help="per block")
     parser.add_argument("--blocks", type=int, default=5)
-    parser.add_argument("--gc-freeze", action="store_true")
+    parser.add_argument("--worker-gc", action="store_true", help="the worker's collector settings")
+    parser.add_argument("--max-processes", type=int, help="--max-processes (default: its default)")
+    parser.add_argument("--profile", type=int, default=0, help="print the N costliest functions")
     return parser.parse_args()
 
 
@@ -98,6 +100,17 @@ def blocks(sampler: Sampler, args: argparse.Namespace) -> dict[str, list[float]]
     return found
 
 
+def profiled(sampler: Sampler, args: argparse.Namespace) -> dict[str, list[float]]:
+    """`blocks` under cProfile; prints its --profile costliest functions by own time."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    found = profile.runcall(blocks, sampler, args)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
+    return found
+
+
 def main() -> None:
     args = arguments()
     work = Path(tempfile.mkdtemp(prefix="kb-sample-"))
@@ -121,10 +134,19 @@ def run(args: argparse.Namespace, library: str, state: str) -> None:
     from kepler_bridge.sampling.sampler import Sampler
     from kepler_bridge.store import SnapshotStore
 
+    cap = {} if args.max_processes is None else {"max_processes": args.max_processes}
     config = make_config(
-        sources=args.sources, nvml_library=library, kube_source="off", pod_resources_socket=""
+        sources=args.sources,
+        nvml_library=library,
+        kube_source="off",
+        pod_resources_socket="",
+        **cap,
     )
     sampler = Sampler(config, SnapshotStore(), state_dir=state)
+    if args.worker_gc:
+        from kepler_bridge.http.server import settle_collector
+
+        settle_collector()
     try:
         failed = [f"{slot.name}: {slot.error}" for slot in sampler.slots if not slot.started]
         if failed:
@@ -132,9 +154,7 @@ def run(args: argparse.Namespace, library: str, state: str) -> None:
         for _ in range(20):  # warm up: every counter seen, every table written once
             sampler.sample()
             sampler._save()
-        if args.gc_freeze:
-            gc.freeze()
-        found = blocks(sampler, args)
+        found = profiled(sampler, args) if args.profile else blocks(sampler, args)
         counted = max(len(slot.last.processes) for slot in sampler.slots)
     finally:
         sampler.stop()

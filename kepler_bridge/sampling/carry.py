@@ -149,6 +149,10 @@ class Table(Generic[K]):
 
     def json(self) -> str:
         """The rows as a JSON list."""
+        return "[" + self.rows_text() + "]"
+
+    def rows_text(self) -> str:
+        """The rows, each a JSON list, parted by commas (the inside of `json`)."""
         heads, text, changed = self._head, self._text, list(self._changed)
         if changed:
             # The tails in one go: "[[1.5,2],[3.0,4]]"; numbers only, so "],[" parts them.
@@ -159,22 +163,31 @@ class Table(Generic[K]):
                     head = heads[key] = _dumps(list(self._head_of(key)))[:-1]
                 text[key] = f"{head},{tail}]"
             self._changed.clear()
-        return "[" + ",".join(text.values()) + "]"
+        return ",".join(text.values())
 
 
 def encode(state: dict[str, Any]) -> str:
     """The state as JSON text: plain data, with each Table as the list of its rows."""
-    return (
-        "{" + ",".join(f"{_dumps(name)}:{_encoded(value)}" for name, value in state.items()) + "}"
-    )
+    # Pieces joined once: the tables' rows (most of the text) are copied once, not at each level.
+    parts: list[str] = []
+    _encode_into(state, parts)
+    return "".join(parts)
 
 
-def _encoded(value: Any) -> str:
-    if isinstance(value, Table):
-        return value.json()
-    if isinstance(value, dict):
-        return encode(value)
-    return _dumps(value)
+def _encode_into(state: dict[str, Any], parts: list[str]) -> None:
+    parts.append("{")
+    for name, value in state.items():
+        parts += (_dumps(name), ":")
+        if isinstance(value, Table):
+            parts += ("[", value.rows_text(), "]")
+        elif isinstance(value, dict):
+            _encode_into(value, parts)
+        else:
+            parts.append(_dumps(value))
+        parts.append(",")
+    if state:
+        parts.pop()  # the comma after the last
+    parts.append("}")
 
 
 def save(directory: str, state: dict[str, Any]) -> None:
