@@ -93,6 +93,46 @@ def test_cap_keeps_the_biggest_consumers() -> None:
     assert table.current(1) is None
 
 
+def test_cap_keeps_its_processes_when_the_evicted_come_back_no_bigger() -> None:
+    """Idle processes above the cap: each sample the source reads the evicted ones again as new
+    (as procfs and eBPF do); they go again, and the kept ones stay, the same rows every sample."""
+    table = ProcessTable(max_processes=3, grace=30, clock=Clock())
+    begun = []
+    for _ in range(4):
+        for pid in range(1, 6):
+            entry = table.current(pid)
+            if entry is None:
+                begun.append(pid)
+                table.begin(pid, pid, f"p{pid}", "", 1.0)
+            else:
+                table.count(entry, 1.0)
+        kept = table.rows()
+        assert set(by_pid(kept)) == {1, 2, 3}  # the first seen, at equal CPU seconds
+        assert sorted(table.evicted) == [4, 5]
+    assert begun == [1, 2, 3, 4, 5] + [4, 5] * 3  # only the evicted are read again as new
+
+
+def test_cap_reads_an_evicted_process_again_only_once_it_ran_past_those_kept() -> None:
+    """The sources ask `shut_out` before reading a process anew: an evicted one no bigger than
+    the least kept is neither read nor begun again; once it ran past that, it comes back whole."""
+    table = ProcessTable(max_processes=3, grace=30, clock=Clock())
+    seconds = {pid: float(pid) for pid in range(1, 6)}
+    begun = []
+    for sample in range(5):
+        if sample == 3:
+            seconds[1] = 4.5  # ran: past the least kept (3.0)
+        for pid, used in seconds.items():
+            entry = table.current(pid)
+            if entry is not None:
+                table.count(entry, used)
+            elif not table.shut_out(pid, pid, used):
+                begun.append(pid)
+                table.begin(pid, pid, f"p{pid}", "", used)
+        kept = set(by_pid(table.rows()))
+        assert kept == ({1, 4, 5} if sample >= 3 else {3, 4, 5})
+    assert begun == [1, 2, 3, 4, 5, 1]
+
+
 def test_cap_zero_means_no_cap() -> None:
     table = ProcessTable(max_processes=0, grace=30, clock=Clock())
     for pid in range(1, 101):

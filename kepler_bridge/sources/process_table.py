@@ -6,8 +6,10 @@ Shared by the ebpf and procfs sources. Rules:
   process, and when both carry the same labels the newer one is reported;
 - an ended process keeps its last counter for ``grace`` seconds, then goes;
 - at most ``max_processes`` entries are kept (0 = no cap): the ones with the
-  most CPU seconds, live or ended. An evicted live process that keeps running
-  comes back with its whole counter, read again from its source.
+  most CPU seconds, live or ended (the newest go first among equals). An evicted
+  live process that keeps running comes back with its whole counter, read again
+  from its source once it has run past the least kept; until then the source
+  does not read it whole again (`shut_out`).
 - reported counters never decrease for the same process.
 
 A source changes a tracked process only through the table (`count`, `relabel`, `end`,
@@ -19,11 +21,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Callable, Collection
 
 from kepler_bridge.config import Config
 from kepler_bridge.model import ProcessCpu, ProcessKey
 from kepler_bridge.sources.base import Source
+
+_SECONDS = attrgetter("cpu_seconds")
 
 
 @dataclass(slots=True)
@@ -60,6 +65,11 @@ class ProcessTable:
         self._stale: dict[tuple[int, int], None] = {}
         self._ended: dict[tuple[int, int], float] = {}  # the ended entries, and when they ended
         self.evicted: list[int] = []  # pids of live processes the cap dropped at the last rows()
+        # The live processes the cap keeps out, and the fewest CPU seconds of those it kept: one
+        # read again with no more stays out without being read whole (`shut_out`).
+        self._out: dict[tuple[int, int], None] = {}
+        self._still_out: dict[tuple[int, int], None] = {}
+        self._bar = 0.0
 
     def configure(self, max_processes: int, grace: float) -> None:
         """The cap and the grace period from now on (a reload); entries already kept follow them."""
@@ -96,6 +106,15 @@ class ProcessTable:
                 self.end(old)
             self._current[pid] = key
         return entry
+
+    def shut_out(self, pid: int, start: int, cpu_seconds: float) -> bool:
+        """Whether a process the cap evicted, read again with these CPU seconds, stays out (no
+        more than the least the cap kept): then the source neither reads nor begins it."""
+        key = (pid, start)
+        if key not in self._out or cpu_seconds > self._bar:
+            return False
+        self._still_out[key] = None
+        return True
 
     def count(self, entry: TrackedProcess, cpu_seconds: float) -> None:
         """The process's CPU seconds read again; the counter never goes down."""
@@ -151,14 +170,23 @@ class ProcessTable:
 
     def _cap(self) -> None:
         self.evicted = []
+        self._out, self._still_out = self._still_out, {}
         excess = len(self._entries) - self.max_processes
-        if self.max_processes <= 0 or excess <= 0:
+        if self.max_processes <= 0 or excess < 0:
+            self._out.clear()  # room again: those kept out come back at the next read
             return
-        smallest = sorted(self._entries, key=lambda key: self._entries[key].cpu_seconds)[:excess]
-        for key in smallest:
+        if excess == 0:
+            self._bar = min(map(_SECONDS, self._entries.values()), default=0.0)
+            return
+        # Newest first among equals: an evicted process read again as new, no bigger than those
+        # kept, goes again, instead of pushing out one kept (every sample, for ever, when idle).
+        ranked = sorted(reversed(self._entries), key=lambda key: self._entries[key].cpu_seconds)
+        for key in ranked[:excess]:
             if self._entries[key].ended_at is None:
                 self.evicted.append(key[0])
+                self._out[key] = None
             self._drop(key)
+        self._bar = self._entries[ranked[excess]].cpu_seconds if excess < len(ranked) else 0.0
 
     def _drop(self, key: tuple[int, int]) -> None:
         del self._entries[key]

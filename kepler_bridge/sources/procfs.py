@@ -116,6 +116,8 @@ class ProcfsSource(ProcessSource):
         except (ValueError, IndexError):
             return False
         if entry is None or entry.start != stat.start:
+            if self.table.shut_out(pid, stat.start, stat.cpu_seconds):
+                return False
             container_id = read_container_id(self.config.procfs, pid)
             if container_id is None:
                 return False

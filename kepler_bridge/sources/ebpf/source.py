@@ -293,6 +293,8 @@ class EbpfSource(ProcessSource):
         """Update a living thread group from its iterator records."""
         entry = self.table.current(tgid)
         if entry is None or entry.start != start:
+            if self.table.shut_out(tgid, start, seconds):
+                return
             container_id = read_container_id(self.config.procfs, tgid)
             if container_id is None:
                 container_id = self.cgroups.container_id(cgroup_id, now)
