@@ -38,6 +38,10 @@ RELOADABLE = frozenset(
         "kube_insecure_skip_tls_verify",
         "kube_max_reply_bytes",
         "kube_timeout",
+        "anomaly",
+        "anomaly_window",
+        "anomaly_refit",
+        "anomaly_sensitivity",
     }
 )
 KUBE = frozenset(name for name in RELOADABLE if name.startswith("kube") or name == "metaserver_url")
