@@ -35,23 +35,24 @@ class Run:
                 max(self.driver_high, driver),
             )
 
-    def frozen(self, now: float, driven: float, sensitivity: float) -> bool:
-        """Whether the run is far longer than this reading's usual, or its driver moved by more
-        than `driven` while it stood still."""
+    def frozen(self, now: float, driven: float, sensitivity: float, habit: bool = True) -> bool:
+        """Whether its driver moved by more than `driven` while it stood still, or (`habit`) the
+        run is far longer than is usual for this reading."""
         length = now - self.since
         if self.samples < 20 or length < 90.0:
             return False
-        usual = self.moving.seen >= 600.0 and self.moving.value >= 0.7
-        unusual = usual and length >= max(120.0, 5.0 * self.longest) / sensitivity
+        usual = habit and self.moving.seen >= 600.0 and self.moving.value >= 0.25
+        unusual = usual and length >= max(120.0, 4.0 * self.longest) / sensitivity
         return unusual or self.driver_high - self.driver_low >= driven / sensitivity
 
 
 class FrozenSensor:
     """Power, temperature or utilization bit-identical for at least 20 samples and 90 s, where the
-    reading usually changes every sample, or while what drives it moved a lot.
+    reading usually changes (in a quarter of its samples or more) and the run is four times its
+    longest in half a day, or while what drives it moved a lot.
 
     Power sensors report milliwatts and jitter every read; temperature must follow a swing of
-    a sixth of the board's power within a minute; utilization at neither 0 nor 100 % is a sampled
+    a tenth of the board's power (a few degrees) within a minute or two; utilization at neither 0 nor 100 % is a sampled
     ratio. A value that does not move is a sensor, a driver or a management controller that
     stopped updating and hands back its last value."""
 
@@ -73,7 +74,7 @@ class FrozenSensor:
         if f.temperature is not None:
             heat = self.heat.update(f.power, elapsed) if f.power is not None else None
             runs["temperature"].update(f.temperature, now, elapsed, heat)
-            frozen = frozen or runs["temperature"].frozen(now, limit / 6.0, s)
+            frozen = frozen or runs["temperature"].frozen(now, limit / 10.0, s)
         if f.utilization is not None and 0.0 < f.utilization < 1.0:
             runs["utilization"].update(f.utilization, now, elapsed, None)
             frozen = frozen or runs["utilization"].frozen(now, float("inf"), s)

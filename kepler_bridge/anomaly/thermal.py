@@ -18,13 +18,14 @@ class Cooling:
     At steady state a die sits at ambient plus power times the thermal resistance of its heatsink
     and airflow; a failed fan, a clogged filter or dried thermal paste raise that resistance, so the
     same watts give more degrees. The learned curve is per power band (power smoothed over a
-    minute, the die's thermal lag), learned slowly and hardly at all from samples far off it."""
+    minute, the die's thermal lag, and temperature with it), learned slowly and hardly at all from samples far off it."""
 
     kind = "cooling"
 
     def __init__(self, sensitivity: float = 1.0) -> None:
         self.sensitivity = sensitivity
-        self.power = Ewma(45.0)
+        self.power = Ewma(90.0)  # lags as much as the smoothed temperature and the die's own lag
+        self.temperature = Ewma(45.0)  # smoothed, so that bursts cancel out of the residual
         self.bands = [Ewma(7200.0) for _ in range(BINS)]
         self.spread = [Ewma(7200.0, 1.0) for _ in range(BINS)]
         self.recent: deque[tuple[float, float, float]] = deque(maxlen=40)  # (t, °C, W), 10 s apart
@@ -34,17 +35,20 @@ class Cooling:
         if f.temperature is None or f.power is None:
             return self.hold.update(f.timestamp, False)
         watts = self.power.update(f.power, elapsed)
+        degrees = self.temperature.update(f.temperature, elapsed)
         limit = f.power_limit or 1000.0
         band = min(BINS - 1, max(0, int(watts / limit * BINS)))
-        hot = self._hot(band, f.temperature, elapsed)
+        # A die still cooling down after its load dropped is above the lower band, not failing.
+        falling = len(self.recent) >= 7 and degrees < self.recent[-7][1] - 0.5
+        hot = self._hot(band, degrees, elapsed) and not falling
         if not self.recent or f.timestamp - self.recent[-1][0] >= 10.0:
-            self.recent.append((f.timestamp, f.temperature, watts))
+            self.recent.append((f.timestamp, degrees, watts))
         return self.hold.update(f.timestamp, hot or self._climbing_at_full_fan(f))
 
     def _hot(self, band: int, temperature: float, elapsed: float) -> bool:
         mean, spread = self.bands[band], self.spread[band]
         known = mean.seen >= 600.0
-        margin = max(6.0, 4.0 * spread.value) / self.sensitivity
+        margin = max(5.0, 4.0 * spread.value) / self.sensitivity
         excess = temperature - mean.value if known else 0.0
         # A sample far above the curve teaches it 50 times slower, so a fault is not learned away.
         learn = elapsed if excess < margin else elapsed / 50.0
@@ -85,7 +89,7 @@ class Throttling:
 
     def update(self, f: Features, elapsed: float) -> bool:
         if f.utilization is None or f.utilization < 0.3:
-            return self.hold.update(f.timestamp, self.hold.firing and self.short.value >= 0.5)
+            return self.hold.firing  # an idle GPU clocks down: says nothing either way
         slow = f.throttled
         if f.sm_clock is not None:
             known = self.clock.seen >= 600.0
