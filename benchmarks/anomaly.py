@@ -41,7 +41,7 @@ import anomaly_traces as traces  # noqa: E402
 
 from kepler_bridge.anomaly import KINDS, UNUSUAL, fit  # noqa: E402
 from kepler_bridge.anomaly.features import Features  # noqa: E402
-from kepler_bridge.anomaly.forest import MIN_ROWS, Forest  # noqa: E402
+from kepler_bridge.anomaly.forest import Forest  # noqa: E402
 from kepler_bridge.anomaly.watch import DeviceWatch  # noqa: E402
 
 GRACE = 300.0
@@ -104,7 +104,7 @@ def detect(trace: traces.Trace, args: argparse.Namespace, cost: Cost) -> Episode
         cost.seconds += time.process_time() - started
         cost.samples += 1
         flags.append((f.timestamp, set(report.firing)))
-        if args.model and f.timestamp >= next_fit and len(watch.rows) >= MIN_ROWS:
+        if args.model and f.timestamp >= next_fit and watch.ready():
             started = time.process_time()
             watch.forest = Forest(fit.fit(list(watch.rows), trace.seed), f.timestamp)
             cost.fit_seconds += time.process_time() - started

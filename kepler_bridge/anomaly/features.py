@@ -65,14 +65,9 @@ def _float(value: int | None) -> float | None:
     return None if value is None else float(value)
 
 
-# The model's inputs: each of these values and its change per second since the last sample.
-MODEL_FIELDS = ("utilization", "memory_used", "temperature", "power", "sm_clock", "memory_clock")
-WIDTH = 2 * len(MODEL_FIELDS)
-
-
 def vector(now: Features, before: Features | None) -> list[float] | None:
-    """The model's input for one sample (values scaled to their device's range, then their rates);
-    None where a field is missing."""
+    """The model's input for one sample (values scaled to their device's range, then their rates
+    per minute since `before`); None where a field is missing."""
     values = _scaled(now)
     if values is None:
         return None
@@ -89,6 +84,8 @@ def _scaled(f: Features) -> list[float] | None:
         return None
     memory = f.memory_used / f.memory_total if f.memory_used is not None and f.memory_total else 0.0
     power = f.power / f.power_limit if f.power_limit else f.power / 1000.0
+    # Two relations the physics holds, which a fault breaks and axis-parallel splits see only
+    # as such: work against power (stuck work), heat against power (cooling).
     return [
         f.utilization,
         memory,
@@ -96,4 +93,6 @@ def _scaled(f: Features) -> list[float] | None:
         power,
         (f.sm_clock or 0.0) / 1e9,
         (f.memory_clock or 0.0) / 1e9,
+        f.utilization - power,
+        f.temperature / 100.0 - power,
     ]

@@ -23,9 +23,13 @@ FIT_TIMEOUT = 120.0
 
 def missing() -> str:
     """Why the model is off here, or '' where scikit-learn is installed (found, not imported)."""
-    if importlib.util.find_spec("sklearn") is None or importlib.util.find_spec("numpy") is None:
-        return "off: scikit-learn is not installed; pip install 'kepler-bridge[anomaly]'"
-    return ""
+    try:
+        found = all(importlib.util.find_spec(name) is not None for name in ("sklearn", "numpy"))
+    except (ImportError, ValueError):  # hidden (sys.modules[name] = None) or half installed
+        found = False
+    return (
+        "" if found else "off: scikit-learn is not installed; pip install 'kepler-bridge[anomaly]'"
+    )
 
 
 def _path_length(n: float) -> float:

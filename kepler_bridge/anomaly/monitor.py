@@ -106,7 +106,7 @@ class AnomalyMonitor:
     def _maybe_fit(self, settings: AnomalySettings, now: float) -> None:
         if self.model != "on" or (self._fitting is not None and self._fitting.is_alive()):
             return
-        ready = {u: list(w.rows) for u, w in self.watches.items() if len(w.rows) >= forest.MIN_ROWS}
+        ready = {u: list(w.rows) for u, w in self.watches.items() if w.ready()}
         unfitted = any(self.watches[uuid].forest is None for uuid in ready)
         due = min(settings.refit, FIRST_FIT) if unfitted else settings.refit
         if not ready or now - self._last_fit < due:

@@ -8,11 +8,13 @@ from typing import Protocol
 
 from kepler_bridge.anomaly import UNUSUAL, detectors, errors, features, sensors, thermal
 from kepler_bridge.anomaly.features import Features
-from kepler_bridge.anomaly.forest import Forest
+from kepler_bridge.anomaly.forest import MIN_ROWS, Forest
 from kepler_bridge.anomaly.signals import Hold
 from kepler_bridge.model import DeviceAnomaly
 
 ROWS = 720  # feature vectors kept per device for the model's next fit
+FIRST_ROWS = ROWS // 4  # a device's first model waits for a quarter of its window
+RATE_SPAN = 30.0  # seconds the model's rates are taken over
 GAP = 120.0  # seconds without a reading of the device that reset the detectors' short-term state
 
 
@@ -39,7 +41,7 @@ def named(sensitivity: float) -> list[Detector]:
 
 def unusual_above(sensitivity: float) -> float:
     """The model's score from which a sample counts as unusual."""
-    return 0.5 + 0.15 / sensitivity
+    return 0.5 + 0.05 / sensitivity
 
 
 class DeviceWatch:
@@ -52,11 +54,16 @@ class DeviceWatch:
         self.rows: deque[list[float]] = deque(maxlen=ROWS)
         self.step = window / ROWS
         self.last: Features | None = None
+        self.anchors: deque[Features] = deque(maxlen=4)
         self.last_row = float("-inf")
         self.forest: Forest | None = None
-        self.unusual = Hold(60.0, 120.0)
+        self.unusual = Hold(120.0, 120.0)
         self.firing: tuple[str, ...] = ()
         self.score: float | None = None
+
+    def ready(self) -> bool:
+        """Whether there are rows enough for a fit: a quarter of the window for the first one."""
+        return len(self.rows) >= (FIRST_ROWS if self.forest is None else MIN_ROWS)
 
     def configure(self, sensitivity: float, window: float) -> None:
         """New settings: the detectors keep what they learned."""
@@ -73,7 +80,7 @@ class DeviceWatch:
             self.gap()
             last, elapsed = None, 0.0
         firing = [d.kind for d in self.detectors if d.update(f, elapsed)]
-        vector = features.vector(f, last)
+        vector = features.vector(f, self._anchor(f))
         self.score = None
         if vector is not None:
             if f.timestamp - self.last_row >= self.step:
@@ -88,6 +95,15 @@ class DeviceWatch:
         self.firing = tuple(firing)
         return self.report()
 
+    def _anchor(self, f: Features) -> Features | None:
+        """The sample the rates are taken against: at least RATE_SPAN seconds old where there is
+        one (rates over a second are mostly the readings' jitter)."""
+        anchors = self.anchors
+        if not anchors or f.timestamp - anchors[-1].timestamp >= RATE_SPAN / 2:
+            anchors.append(f)
+        old = [a for a in anchors if f.timestamp - a.timestamp >= RATE_SPAN]
+        return old[-1] if old else anchors[0] if anchors[0] is not f else None
+
     def report(self) -> DeviceAnomaly:
         """What fires now, and the model's latest score."""
         fitted = self.forest.fitted_at if self.forest is not None else None
@@ -99,3 +115,4 @@ class DeviceWatch:
             detector.gap()
         self.unusual.reset()
         self.firing, self.score, self.last = (), None, None
+        self.anchors.clear()
