@@ -138,7 +138,8 @@ class Sim:
         self._errors(t, dt, kind)
         memory = self._memory(t, dt, util, kind)
         f = Features(
-            t, round(util, 2), float(int(memory)), dev.memory_total, float(round(dev.temperature + rng.gauss(0, 0.4))),
+            t, round(util, 2), float(int(memory)), dev.memory_total,
+            float(round(dev.temperature + rng.gauss(0, 0.4))),
             round(max(power, 1.0), 3), dev.limit, clock, 1.593e9, round(fan, 2), throttled,
             (dev.errors[0], dev.errors[1], dev.errors[2], dev.errors[3]), dev.pids,
         )  # fmt: skip

@@ -52,9 +52,9 @@ class FrozenSensor:
     longest in half a day, or while what drives it moved a lot.
 
     Power sensors report milliwatts and jitter every read; temperature must follow a swing of
-    a tenth of the board's power (a few degrees) within a minute or two; utilization at neither 0 nor 100 % is a sampled
-    ratio. A value that does not move is a sensor, a driver or a management controller that
-    stopped updating and hands back its last value."""
+    a tenth of the board's power (a few degrees) within a minute or two; utilization at neither
+    0 nor 100 % is a sampled ratio. A value that does not move is a sensor, a driver or a
+    management controller that stopped updating and hands back its last value."""
 
     kind = "frozen_sensor"
 

@@ -18,7 +18,8 @@ class Cooling:
     At steady state a die sits at ambient plus power times the thermal resistance of its heatsink
     and airflow; a failed fan, a clogged filter or dried thermal paste raise that resistance, so the
     same watts give more degrees. The learned curve is per power band (power smoothed over a
-    minute, the die's thermal lag, and temperature with it), learned slowly and hardly at all from samples far off it."""
+    minute, the die's thermal lag, and temperature with it), learned slowly and hardly at all
+    from samples far off it."""
 
     kind = "cooling"
 
