@@ -56,14 +56,20 @@ class DeviceWatch:
         self.last: Features | None = None
         self.anchors: deque[Features] = deque(maxlen=4)
         self.last_row = float("-inf")
+        self.first_row = float("inf")
         self.forest: Forest | None = None
         self.unusual = Hold(120.0, 120.0)
         self.firing: tuple[str, ...] = ()
         self.score: float | None = None
 
     def ready(self) -> bool:
-        """Whether there are rows enough for a fit: a quarter of the window for the first one."""
-        return len(self.rows) >= (FIRST_ROWS if self.forest is None else MIN_ROWS)
+        """Whether there are rows enough for a fit: for the first one, a quarter of the window
+        (in rows or in time)."""
+        rows = self.rows
+        if len(rows) < MIN_ROWS:
+            return False
+        spanned = self.last_row - self.first_row >= self.step * FIRST_ROWS
+        return self.forest is not None or len(rows) >= FIRST_ROWS or spanned
 
     def configure(self, sensitivity: float, window: float) -> None:
         """New settings: the detectors keep what they learned."""
@@ -86,6 +92,7 @@ class DeviceWatch:
             if f.timestamp - self.last_row >= self.step:
                 self.rows.append(vector)
                 self.last_row = f.timestamp
+                self.first_row = min(self.first_row, f.timestamp)
             if self.forest is not None:
                 self.score = self.forest.score(vector)
         if self.forest is not None:
