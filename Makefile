@@ -24,7 +24,7 @@ ifeq ($(IS_ROOT),yes)
 endif
 
 deps-test: deps-run
-	bash scripts/apt-install.sh gcc prometheus prometheus-alertmanager chromium podman runc debootstrap docker-registry gnupg
+	bash scripts/apt-install.sh gcc prometheus prometheus-alertmanager victoria-metrics chromium podman runc debootstrap docker-registry gnupg
 
 deps: deps-test
 
@@ -62,6 +62,7 @@ bench: deps-test $(PEERS_VENV)/.installed
 	$(BIN)/python benchmarks/source_reads.py --sources ebpf,procfs --extra 3000
 	$(BIN)/python benchmarks/scrape_phase.py
 	$(BIN)/python benchmarks/scaling.py
+	$(BIN)/python benchmarks/remote_write_bytes.py
 	$(BIN)/python benchmarks/peers.py
 
 # On a machine with an NVIDIA GPU: kepler-bridge against nvidia-smi, read-only (README "Check on a

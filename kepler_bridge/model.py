@@ -34,13 +34,20 @@ class PodRef:
 NO_POD = PodRef()
 
 
+# How a device's holder was learned: the kubelet's pod-resources socket, or the environment of
+# the container's processes (where pod-resources gives no answer: KubeEdge).
+POD_RESOURCES = "pod-resources"
+ENVIRONMENT = "environment"
+
+
 @dataclass(frozen=True)
 class Holder:
     """A container the kubelet assigned a device to; `container_id` where the pod list names it,
-    else ''."""
+    else ''; `source` says how that was learned."""
 
     container_id: str
     owner: PodRef
+    source: str = POD_RESOURCES
 
 
 class ProcessKey(NamedTuple):

@@ -31,6 +31,7 @@ from cluster_objects import (  # noqa: E402
     service_account,
     service_monitor,
 )
+from remote_write import outputs as remote_write_outputs  # noqa: E402
 from scheduling import cloud_scheduling, edge_scheduling  # noqa: E402
 from seccomp_profile import seccomp_profile  # noqa: E402
 
@@ -282,6 +283,9 @@ def rendered() -> dict[Path, str]:
         **_ascend(HERE / "kubernetes" / "ascend"),
         **_kubeedge(HERE / "kubeedge"),
         **_baetyl(HERE / "baetyl"),
+        **remote_write_outputs(
+            HERE, documents, edge_scheduling(), GPU_NODE_SELECTOR, BAETYL_NAMESPACE
+        ),
         HERE / "seccomp" / SECCOMP_PROFILE: (
             json.dumps(seccomp_profile(HARDENED_CAPABILITIES), indent=2) + "\n"
         ),

@@ -19,6 +19,33 @@ from typing import Any
 
 import pytest
 
+# Each visible text node's client rects, per node and per word: words that wrap inside themselves
+# and pairs of texts whose rects overlap (by more than a pixel).
+LAYOUT_PROBLEMS = """(() => {
+  const texts = [], problems = [];
+  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const rects = (range) => [...range.getClientRects()].filter((r) => r.width > 0 && r.height > 0);
+  for (let node; (node = walk.nextNode()); ) {
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    if (node.data.trim() && rects(range).length) texts.push([node.data, rects(range)]);
+    for (const word of node.data.matchAll(/\\S+/g)) {
+      range.setStart(node, word.index);
+      range.setEnd(node, word.index + word[0].length);
+      const lines = new Set(rects(range).map((r) => Math.round(r.top))).size;
+      if (lines > 1) problems.push("word wraps: " + word[0]);
+    }
+  }
+  const apart = (a, b) => a.right - 1 <= b.left || a.bottom - 1 <= b.top;
+  const over = (a, b) => !apart(a, b) && !apart(b, a);
+  texts.forEach(([text, boxes], i) => texts.slice(i + 1).forEach(([other, others]) => {
+    if (boxes.some((a) => others.some((b) => over(a, b)))) {
+      problems.push("overlap: " + text + " | " + other);
+    }
+  }));
+  return problems;
+})()"""
+
 
 def chromium() -> str:
     """Path of Debian's chromium; fails the test (never skips) when it is missing."""
@@ -82,13 +109,7 @@ class Browser:
         ]
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(domain + ".enable")
-        self.call(
-            "Emulation.setDeviceMetricsOverride",
-            width=1280,
-            height=900,
-            deviceScaleFactor=1,
-            mobile=False,
-        )
+        self.resize(1280, 900)
         if headers:
             self.call("Network.setExtraHTTPHeaders", headers=headers)
 
@@ -142,6 +163,30 @@ class Browser:
                 )
             time.sleep(0.1)
         return value
+
+    def resize(self, width: int, height: int, mobile: bool = False) -> None:
+        """Lay the page out in a viewport of this size; `mobile`: as a phone, with touch."""
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=mobile,
+        )
+        self.call("Emulation.setTouchEmulationEnabled", enabled=mobile)
+
+    def point(self, x: float, y: float) -> None:
+        """Move the mouse to (x, y) in CSS pixels of the viewport."""
+        self.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+
+    def tap(self, x: float, y: float) -> None:
+        """Touch (x, y) with one finger and lift it."""
+        self.call("Input.dispatchTouchEvent", type="touchStart", touchPoints=[{"x": x, "y": y}])
+        self.call("Input.dispatchTouchEvent", type="touchEnd", touchPoints=[])
+
+    def layout_problems(self) -> list[str]:
+        """Visible texts that overlap another text, and words that wrap inside themselves."""
+        return self.evaluate(LAYOUT_PROBLEMS)
 
     def screenshot(self, path: Path) -> None:
         """The viewport as a PNG file."""

@@ -30,7 +30,7 @@ def binary(name: str) -> str:
     if path is None:
         pytest.fail(
             f"{name} is not installed: run `make deps` "
-            "(apt-get install prometheus prometheus-alertmanager)",
+            "(apt-get install prometheus prometheus-alertmanager victoria-metrics)",
             pytrace=False,
         )
     return path

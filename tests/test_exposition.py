@@ -74,7 +74,11 @@ def test_device_series_keep_their_labels_and_the_owner_is_a_series_of_its_own() 
         )
     device = {"node": "n1", "gpu": "0", "uuid": "GPU-0", "vendor": "nvidia", "model": "A100"}
     assert [(sample.labels, sample.value) for sample in owned["gpu_pod_info"]] == [
-        (device | {"namespace": "ml", "pod": "train-0", "container": "main"}, 1.0)
+        (
+            device
+            | {"namespace": "ml", "pod": "train-0", "container": "main", "source": "pod-resources"},
+            1.0,
+        )
     ]
 
 

@@ -20,6 +20,7 @@ import requests
 import scaffold
 from agent import Agent
 from browser import Browser
+from fakenvml import FakeNvml
 from kepler_bridge.exposition.history import render as history_json
 from kepler_bridge.model import GpuReading, Snapshot
 from kepler_bridge.store import MAX_SAMPLES, MAX_SECONDS, History
@@ -314,3 +315,138 @@ def test_token_protects_page_and_history_and_the_page_works_with_it(tmp_path: Pa
             browser.open(running.url + "/")
             browser.wait_for(charts_drawn(4))
             assert browser.problems == []
+
+
+CHART_TEXTS = """[...document.querySelectorAll('#devices .metric')].map((m) => ({
+  label: m.querySelector('.label').textContent,
+  now: m.querySelector('.now').textContent,
+  stats: [...m.querySelectorAll('.stats span')].map((s) => s.className + ' ' + s.textContent),
+  y: [...m.querySelectorAll('.y span')].map((s) => s.textContent),
+  x: [...m.querySelectorAll('.x span')].map((s) => s.textContent),
+  limits: m.querySelectorAll('line.limit').length,
+}))"""
+UNITS = {"utilization": "%", "memory": "B", "temperature": "°C", "power": "W"}
+CLOCK = r"\d\d:\d\d:\d\d"
+TIP = "document.querySelector('.tip')?.textContent"
+
+
+def png_width(path: Path) -> int:
+    """The width in the PNG's IHDR chunk."""
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and data[12:16] == b"IHDR"
+    return int.from_bytes(data[16:20], "big")
+
+
+def plot_point(browser: Browser, chart: int, fraction: float) -> tuple[float, float]:
+    """Viewport coordinates `fraction` of the way across chart number `chart`, halfway down."""
+    box = browser.evaluate(
+        f"(() => {{ const r = document.querySelectorAll('.plot')[{chart}]"
+        ".getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; })()"
+    )
+    return box[0] + box[2] * fraction, box[1] + box[3] / 2
+
+
+def assert_charts_read_at_a_glance(browser: Browser) -> None:
+    """Each chart: its current, min and max value and its axis labels in its unit, clock times
+    under it, and a limit line for memory and power."""
+    charts = browser.evaluate(CHART_TEXTS)
+    assert [c["label"] for c in charts] == list(UNITS) * 2
+    for chart in charts:
+        unit = re.escape(UNITS[chart["label"]])
+        number = rf"-?\d+(\.\d)? ?[KMGT]?i?{unit}"
+        assert re.fullmatch(number, chart["now"]), chart
+        assert [s.split()[:2] for s in chart["stats"][:2]] == [["min", "min"], ["max", "max"]]
+        assert all(re.search(number + "$", s) for s in chart["stats"]), chart
+        assert len(chart["y"]) == 3 and all(re.fullmatch(number, y) for y in chart["y"]), chart
+        assert len(chart["x"]) == 3 and all(re.fullmatch(CLOCK, x) for x in chart["x"]), chart
+        limited = chart["label"] in ("memory", "power")
+        assert chart["limits"] == int(limited), chart
+        assert (
+            any(s.startswith(("limit limit ", "limit total ")) for s in chart["stats"]) == limited
+        )
+
+
+@pytest.mark.e2e
+def test_charts_read_at_a_glance_from_a_phone_to_a_wide_screen(
+    agent: Agent, tmp_path: Path
+) -> None:
+    with Browser(tmp_path / "profile") as browser:
+        browser.open(agent.url + "/")
+        browser.wait_for(charts_drawn(8))
+        for width, height, phone in ((360, 740, True), (1440, 900, False), (1920, 1080, False)):
+            browser.resize(width, height, mobile=phone)
+            browser.wait_for(f"innerWidth === {width}")
+            page = "document.documentElement"  # which never scrolls sideways
+            assert browser.evaluate(f"{page}.scrollWidth <= {page}.clientWidth"), width
+            assert browser.layout_problems() == [], width
+            assert_charts_read_at_a_glance(browser)
+            shot = tmp_path / f"live-{width}.png"
+            browser.screenshot(shot)
+            assert png_width(shot) == width and shot.stat().st_size > 10_000
+            columns = browser.evaluate(
+                "new Set([...document.querySelectorAll('#devices article')]"
+                ".map((a) => a.getBoundingClientRect().left)).size"
+            )
+            assert columns == (1 if phone else 2)  # one card a row on a phone, side by side wide
+        browser.point(*plot_point(browser, 3, 0.99))  # gpu 0's power
+        tip = browser.wait_for(TIP)
+        assert re.fullmatch(rf"\d+ W at {CLOCK}", tip), tip
+        assert browser.evaluate("document.querySelectorAll('.tip, .dot, line.mark').length") == 3
+        # A redraw keeps the tip, now on the newest sample under the pointer.
+        browser.wait_for(f"{TIP} !== {json.dumps(tip)}")
+        browser.resize(360, 740, mobile=True)
+        browser.wait_for("innerWidth === 360")
+        browser.tap(*plot_point(browser, 0, 0.99))  # gpu 0's utilization, by touch
+        browser.wait_for(f"{TIP}.includes('%')")
+        assert browser.evaluate("document.querySelectorAll('.tip').length") == 1
+        assert re.fullmatch(rf"\d+ % at {CLOCK}", browser.evaluate(TIP)), browser.evaluate(TIP)
+        browser.tap(10, 10)  # elsewhere
+        browser.wait_for("document.querySelectorAll('.tip, .dot, line.mark').length === 0")
+        # The layout probe sees a text laid over another and a word broken in two.
+        browser.evaluate(
+            "(() => { const p = document.createElement('p'); p.textContent = 'over lapping';"
+            " p.style = 'position:absolute;top:0;left:0;margin:12px 16px;width:4ch;"
+            "overflow-wrap:anywhere;font:20px monospace'; document.body.append(p); })()"
+        )
+        found = browser.layout_problems()
+        assert "overlap: kepler-bridge  | over lapping" in found, found
+        assert "word wraps: lapping" in found and "word wraps: over" not in found, found
+        assert browser.problems == []
+
+
+BADGES = (
+    "[...document.querySelectorAll('#devices article')]"
+    ".map((a) => [...a.querySelectorAll('.badge')].map((b) => b.textContent))"
+)
+
+
+@pytest.mark.e2e
+def test_cards_show_a_down_a_throttled_gpu_and_a_recent_xid(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    fake_nvml.gpu(0, clocks_event_reasons=0x1 | 0x4 | 0x40)  # idle, power cap, hw thermal
+    args = ("--sources", "nvml", "--nvml-library", str(fake_nvml.library), "--interval", "0.5s")
+    with Agent(*args, env=fake_nvml.env()) as running:
+        fake_nvml.add_xid(0, 79)
+        with Browser(tmp_path / "profile") as browser:
+            browser.resize(360, 740, mobile=True)
+            browser.open(running.url + "/")
+            browser.wait_for(charts_drawn(8))
+            fake_nvml.gpu(1, lost=True)
+            badges = browser.wait_for(
+                f"(() => {{ const b = {BADGES}; return b[1].length && b[0].length > 1 && b; }})()"
+            )
+            assert badges[0][0] == "throttled: sw power cap, hw thermal slowdown"
+            assert re.fullmatch(rf"XID 79 at {CLOCK}", badges[0][1]) and badges[1] == ["down"]
+            assert browser.evaluate("document.querySelectorAll('article.off').length") == 1
+            assert browser.layout_problems() == []
+            browser.screenshot(tmp_path / "faults-360.png")
+            assert png_width(tmp_path / "faults-360.png") == 360
+            quiet = (
+                "{up: true, throttled: ['gpu_idle'], last_xid_timestamp: 1000, last_xid_code: 1}"
+            )
+            assert browser.evaluate(f"badges({quiet}, 1000 + 3601).children.length") == 0
+            assert browser.problems == []
+        device = running.get("/api/v1/history").json()["devices"][0]
+        assert device["throttled"] == ["gpu_idle", "sw_power_cap", "hw_thermal_slowdown"]
+        assert device["last_xid_code"] == 79 and device["last_xid_timestamp"] > 0

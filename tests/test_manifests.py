@@ -27,6 +27,9 @@ CRD_GROUPS = ("monitoring.coreos.com/",)
 FOLDERS = ("kubernetes", "kubeedge", "baetyl/cluster", "baetyl/single-node")
 # Subfolders that need their parent folder applied first (namespace, account, RBAC, alert rules).
 SUBFOLDERS = ("hardened", "ascend")
+# Prometheus in agent mode beside the agent on edge nodes, opt-in (manifests/README.md).
+REMOTE_WRITE = "remote-write"
+REMOTE_WRITE_FOLDERS = ("kubeedge", "baetyl/cluster", "baetyl/single-node")
 ASCEND_NODE_LABEL = "feature.node.kubernetes.io/pci-1200_19e5.present"
 PORT = 30060
 SECCOMP_PROFILE = MANIFESTS / "seccomp" / "kepler-bridge.json"
@@ -54,7 +57,20 @@ def _all_docs() -> list[tuple[Path, dict[str, Any]]]:
 
 
 def _workloads() -> list[tuple[Path, dict[str, Any]]]:
-    return [(path, doc) for path, doc in _all_docs() if doc["kind"] in ("DaemonSet", "Deployment")]
+    """The agent's workloads (remote-write/ holds Prometheus': _remote_write_workloads)."""
+    return [
+        (path, doc)
+        for path, doc in _all_docs()
+        if doc["kind"] in ("DaemonSet", "Deployment") and REMOTE_WRITE not in path.parts
+    ]
+
+
+def _remote_write_workloads() -> list[tuple[Path, dict[str, Any]]]:
+    return [
+        (path, doc)
+        for path, doc in _all_docs()
+        if doc["kind"] in ("DaemonSet", "Deployment") and REMOTE_WRITE in path.parts
+    ]
 
 
 def _id(item: tuple[Path, dict[str, Any]]) -> str:
@@ -359,6 +375,8 @@ def test_ascend_variant_gives_npu_smi_the_host_driver_on_ascend_nodes_only() -> 
 )
 def test_baetyl_workload_is_found_by_baetyl_core(folder: str, kind: str) -> None:
     for path in sorted((MANIFESTS / folder).rglob("30-*.yaml")):
+        if REMOTE_WRITE in path.parts:
+            continue
         (workload,) = _docs(path)
         assert workload["kind"] == kind
         assert workload["metadata"]["namespace"] == "baetyl-edge-system"
@@ -430,3 +448,70 @@ def test_seccomp_base_is_the_debian_package_default() -> None:
     assert SECCOMP_BASE.read_bytes() == installed.read_bytes(), (
         f"{SECCOMP_BASE} differs from {installed}"
     )
+
+
+@pytest.mark.parametrize("item", _remote_write_workloads(), ids=_id)
+def test_remote_write_pod_is_unprivileged_and_bounds_its_wal(
+    item: tuple[Path, dict[str, Any]],
+) -> None:
+    path, doc = item
+    remote = generator("manifests/remote_write.py")
+    pod = doc["spec"]["template"]["spec"]
+    assert "hostPID" not in pod and pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert not [v for v in volumes.values() if "hostPath" in v], (
+        "Prometheus needs nothing of the host"
+    )
+    (prometheus,) = pod["containers"]
+    (render,) = pod["initContainers"]
+    for container in (prometheus, render):
+        security = container["securityContext"]
+        assert security["runAsNonRoot"] is True and security["readOnlyRootFilesystem"] is True
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert security["allowPrivilegeEscalation"] is False
+        assert container["image"] == remote.PROMETHEUS_IMAGE
+    args = dict(arg.split("=", 1) if "=" in arg else (arg, "") for arg in prometheus["args"])
+    assert args["--enable-feature"] == "agent"
+    assert args["--storage.agent.retention.max-time"] == remote.MAX_TIME
+    assert "--storage.agent.wal-compression" in args
+    # The WAL lies on a disk emptyDir with a size limit: bounded, and kept across restarts of the
+    # container.
+    mounts = {m["mountPath"]: m["name"] for m in prometheus["volumeMounts"]}
+    wal = volumes[mounts[str(Path(args["--storage.agent.path"]).parent)]]
+    assert wal["emptyDir"] == {"sizeLimit": remote.WAL_SIZE_LIMIT}
+    assert volumes["secret"]["secret"]["secretName"] == "kepler-bridge-remote-write"
+    assert volumes["secret"]["secret"]["defaultMode"] == 0o440
+    (configmap,) = _docs(path.parent / "10-configmap.yaml")
+    assert volumes["template"]["configMap"]["name"] == configmap["metadata"]["name"]
+    assert configmap["metadata"]["namespace"] == doc["metadata"]["namespace"]
+
+
+@pytest.mark.parametrize("folder", REMOTE_WRITE_FOLDERS)
+def test_remote_write_scrapes_the_agent_of_its_own_node(folder: str) -> None:
+    (configmap,) = _docs(MANIFESTS / folder / REMOTE_WRITE / "10-configmap.yaml")
+    config = yaml.safe_load(configmap["data"]["prometheus.yml"])
+    (job,) = config["scrape_configs"]
+    # KeplerBridgeDown matches job=~".*kepler-bridge.*".
+    assert "kepler-bridge" in job["job_name"]
+    (target,) = job["static_configs"][0]["targets"]
+    (agent,) = _docs(next((MANIFESTS / folder).glob("30-*.yaml")))
+    agent_pod = agent["spec"]["template"]
+    (workload,) = _remote_write_workloads_in(MANIFESTS / folder / REMOTE_WRITE)
+    if agent_pod["spec"].get("hostNetwork"):
+        assert target == f"127.0.0.1:{PORT}"
+        assert workload["spec"]["template"]["spec"]["hostNetwork"] is True
+    else:
+        (service,) = _docs(MANIFESTS / folder / REMOTE_WRITE / "40-service.yaml")
+        name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+        assert target == f"{name}.{namespace}.svc:{PORT}"
+        assert service["spec"]["internalTrafficPolicy"] == "Local", "this node's agent only"
+        assert service["spec"]["selector"].items() <= agent_pod["metadata"]["labels"].items()
+    assert config["global"]["external_labels"] == {"node": "@NODE_NAME@"}
+    (remote_write,) = config["remote_write"]
+    assert "url" not in remote_write, "the url comes from the Secret"
+    assert list(config)[-1] == "remote_write", "the init script appends to the last entry"
+
+
+def _remote_write_workloads_in(folder: Path) -> list[dict[str, Any]]:
+    return [doc for path, doc in _remote_write_workloads() if path.parent == folder]

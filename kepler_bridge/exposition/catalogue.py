@@ -159,7 +159,10 @@ MIG_PROFILING: dict[str, tuple[str, str]] = {
 # Every metric this module can emit, with its help text; the README lists exactly these.
 METRICS: dict[str, str] = {
     "gpu_info": "Accelerator metadata; value 1.",
-    "gpu_pod_info": "The one container the kubelet assigned the accelerator to; value 1.",
+    "gpu_pod_info": (
+        "The one container the kubelet assigned the accelerator to; source: pod-resources or "
+        "environment; value 1."
+    ),
     "gpu_up": "1 when the accelerator is readable, 0 when lost or failing.",
     **{name: help_text for name, (_, help_text) in GPU_GAUGES.items()},
     **{name: help_text for name, (_, help_text) in PROFILING_GAUGES.items()},

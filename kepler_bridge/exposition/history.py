@@ -58,6 +58,9 @@ def _devices(samples: list[Sample], snapshot: Snapshot) -> list[dict[str, object
             "error": gpu.error,
             "memory_total_bytes": gpu.memory_total_bytes,
             "power_limit_watts": gpu.power_limit_watts,
+            "throttled": [reason for reason, active in gpu.throttled if active],
+            "last_xid_timestamp": gpu.last_xid_timestamp,
+            "last_xid_code": gpu.last_xid_code,
             "series": {name: next(columns) for name in FIELDS},
             # The anomaly kinds firing now (gpu_anomaly) and the model's score; [] and None when
             # nothing fires or detection is off.

@@ -27,7 +27,7 @@ from kepler_bridge.exposition.catalogue import (
 )
 from kepler_bridge.exposition.catalogue import METRICS as METRICS  # every name it can emit
 from kepler_bridge.exposition.energy import energy_families
-from kepler_bridge.exposition.families import counter, gauge, info, pod_labels
+from kepler_bridge.exposition.families import counter, gauge, holder_labels, info, pod_labels
 from kepler_bridge.exposition.reliability import FAMILIES as RELIABILITY
 from kepler_bridge.exposition.reliability import series as reliability_series
 from kepler_bridge.model import (
@@ -181,7 +181,7 @@ class _DeviceFamilies:
         self.info.add_metric(labels, identity)
         # Device series keep one label set for the device's life; its holder is a series of its own.
         if gpu.holder is not None:
-            self.pod_info.add_metric(labels, dict(zip(POD_LABELS, pod_labels(gpu.holder.owner))))
+            self.pod_info.add_metric(labels, holder_labels(gpu.holder))
         self.up.add_metric(labels, 1.0 if gpu.up else 0.0)
         if gpu.up:
             self._add_readings(labels, gpu)
@@ -245,8 +245,7 @@ class _MigFamilies:
             ids = [str(instance.gpu_instance), str(instance.compute_instance), instance.uuid]
             self.info.add_metric(labels + ids, {"profile": instance.profile})
             if len(instance.holders) == 1:
-                owner = dict(zip(POD_LABELS, pod_labels(instance.holders[0].owner)))
-                self.pod_info.add_metric(labels + ids, owner)
+                self.pod_info.add_metric(labels + ids, holder_labels(instance.holders[0]))
             if instance.gpu_instance in seen:
                 continue
             seen.add(instance.gpu_instance)

@@ -81,9 +81,12 @@ class KubeMetadata:
         each."""
         if self.endpoints:
             self._refresh_pods()
-        if self.socket and os.path.exists(self.socket):
-            self._refresh_devices()
-        self._view = KubeView(self._containers, device_owners(self._assignments))
+        # No socket (EdgeCore serves none) or no answer: the sampler learns devices from the
+        # containers' environment, and the last assignments pod-resources gave still win.
+        answered = bool(self.socket) and os.path.exists(self.socket) and self._refresh_devices()
+        self._view = KubeView(
+            self._containers, device_owners(self._assignments), learn_from_environment=not answered
+        )
 
     def _refresh_pods(self) -> None:
         problems = []
@@ -106,7 +109,8 @@ class KubeMetadata:
             logging.INFO if quiet else logging.WARNING,
         )
 
-    def _refresh_devices(self) -> None:
+    def _refresh_devices(self) -> bool:
+        """Ask pod-resources; whether it answered."""
         # Imported here: grpc loads only where a pod-resources socket exists.
         from kepler_bridge.kube.pod_resources import list_assignments
 
@@ -119,8 +123,9 @@ class KubeMetadata:
                 "devices",
                 f"{err}" + (" (keeping the last assignments)" if self._assignments else ""),
             )
-            return
+            return False
         self._report("devices", "")
+        return True
 
     def _report(self, part: str, error: str, level: int = logging.WARNING) -> None:
         if error != self.errors.get(part, ""):

@@ -55,24 +55,31 @@ def device_owners(assignments: Iterable[Assignment]) -> dict[str, tuple[PodRef, 
 
 @dataclass(frozen=True)
 class KubeView:
-    """Container id -> container, and device key -> owners; treat both mappings as read-only."""
+    """Container id -> container, and device key -> owners; treat both mappings as read-only.
+
+    Where pod-resources gave no answer (`learn_from_environment`), the sampler adds `learned`:
+    device key -> the containers whose processes' environment gives them the device. A device
+    pod-resources assigns keeps those holders; only the others take the learned ones."""
 
     containers: Mapping[str, PodRef] = field(default_factory=dict)
     devices: Mapping[str, tuple[PodRef, ...]] = field(default_factory=dict)
+    learn_from_environment: bool = False
+    learned: Mapping[str, tuple[Holder, ...]] = field(default_factory=dict)
 
     def gpu_owners(self, gpu: GpuReading) -> tuple[PodRef, ...]:
         """The containers the kubelet assigned this GPU, or a MIG instance, replica or slice of it,
         to."""
-        return self._owners((gpu.uuid, *gpu.mig_uuids, gpu.pci_bus_id, *gpu.device_ids))
+        return self._owners(_names(gpu))
 
     def holders(self, gpu: GpuReading) -> tuple[Holder, ...]:
         """The containers holding this GPU (`gpu_owners`), each with its id where the pod list
-        names it."""
-        return self._held(self.gpu_owners(gpu))
+        names it; else those its environment gives it to."""
+        return self._held(self.gpu_owners(gpu)) or self._learned(_names(gpu))
 
     def mig_holders(self, instance: MigInstance) -> tuple[Holder, ...]:
-        """The containers the kubelet assigned this MIG device to (`nvidia.com/mig-*` resources)."""
-        return self._held(self._owners((instance.uuid,)))
+        """The containers the kubelet assigned this MIG device to (`nvidia.com/mig-*` resources);
+        else those its environment gives it to."""
+        return self._held(self._owners((instance.uuid,))) or self._learned((instance.uuid,))
 
     def _owners(self, names: Iterable[str]) -> tuple[PodRef, ...]:
         if not self.devices:
@@ -83,9 +90,23 @@ class KubeView:
                 owners.update(dict.fromkeys(self.devices.get(device_key(name), ())))
         return tuple(owners)
 
+    def _learned(self, names: Iterable[str]) -> tuple[Holder, ...]:
+        if not self.learned:
+            return ()
+        holders: dict[Holder, None] = {}
+        for name in names:
+            if name:
+                holders.update(dict.fromkeys(self.learned.get(device_key(name), ())))
+        return tuple(holders)
+
     def _held(self, owners: tuple[PodRef, ...]) -> tuple[Holder, ...]:
         return tuple(Holder(self._ids.get(owner, ""), owner) for owner in owners)
 
     @cached_property
     def _ids(self) -> dict[PodRef, str]:
         return {owner: container_id for container_id, owner in self.containers.items()}
+
+
+def _names(gpu: GpuReading) -> tuple[str, ...]:
+    """Every name a device plugin or a runtime may give this device or a part of it."""
+    return (gpu.uuid, *gpu.mig_uuids, gpu.pci_bus_id, *gpu.device_ids)

@@ -28,6 +28,7 @@ from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
 from kepler_bridge.sampling.counters import MonotonicCounters
 from kepler_bridge.sampling.device_index import DeviceIndexes
+from kepler_bridge.sampling.environment import EnvironmentDevices
 from kepler_bridge.sampling.slots import (
     Slot,
     build_slots,
@@ -64,6 +65,7 @@ class Sampler:
         self._devices = DeviceIndexes()
         self._attribution = Attribution(**_attribution_settings(config))
         self.kube = KubeMetadata(config)
+        self._environment = EnvironmentDevices(config.procfs)
         self._state_dir = state_dir
         self._save_errors = 0
         self._save_warned = False
@@ -212,13 +214,14 @@ class Sampler:
     def _assemble(self, reading: SourceReading, started: float) -> Snapshot:
         """The snapshot of one sample: counters made monotonic, owners joined, energy attributed."""
         # Kubernetes owners are joined here, once per sample: every output reads them from the rows.
-        kube = self.kube.view()
+        increases = self._counters.cpu_increases(reading.processes)
+        container_ids = _container_ids(increases, reading.gpus)
+        kube = self._environment.view(self.kube.view(), container_ids, increases, reading.gpus)
         node_gpus = tuple(
             join_owners(self._counters.gpu(gpu), kube) for gpu in self._number(reading, started)
         )
-        increases = self._counters.cpu_increases(reading.processes)
         shown, other_seconds = self._counters.process_seconds(increases)
-        self.kube.notice(_container_ids(increases, node_gpus))
+        self.kube.notice(container_ids)
         energy = self._attribution.update(
             SampleInputs(
                 now=started,
