@@ -121,7 +121,7 @@ def baseline(trace: traces.Trace) -> Episodes:
         ("memory_leak", lambda f, _: (f.memory_used or 0) > 0.9 * (f.memory_total or 1)),
         ("frozen_sensor", lambda f, old: f.power == old.power),
         ("frozen_sensor", lambda f, old: f.temperature == old.temperature),
-        ("throttling", lambda f, _: f.throttled),
+        ("throttling", lambda f, _: f.throttled or f.power_capped),
     ]
     since: dict[int, float] = {}
     errors: list[tuple[float, tuple[int, int, int, int]]] = []

@@ -6,9 +6,10 @@ Each run starts `kepler-bridge serve` with --simulate N accelerators at --interv
 (kepler_bridge_sample_duration_seconds), the median and 95th percentile of the scrape's wall time,
 the worker's CPU time per second (utime + stime of /proc/PID/stat, the fit's child included) and
 kepler_bridge_anomaly_cpu_seconds_total per device and sample. The model is fitted on a 2-minute
-window (a first fit after 30 s) so that its scoring is in the figures.
+window (a first fit after 30 s) so that its scoring is in the figures; each fit is a child that
+imports scikit-learn (about 2 s of CPU), so --refit 1m shows what refits cost.
 
-    python benchmarks/anomaly_overhead.py [--devices 8] [--seconds 90] [--rounds 2]
+    python benchmarks/anomaly_overhead.py [--devices 8] [--seconds 90] [--rounds 2] [--refit 10m]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def cpu_seconds(pid: int) -> float:
 def run(on: bool, args: argparse.Namespace) -> dict[str, float]:
     flags = ["--sources", "simulated", "--simulate", str(args.devices)]
     flags += ["--interval", str(args.interval), "--anomaly", "true" if on else "false"]
-    flags += ["--anomaly-window", "2m", "--anomaly-refit", "1m"]
+    flags += ["--anomaly-window", "2m", "--anomaly-refit", args.refit]
     with Agent(*flags) as agent:
         worker = agent.worker_pids()[0]
         time.sleep(5)
@@ -71,6 +72,7 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=90.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--refit", default="10m", help="--anomaly-refit (the agent's default)")
     args = parser.parse_args()
     results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     for _ in range(args.rounds):

@@ -123,7 +123,7 @@ class Sim:
         capped = demand > dev.limit
         power = min(demand, dev.limit) + rng.gauss(0, 1.5)
         clock = (0.21 + 1.77 * min(1.0, util * 4)) * 1e9 * (0.9 if capped else 1.0)
-        throttled = capped
+        throttled = False
         if kind == "stuck":
             util, power, clock = 1.0, dev.idle * 1.08 + rng.gauss(0, 1.5), 1.98e9
         if kind == "throttling":
@@ -141,7 +141,7 @@ class Sim:
             t, round(util, 2), float(int(memory)), dev.memory_total,
             float(round(dev.temperature + rng.gauss(0, 0.4))),
             round(max(power, 1.0), 3), dev.limit, clock, 1.593e9, round(fan, 2), throttled,
-            (dev.errors[0], dev.errors[1], dev.errors[2], dev.errors[3]), dev.pids,
+            (dev.errors[0], dev.errors[1], dev.errors[2], dev.errors[3]), dev.pids, capped,
         )  # fmt: skip
         return self._freeze(f, kind)
 

@@ -6,10 +6,11 @@ from typing import NamedTuple
 
 from kepler_bridge.model import GpuReading
 
-# Clock-event reasons that hold clocks down against the work asked for (not idle, not a setting).
+# Clock-event reasons that hold clocks down against the work asked for (not idle, not a setting);
+# the power cap apart: a board at its power limit is doing what it was set to do.
+POWER_CAP = "sw_power_cap"
 SLOWDOWNS = frozenset(
     {
-        "sw_power_cap",
         "hw_slowdown",
         "sw_thermal_slowdown",
         "hw_thermal_slowdown",
@@ -31,9 +32,10 @@ class Features(NamedTuple):
     sm_clock: float | None
     memory_clock: float | None
     fan: float | None
-    throttled: bool
+    throttled: bool  # a slowdown other than the power cap is active
     errors: tuple[int, int, int, int]  # XID events, corrected ECC, uncorrected ECC, remapped rows
     processes: frozenset[int] | None  # None where the source cannot list them
+    power_capped: bool = False  # the power cap holds the clocks down
 
 
 def of(gpu: GpuReading, timestamp: float) -> Features:
@@ -58,6 +60,7 @@ def of(gpu: GpuReading, timestamp: float) -> Features:
             remapped,
         ),
         frozenset(p.pid for p in gpu.processes) if gpu.lists_processes else None,
+        any(active for reason, active in gpu.throttled if reason == POWER_CAP),
     )
 
 

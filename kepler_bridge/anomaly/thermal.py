@@ -41,10 +41,15 @@ class Cooling:
         band = min(BINS - 1, max(0, int(watts / limit * BINS)))
         # A die still cooling down after its load dropped is above the lower band, not failing.
         falling = len(self.recent) >= 7 and degrees < self.recent[-7][1] - 0.5
-        hot = self._hot(band, degrees, elapsed) and not falling
+        hot = self._hot(band, degrees, elapsed if self._settled(degrees) else 0.0) and not falling
         if not self.recent or f.timestamp - self.recent[-1][0] >= 10.0:
             self.recent.append((f.timestamp, degrees, watts))
         return self.hold.update(f.timestamp, hot or self._climbing_at_full_fan(f))
+
+    def _settled(self, degrees: float) -> bool:
+        """Whether the die's temperature is at its steady state (within 1 °C of a minute ago):
+        only then does it teach the curve, so a die still warming up does not."""
+        return len(self.recent) >= 7 and abs(degrees - self.recent[-7][1]) < 1.0
 
     def _hot(self, band: int, temperature: float, elapsed: float) -> bool:
         mean, spread = self.bands[band], self.spread[band]
@@ -72,8 +77,9 @@ class Cooling:
 
 
 class Throttling:
-    """Clocks held down (a power or thermal slowdown reason active, or the SM clock well under the
-    clock this device usually runs busy at) far more than is usual for this device.
+    """Clocks held down (a thermal, hardware or power-brake slowdown, the power cap while power is
+    under the limit, or the SM clock well under the clock this device usually runs busy at) far
+    more than is usual for this device.
 
     A board that always runs at its power cap is healthy at 100 % capped; one that never throttles
     and now does most of the time has a failing power supply, a hot inlet or a power brake
@@ -91,8 +97,10 @@ class Throttling:
     def update(self, f: Features, elapsed: float) -> bool:
         if f.utilization is None or f.utilization < 0.3:
             return self.hold.firing  # an idle GPU clocks down: says nothing either way
-        slow = f.throttled
-        if f.sm_clock is not None:
+        # The power cap at the power limit is the board's setting at work; under it, a fault.
+        at_limit = f.power is not None and f.power >= 0.9 * (f.power_limit or float("inf"))
+        slow = f.throttled or (f.power_capped and not at_limit)
+        if f.sm_clock is not None and not at_limit:
             known = self.clock.seen >= 600.0
             slow = slow or (known and f.sm_clock < 0.85 * self.clock.value)
             if not slow:
