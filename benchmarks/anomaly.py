@@ -15,11 +15,12 @@ a static-threshold baseline (utilization > 90 % for 5 min, temperature > 85 °C 
 any error counted in 10 min). A fault's alarm counts from its start to 5 minutes after its end;
 an alarm of a consequence (cooling that throttles) is neither a hit nor a false alarm.
 
-The thresholds were set on seeds 1-3 (`--seeds 1,2,3`); the default evaluation seeds, 101-103,
-were not looked at while setting them. Targets (issue 20): overall F1 >= 0.9, median delay
+The thresholds were set on seeds 1-3 (`--seeds 1,2,3`). Seeds 101-103 were the first held-out
+evaluation; what it showed (the thermal detectors' false alarms) was fixed, which made them
+seen, so the default evaluation seeds are now 201-203, not looked at while setting anything. Targets (issue 20): overall F1 >= 0.9, median delay
 < 5 min, < 1 false alarm per device-day on clean traces, better than the baseline on every kind.
 
-    python benchmarks/anomaly.py [--seeds 101,102,103] [--interval 5] [--no-model]
+    python benchmarks/anomaly.py [--seeds 201,202,203] [--interval 5] [--no-model]
 """
 
 from __future__ import annotations
@@ -272,7 +273,7 @@ def report(title: str, tally: Tally, kinds: tuple[str, ...], verbose: bool = Fal
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", default="101,102,103", help="comma list (tuning: 1,2,3)")
+    parser.add_argument("--seeds", default="201,202,203", help="comma list (tuning: 1,2,3)")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--sensitivity", type=float, default=1.0)
     parser.add_argument("--window", type=float, default=3600.0, help="model window, seconds")
