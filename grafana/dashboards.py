@@ -322,6 +322,21 @@ def accelerators() -> dict[str, Any]:
             [target(f"gpu_throttled{{{GPU}}} == 1", "{{node}} GPU {{gpu}} {{reason}}")],
             "short",
         ),
+        timeseries(
+            "Anomalies firing",
+            [target(f"gpu_anomaly{{{GPU}}} == 1", "{{node}} GPU {{gpu}} {{kind}}")],
+            "short",
+            description="The anomaly detectors firing on each GPU, by kind (README, Anomaly "
+            "detection); GPUAnomalyDetected alerts after 2 minutes of one.",
+        ),
+        timeseries(
+            "Anomaly score (IsolationForest)",
+            [target(f"gpu_anomaly_score{{{GPU}}}", "{{node}} GPU {{gpu}}")],
+            "percentunit",
+            description="How unlike its own last hour each GPU's latest sample is: about 50 % "
+            "and below is ordinary; none before a GPU's first model or without scikit-learn.",
+            fieldConfig={"defaults": {"min": 0, "max": 1}},
+        ),
         table(
             "Health",
             [

@@ -139,4 +139,17 @@ def _doctor(config: Config) -> int:
         print(f"{'ok ' if ok else 'no '} {name:<10} {line}")
     mark, line = check_devices(config)
     print(f"{mark} {'devices':<10} {line}")
+    print(_anomaly_line(config))
     return 0 if working else 1
+
+
+def _anomaly_line(config: Config) -> str:
+    """Whether the anomaly detectors and their IsolationForest run here."""
+    from kepler_bridge.anomaly.forest import missing
+
+    if not config.anomaly:
+        return "--  anomaly    off (anomaly: false)"
+    model = missing()
+    if model:
+        return f"--  anomaly    named detectors on; IsolationForest {model}"
+    return "ok  anomaly    named detectors and IsolationForest on"

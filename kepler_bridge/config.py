@@ -9,12 +9,12 @@ from typing import Any, Mapping
 
 from kepler_bridge import settings_file
 from kepler_bridge import settings_parse as parse
-from kepler_bridge.settings_devices import DevicesTable
+from kepler_bridge.settings_anomaly import AnomalyTable
 from kepler_bridge.settings_parse import ConfigError, Setting
 
 
 @dataclass(frozen=True)
-class Config(DevicesTable):
+class Config(AnomalyTable):
     """Validated settings of one agent run: the settings table's values and what load() adds."""
 
     # Read from auth_token_file once, by load().

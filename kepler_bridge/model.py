@@ -314,6 +314,28 @@ class Energy:
 
 
 @dataclass(frozen=True)
+class DeviceAnomaly:
+    """What the anomaly detectors make of one device: the kinds firing now, and the model's score
+    (0..1) and fit time where it has a model."""
+
+    uuid: str
+    firing: tuple[str, ...] = ()
+    score: float | None = None
+    fitted_timestamp: float | None = None
+
+
+@dataclass(frozen=True)
+class Anomalies:
+    """The anomaly thread's latest findings, per device in `gpu` order; `model` is "on" or why the
+    IsolationForest is off."""
+
+    kinds: tuple[str, ...]
+    devices: tuple[DeviceAnomaly, ...] = ()
+    model: str = "on"
+    cpu_seconds: float = 0.0  # the anomaly thread's CPU time since it started
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """One published sample of the whole node; never mutated after publication."""
 
@@ -333,6 +355,7 @@ class Snapshot:
     ebpf_programs_attached: int | None = None
     energy: Energy = Energy()
     state_save_errors: int = 0  # failed saves of the counter state for a next worker
+    anomalies: Anomalies | None = None  # set by the store: the anomaly thread's latest findings
 
 
 def top(values: Mapping[K, float], limit: int | None) -> list[K]:

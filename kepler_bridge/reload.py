@@ -39,6 +39,10 @@ RELOADABLE = frozenset(
         "kube_max_reply_bytes",
         "kube_timeout",
         "device_environment",
+        "anomaly",
+        "anomaly_window",
+        "anomaly_refit",
+        "anomaly_sensitivity",
     }
 )
 KUBE = frozenset(name for name in RELOADABLE if name.startswith("kube") or name == "metaserver_url")

@@ -242,3 +242,18 @@ def flag(value: object) -> bool:
     if written not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
         raise ValueError
     return written in ("true", "1", "yes", "on")
+
+
+# What --simulate-fault can make a simulated accelerator do (sources/simulated.py).
+SIMULATED_FAULTS = ("stuck", "cooling", "memory_leak", "frozen_sensor")
+
+
+def simulated_fault(value: object) -> tuple[str, float] | None:
+    """KIND@DURATION (the fault, and how long after the start it begins), or None for empty."""
+    written = printable(value)
+    if not written:
+        return None
+    kind, at, after = written.partition("@")
+    if kind not in SIMULATED_FAULTS or not at:
+        raise ValueError
+    return kind, bounded(duration, 0, 86400)(after)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import threading
 from array import array
 from typing import Callable, NamedTuple
 
-from kepler_bridge.model import GpuReading, Snapshot
+from kepler_bridge.model import Anomalies, GpuReading, Snapshot, replaced
 
 MAX_SAMPLES = 300
 MAX_SECONDS = 300.0
@@ -60,16 +61,22 @@ class SnapshotStore:
         self._snapshot: Snapshot | None = None
         self.history = History()
         self._preparers: list[Callable[[Snapshot], None]] = []
+        # The anomaly thread's latest findings, attached to each snapshot published after them.
+        self.anomalies: Anomalies | None = None
+        self.published = threading.Event()  # set at each publication; its waiter clears it
 
     def prepare_with(self, prepare: Callable[[Snapshot], None]) -> None:
         """Have `prepare` run on each snapshot before it is published, in the publishing thread."""
         self._preparers.append(prepare)
 
     def publish(self, snapshot: Snapshot) -> None:
+        if self.anomalies is not None:
+            snapshot = replaced(snapshot, anomalies=self.anomalies)
         self.history.add(snapshot)  # first: whoever sees the snapshot finds it in the history
         for prepare in self._preparers:
             prepare(snapshot)
         self._snapshot = snapshot
+        self.published.set()
 
     def latest(self) -> Snapshot | None:
         return self._snapshot

@@ -15,6 +15,7 @@ from promserver import ROOT, binary
 
 ALERTS = ROOT / "alerts"
 EXPECTED = {
+    "GPUAnomalyDetected",
     "HighGPUUtilization",
     "GPUTemperatureHigh",
     "GPUMemoryNearlyFull",

@@ -19,8 +19,10 @@ from kepler_bridge import cli, model
 from kepler_bridge.exposition import baetyl, prometheus
 from kepler_bridge.http.app import WebSettings, create_app
 from kepler_bridge.model import (
+    Anomalies,
     ContainerCpu,
     CpuZoneEnergy,
+    DeviceAnomaly,
     Energy,
     GpuProcess,
     GpuReading,
@@ -335,6 +337,9 @@ def full_snapshot() -> Snapshot:
             gpu_processes=(row,),
             containers=(row,),
             pods=(row,),
+        ),
+        anomalies=Anomalies(
+            ("stuck", "unusual"), (DeviceAnomaly("GPU-0", ("stuck",), 0.7, 1.0),), "on", 0.1
         ),
     )
 

@@ -155,6 +155,8 @@ def stack(fakenvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 str(fakenvml_lib),
                 "--cpu-tdp-watts",
                 "65",
+                "--anomaly-window",  # a first model (gpu_anomaly_score) within about 30 s
+                "1m",
                 "--kube-source",
                 "metaserver",
                 "--metaserver-url",

@@ -238,6 +238,16 @@ METRICS: dict[str, str] = {
     "kepler_bridge_state_save_errors_total": (
         "Failed saves of the counter state a new worker continues from."
     ),
+    "gpu_anomaly_score": (
+        "The device's IsolationForest anomaly score (0..1; about 0.5 and below is ordinary)."
+    ),
+    "gpu_anomaly": "1 while the anomaly detector of this kind fires on the device, else 0.",
+    "kepler_bridge_anomaly_model_fitted_timestamp_seconds": (
+        "Unix time the device's IsolationForest was last fitted."
+    ),
+    "kepler_bridge_anomaly_cpu_seconds_total": (
+        "CPU time of the anomaly detection: its thread, its fit thread and the fit's child."
+    ),
 }
 
 # Exported whatever the allow/deny lists say: alerts and dashboards need them to tell "down"

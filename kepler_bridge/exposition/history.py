@@ -47,6 +47,7 @@ def _sources(snapshot: Snapshot) -> list[dict[str, object]]:
 def _devices(samples: list[Sample], snapshot: Snapshot) -> list[dict[str, object]]:
     """The snapshot's devices, each with one series per field over the samples."""
     columns = _columns(samples, snapshot)
+    found = {d.uuid: d for d in snapshot.anomalies.devices} if snapshot.anomalies else {}
     return [
         {
             "gpu": gpu.index,
@@ -61,6 +62,10 @@ def _devices(samples: list[Sample], snapshot: Snapshot) -> list[dict[str, object
             "last_xid_timestamp": gpu.last_xid_timestamp,
             "last_xid_code": gpu.last_xid_code,
             "series": {name: next(columns) for name in FIELDS},
+            # The anomaly kinds firing now (gpu_anomaly) and the model's score; [] and None when
+            # nothing fires or detection is off.
+            "anomalies": list(found[gpu.uuid].firing) if gpu.uuid in found else [],
+            "anomaly_score": found[gpu.uuid].score if gpu.uuid in found else None,
         }
         for gpu in snapshot.gpus
     ]

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from kepler_bridge import __version__
+from kepler_bridge.exposition.anomaly import anomaly_families
 from kepler_bridge.exposition.catalogue import (
     GPU_GAUGES,
     GPU_LABELS,
@@ -64,6 +65,7 @@ class SnapshotCollector(Collector):
             yield from self.devices(self.snapshot)
             ours = self._device_families()
             yield from (ours.up, ours.idle, ours.unattributed)
+        yield from anomaly_families(self.snapshot, self._device_labels)
         yield from self._cpu_families()
         yield from energy_families(self.snapshot)
         yield from self._agent_families()

@@ -22,6 +22,7 @@ from kepler_bridge.http.webconfig import WebConfigFile
 from kepler_bridge.sampling import carry
 
 if TYPE_CHECKING:  # the worker imports these; the master stays without the sampler and the routes
+    from kepler_bridge.anomaly.monitor import AnomalyMonitor
     from kepler_bridge.http.dispatch import Routes
     from kepler_bridge.sampling.sampler import Sampler
 
@@ -77,6 +78,7 @@ class AgentApplication(BaseApplication):
         self.flags = flags
         self.sock = sock
         self.sampler: Sampler | None = None
+        self.anomaly: AnomalyMonitor | None = None
         self.state_dir = carry.make_dir()
         self._master = os.getpid()
         web = WebConfigFile(config.web_config_file) if config.web_config_file else None
@@ -109,6 +111,7 @@ class AgentApplication(BaseApplication):
 
     def load(self) -> Routes:
         """In the worker: start the sampler and build the app that serves its snapshots."""
+        from kepler_bridge.anomaly.monitor import AnomalyMonitor, AnomalySettings
         from kepler_bridge.http.app import WebSettings, create_app
         from kepler_bridge.reload import DerivedSettings
         from kepler_bridge.sampling.sampler import Sampler
@@ -119,6 +122,10 @@ class AgentApplication(BaseApplication):
         self.sampler = sampler
         settle_collector()
         sampler.start()
+        self.anomaly = AnomalyMonitor(
+            store, DerivedSettings(lambda: sampler.config, AnomalySettings.of)
+        )
+        self.anomaly.start()
         settings = DerivedSettings(lambda: sampler.config, WebSettings.of)
         return create_app(store, settings, alive=sampler.alive, web=self.connections.web)
 
@@ -137,6 +144,8 @@ class AgentApplication(BaseApplication):
     def _worker_exit(self, server, worker) -> None:
         if self.sampler is not None:
             self.sampler.stop(timeout=GRACEFUL_SECONDS / 2)
+        if self.anomaly is not None:
+            self.anomaly.stop(timeout=GRACEFUL_SECONDS / 4)
 
     def remove_state(self) -> None:
         """Delete the counter state, in the master only: a worker's exit unwinds through `run()`

@@ -7,7 +7,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from kepler_bridge.model import GpuProcess, GpuReading, SourceReading
+from kepler_bridge.model import GpuProcess, GpuReading, SourceReading, replaced
 from kepler_bridge.sources.base import Source
 
 GIB = 1024**3
@@ -49,14 +49,37 @@ class SimulatedSource(Source):
         self.pids = [
             [rng.randint(2000, 60000) for _ in range(rng.randint(1, 3))] for _ in self.gpus
         ]
-        self.last = time.monotonic()
+        self.last = self.started = time.monotonic()
+        self.frozen: GpuReading | None = None
 
     def read(self) -> SourceReading:
         now = time.monotonic()
         elapsed, self.last = now - self.last, now
         wall = time.time()
-        return SourceReading(
-            gpus=tuple(self._read_one(i, gpu, wall, elapsed) for i, gpu in enumerate(self.gpus))
+        gpus = [self._read_one(i, gpu, wall, elapsed) for i, gpu in enumerate(self.gpus)]
+        fault = self.config.simulate_fault
+        if gpus and fault is not None and now - self.started >= fault[1]:
+            gpus[0] = self._faulty(gpus[0], fault[0], now - self.started - fault[1])
+        return SourceReading(gpus=tuple(gpus))
+
+    def _faulty(self, gpu: GpuReading, kind: str, since: float) -> GpuReading:
+        """The first accelerator with --simulate-fault's fault, `since` seconds after it began."""
+        if kind == "stuck":  # a spinning kernel: busy, drawing next to nothing
+            idle = self.gpus[0].idle_watts
+            return replaced(gpu, utilization=1.0, power_watts=round(idle * 1.05, 2))
+        if kind == "cooling":  # a failed fan: the same watts, ever more degrees
+            hotter = round((gpu.temperature_celsius or 0.0) + min(35.0, since), 1)
+            return replaced(gpu, temperature_celsius=hotter, fan_speed_ratio=1.0)
+        if kind == "memory_leak":
+            total = gpu.memory_total_bytes or 0
+            used = min(total, (gpu.memory_used_bytes or 0) + int(since * 50e6))
+            return replaced(gpu, memory_used_bytes=used, memory_free_bytes=total - used)
+        self.frozen = self.frozen or gpu  # frozen_sensor: the readings of the fault's start
+        return replaced(
+            gpu,
+            power_watts=self.frozen.power_watts,
+            temperature_celsius=self.frozen.temperature_celsius,
+            utilization=self.frozen.utilization,
         )
 
     def _read_one(self, index: int, gpu: _SimGpu, wall: float, elapsed: float) -> GpuReading:

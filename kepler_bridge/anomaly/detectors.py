@@ -1,0 +1,95 @@
+"""The workload failure modes of one device: stuck work and a memory leak.
+
+Each takes a device's samples in order (`update`), keeps a fixed amount of state, and says whether
+its failure shows now. `sensitivity` (1 by default) divides every margin: 2 alarms at half the
+deviation, 0.5 only at twice it. The hold times stay: they are what keeps noise from alarming.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from kepler_bridge.anomaly.features import Features
+from kepler_bridge.anomaly.signals import Hold
+
+
+class Stuck:
+    """Utilization pinned high while power sits near idle, or the reverse, for two minutes.
+
+    A kernel that spins (a deadlocked collective, a hung NCCL ring) keeps NVML's "a kernel ran"
+    utilization at 100 % while the SMs do no arithmetic, so the board draws little more than idle;
+    power far above idle with no kernel running is a context the driver never released."""
+
+    kind = "stuck"
+
+    def __init__(self, sensitivity: float = 1.0) -> None:
+        self.sensitivity = sensitivity
+        self.idle: float | None = None  # lowest power seen, creeping up 1 W per 10 min
+        self.peak = 0.0
+        self.hold = Hold(120.0, 60.0)
+
+    def update(self, f: Features, elapsed: float) -> bool:
+        if f.utilization is None or f.power is None:
+            return self.hold.update(f.timestamp, False)
+        self.peak = max(self.peak, f.power)
+        limit = f.power_limit or self.peak
+        rising = (self.idle or f.power) + elapsed / 600.0
+        self.idle = min(rising, f.power, 0.3 * limit)
+        span = max(limit - self.idle, 1.0)
+        low = self.idle + span * 0.12 / self.sensitivity
+        high = self.idle + span * min(0.9, 0.45 / self.sensitivity)
+        spinning = f.utilization >= 0.9 and f.power < low
+        held = f.utilization <= 0.05 and f.power > high
+        return self.hold.update(f.timestamp, spinning or held)
+
+    def gap(self) -> None:
+        self.hold.reset()
+
+
+class MemoryLeak:
+    """Device memory in use rising steadily for three minutes while the same processes run and
+    the load does not grow.
+
+    Frameworks allocate their pools and caches as a model loads or a batch size grows, then hold
+    them; memory that keeps climbing in small steps under an unchanged process set and load is
+    memory that is allocated and never freed."""
+
+    kind = "memory_leak"
+    STEP = 15.0  # seconds per point of the window
+    POINTS = 13
+
+    def __init__(self, sensitivity: float = 1.0) -> None:
+        self.sensitivity = sensitivity
+        self.points: deque[tuple[float, float, float]] = deque(maxlen=self.POINTS)  # t, bytes, util
+        self.processes: frozenset[int] | None = None
+        self.hold = Hold(0.0, 120.0)
+
+    def update(self, f: Features, elapsed: float) -> bool:
+        if f.memory_used is None or f.processes is None or not f.processes:
+            self.points.clear()
+            return self.hold.update(f.timestamp, False)
+        if f.processes != self.processes:
+            self.processes = f.processes
+            self.points.clear()
+        if not self.points or f.timestamp - self.points[-1][0] >= self.STEP:
+            self.points.append((f.timestamp, f.memory_used, f.utilization or 0.0))
+        return self.hold.update(f.timestamp, self._leaking(f.memory_total))
+
+    def _leaking(self, total: float | None) -> bool:
+        points = self.points
+        if len(points) < self.POINTS:
+            return False
+        total = total or max(p[1] for p in points)
+        steps = [b[1] - a[1] for a, b in zip(points, list(points)[1:])]
+        rising = sum(step > 0 for step in steps)
+        falls = min(steps) < -0.002 * total
+        growth = points[-1][1] - points[0][1]
+        needed = max(256 * 2**20, 0.01 * total) / self.sensitivity
+        half = len(points) // 2
+        load = [p[2] for p in points]
+        busier = sum(load[half:]) / (len(load) - half) - sum(load[:half]) / half
+        return rising >= len(steps) - 2 and not falls and growth >= needed and busier < 0.15
+
+    def gap(self) -> None:
+        self.points.clear()
+        self.hold.reset()
