@@ -421,7 +421,7 @@ BADGES = (
 
 
 @pytest.mark.e2e
-def test_cards_show_a_down_a_throttled_gpu_and_a_recent_xid(
+def test_cards_show_a_down_a_throttled_gpu_a_recent_xid_and_an_anomaly(
     fake_nvml: FakeNvml, tmp_path: Path
 ) -> None:
     fake_nvml.gpu(0, clocks_event_reasons=0x1 | 0x4 | 0x40)  # idle, power cap, hw thermal
@@ -446,6 +446,10 @@ def test_cards_show_a_down_a_throttled_gpu_and_a_recent_xid(
                 "{up: true, throttled: ['gpu_idle'], last_xid_timestamp: 1000, last_xid_code: 1}"
             )
             assert browser.evaluate(f"badges({quiet}, 1000 + 3601).children.length") == 0
+            odd = "{up: true, anomalies: ['memory_leak', 'frozen_sensor']}"
+            assert browser.evaluate(f"badges({odd}, 0).textContent") == (
+                "anomaly: memory leak, frozen sensor"
+            )
             assert browser.problems == []
         device = running.get("/api/v1/history").json()["devices"][0]
         assert device["throttled"] == ["gpu_idle", "sw_power_cap", "hw_thermal_slowdown"]
