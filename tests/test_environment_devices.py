@@ -4,9 +4,7 @@ environs, and the agent naming the pods with source="environment"."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -16,9 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import Agent
-from cpu_helpers import container_cgroup
 from fakenvml import FakeNvml
-from fixtures.sysfs import FakeSysfs
 from kepler_bridge.kube.metadata import KubeMetadata
 from kepler_bridge.kube.view import KubeView
 from kepler_bridge.kube.visible_devices import (
@@ -31,9 +27,10 @@ from kepler_bridge.kube.visible_devices import (
 from kepler_bridge.model import GpuReading, MigInstance, PodRef
 from kepler_bridge.sampling import environment
 from kepler_bridge.sampling.environment import EnvironmentDevices
-from kubefakes import FakeKube, FakePodResources, list_response, pod, pod_list
-from scaffold import by_name, make_config, require, wait_for
-from test_energy_e2e import by, drawing, write_microjoules
+from kubeedge_rig import AMD, GPU0, child, kubeedge_rig, no_owner
+from kubefakes import FakePodResources, list_response
+from scaffold import by_name, make_config
+from test_energy_e2e import by
 
 GPU = [f"GPU-fa4e0000-0000-4000-8000-{index:012x}" for index in range(3)]
 MIG = "MIG-4f1c0000-0000-4000-8000-000000000001"
@@ -169,21 +166,9 @@ def test_an_environ_past_the_bound_loses_its_cut_entry_not_a_digit(tmp_path: Pat
 def children() -> Iterator[list[subprocess.Popen]]:
     started: list[subprocess.Popen] = []
     yield started
-    for child in started:
-        child.kill()
-        child.wait()
-
-
-def child(started: list[subprocess.Popen], **variables: str) -> int:
-    """A real process whose environment carries `variables`."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"],
-        env={"PATH": os.environ.get("PATH", "/usr/bin"), **variables},
-    )
-    started.append(process)
-    # Popen returns once exec has begun; the new environment is readable a moment later.
-    wait_for(lambda: Path(f"/proc/{process.pid}/environ").read_bytes(), 5, "the child's exec")
-    return process.pid
+    for process in started:
+        process.kill()
+        process.wait()
 
 
 POD = {name: PodRef("ml", name, "main") for name in ("train", "infer", "monitor", "plugin")}
@@ -310,43 +295,14 @@ def test_pod_resources_wins_and_the_environment_fills_in_only_while_it_does_not_
     assert failing[GPU[1]] == (("train", "environment"),)
 
 
-TRAIN, INFER = "7" * 64, "8" * 64
-
-
 @pytest.mark.e2e
 def test_agent_on_a_node_without_pod_resources_names_the_pods_from_their_environment(
-    fake_nvml: FakeNvml, tmp_path: Path, children: list[subprocess.Popen]
+    fake_nvml: FakeNvml, tmp_path: Path
 ) -> None:
-    """As on KubeEdge: pods from a MetaServer, no pod-resources socket. Two real processes in
-    container cgroups: one given GPU 0 by uuid, one GPU 1 by index and the AMD card by its ROCm
-    uuid; the card's active energy goes to that pod."""
-    require(os.geteuid() == 0, "not root: moving processes into container cgroups needs root")
-    sysfs = FakeSysfs(tmp_path / "sys")
-    card = sysfs.amd_mi210(0, "0000:c3:00.0")
-    (energy_file,) = (card / "device" / "hwmon").glob("hwmon*/energy1_input")
-    pods = pod_list(
-        pod("ml", "train-0", ("main", f"cri-o://{TRAIN}"), node="test-node"),
-        pod("ml", "infer-0", ("server", f"cri-o://{INFER}"), node="test-node"),
-    )
-    gpu0 = "GPU-fa4e0000-0000-4000-8000-000000000000"
-    with (
-        container_cgroup("environment", TRAIN) as train,
-        container_cgroup("environment", INFER) as infer,
-        FakeKube(pods) as metaserver,
-        drawing(write_microjoules(energy_file), int(energy_file.read_text()) / 1e6, watts=250.0),
-    ):
-        (train / "cgroup.procs").write_text(str(child(children, NVIDIA_VISIBLE_DEVICES=gpu0)))
-        infer_pid = child(
-            children, NVIDIA_VISIBLE_DEVICES="1", ROCR_VISIBLE_DEVICES="GPU-b2c8a7e2f3d41c8f"
-        )
-        (infer / "cgroup.procs").write_text(str(infer_pid))
-        with Agent(
-            *("--sources", "nvml,amdgpu,procfs", "--nvml-library", str(fake_nvml.library)),
-            *("--sysfs", str(sysfs.root), "--interval", "200ms", "--gpu-idle-watts", "50"),
-            *("--kube-source", "metaserver", "--metaserver-url", metaserver.url),
-            *("--pod-resources-socket", str(tmp_path / "absent.sock")),
-            env=fake_nvml.env(),
-        ) as agent:
+    """As on KubeEdge (kubeedge_rig): the pods' devices are learned from their processes'
+    environment, and the card's active energy goes to the pod holding it."""
+    with kubeedge_rig(fake_nvml, tmp_path) as args:
+        with Agent(*args, "--interval", "200ms", env=fake_nvml.env()) as agent:
 
             def learned() -> dict:
                 found = by_name(agent.metrics())
@@ -366,27 +322,15 @@ def test_agent_on_a_node_without_pod_resources_names_the_pods_from_their_environ
                 return now if stamp > started + 1.0 else {}
 
             later = agent.wait_for(a_second_later, timeout=30, what="samples a second later")
-        for process in children:
-            process.kill()
-            process.wait()
     holders = {
         labels["uuid"]: (labels["pod"], labels["container"], labels["source"])
         for labels, _ in found["gpu_pod_info"]
     }
     assert holders == {
-        gpu0: ("train-0", "main", "environment"),
+        GPU0: ("train-0", "main", "environment"),
         "GPU-fa4e0000-0000-4000-8000-000000000001": ("infer-0", "server", "environment"),
-        "AMD-b2c8a7e2f3d41c8f": ("infer-0", "server", "environment"),
+        AMD: ("infer-0", "server", "environment"),
     }
-
-    def no_owner(snapshot: dict) -> float:
-        return sum(
-            value
-            for labels, value in snapshot.get(
-                "kepler_bridge_node_gpu_unattributed_joules_total", []
-            )
-            if labels["uuid"] == "AMD-b2c8a7e2f3d41c8f" and labels["reason"] == "no_owner"
-        )
 
     def infer_joules(snapshot: dict) -> float:
         return by("pod", snapshot["kepler_bridge_pod_gpu_joules_total"])["infer-0"]

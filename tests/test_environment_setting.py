@@ -7,74 +7,19 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
 
 from agent import KEPLER_BRIDGE, Agent
-from cpu_helpers import container_cgroup
 from fakenvml import FakeNvml
-from fixtures.sysfs import FakeSysfs
 from kepler_bridge.kube.view import KubeView
 from kepler_bridge.model import PodRef
 from kepler_bridge.sampling.device_check import _environment
 from kepler_bridge.sampling.environment import EnvironmentDevices, EnvironmentTally
-from kubefakes import FakeKube, pod, pod_list
-from scaffold import by_name, require
-from test_energy_e2e import drawing, write_microjoules
-from test_environment_devices import INFER, TRAIN, child
-
-AMD = "AMD-b2c8a7e2f3d41c8f"
-GPU0 = "GPU-fa4e0000-0000-4000-8000-000000000000"
-
-
-@contextmanager
-def kubeedge_rig(fake_nvml: FakeNvml, tmp_path: Path) -> Iterator[list[str]]:
-    """As on KubeEdge: pods from a MetaServer, no pod-resources socket, two real processes in
-    container cgroups naming their devices in their environment, an AMD card drawing 250 W.
-    Gives the agent's settings for that node."""
-    require(os.geteuid() == 0, "not root: moving processes into container cgroups needs root")
-    sysfs = FakeSysfs(tmp_path / "sys")
-    card = sysfs.amd_mi210(0, "0000:c3:00.0")
-    (energy_file,) = (card / "device" / "hwmon").glob("hwmon*/energy1_input")
-    children: list[subprocess.Popen] = []
-    pods = pod_list(
-        pod("ml", "train-0", ("main", f"cri-o://{TRAIN}"), node="test-node"),
-        pod("ml", "infer-0", ("server", f"cri-o://{INFER}"), node="test-node"),
-    )
-    with (
-        container_cgroup("environment-setting", TRAIN) as train,
-        container_cgroup("environment-setting", INFER) as infer,
-        FakeKube(pods) as metaserver,
-        drawing(write_microjoules(energy_file), int(energy_file.read_text()) / 1e6, watts=250.0),
-    ):
-        (train / "cgroup.procs").write_text(str(child(children, NVIDIA_VISIBLE_DEVICES=GPU0)))
-        infer_pid = child(
-            children, NVIDIA_VISIBLE_DEVICES="1", ROCR_VISIBLE_DEVICES="GPU-b2c8a7e2f3d41c8f"
-        )
-        (infer / "cgroup.procs").write_text(str(infer_pid))
-        try:
-            yield [
-                *("--sources", "nvml,amdgpu,procfs", "--nvml-library", str(fake_nvml.library)),
-                *("--sysfs", str(sysfs.root), "--gpu-idle-watts", "50"),
-                *("--kube-source", "metaserver", "--metaserver-url", metaserver.url),
-                *("--pod-resources-socket", str(tmp_path / "absent.sock")),
-            ]
-        finally:
-            for process in children:
-                process.kill()
-                process.wait()
-
-
-def no_owner(snapshot: dict) -> float:
-    return sum(
-        value
-        for labels, value in snapshot.get("kepler_bridge_node_gpu_unattributed_joules_total", [])
-        if labels["uuid"] == AMD and labels["reason"] == "no_owner"
-    )
+from kubeedge_rig import AMD, kubeedge_rig, no_owner
+from scaffold import by_name
 
 
 def write_settings(path: Path, device_environment: str) -> None:
