@@ -111,7 +111,26 @@ class Tls:
         self.cert, self.key = authority.issue("receiver", "IP:127.0.0.1")
 
 
-class VictoriaMetrics(Daemon):
+class Receiver(Daemon):
+    """A cloud receiver of remote write on 127.0.0.1, HTTPS with basic auth."""
+
+    url: str
+    tls: Tls
+
+    def _get(self, path: str, **params: Any) -> requests.Response:
+        self.check_alive()
+        answer = requests.get(
+            self.url + path,
+            params=params,
+            auth=(USER, PASSWORD),
+            verify=str(self.tls.ca),
+            timeout=10,
+        )
+        answer.raise_for_status()
+        return answer
+
+
+class VictoriaMetrics(Receiver):
     """Debian's single-node VictoriaMetrics, HTTPS with basic auth."""
 
     def __init__(self, workdir: Path, tls: Tls) -> None:
@@ -138,18 +157,6 @@ class VictoriaMetrics(Daemon):
         )
         wait_for(self._ready, 30, "VictoriaMetrics to answer", step=0.25, ignore=(OSError,))
 
-    def _get(self, path: str, **params: Any) -> requests.Response:
-        self.check_alive()
-        answer = requests.get(
-            self.url + path,
-            params=params,
-            auth=(USER, PASSWORD),
-            verify=str(self.tls.ca),
-            timeout=10,
-        )
-        answer.raise_for_status()
-        return answer
-
     def _ready(self) -> bool:
         return self._get("/health").ok
 
@@ -163,7 +170,7 @@ class VictoriaMetrics(Daemon):
         return found
 
 
-class PrometheusReceiver(Daemon):
+class PrometheusReceiver(Receiver):
     """A Prometheus server that takes remote write (--web.enable-remote-write-receiver), HTTPS
     with basic auth."""
 
@@ -196,18 +203,6 @@ class PrometheusReceiver(Daemon):
         wait_for(
             self._ready, 30, "the Prometheus receiver to be ready", step=0.25, ignore=(OSError,)
         )
-
-    def _get(self, path: str, **params: Any) -> requests.Response:
-        self.check_alive()
-        answer = requests.get(
-            self.url + path,
-            params=params,
-            auth=(USER, PASSWORD),
-            verify=str(self.tls.ca),
-            timeout=10,
-        )
-        answer.raise_for_status()
-        return answer
 
     def _ready(self) -> bool:
         return self._get("/-/ready").ok
