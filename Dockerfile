@@ -25,8 +25,8 @@ RUN python3 -m venv --system-site-packages /opt/kepler-bridge \
 # IsolationForest, fitted in a short-lived child) for the default target; slim goes without it.
 FROM build AS build-anomaly
 RUN /opt/kepler-bridge/bin/python -m ensurepip \
- && /opt/kepler-bridge/bin/pip install --no-cache-dir '.[anomaly]' \
- && /opt/kepler-bridge/bin/pip uninstall -y pip setuptools
+ && /opt/kepler-bridge/bin/python -m pip install --no-cache-dir '.[anomaly]' \
+ && /opt/kepler-bridge/bin/python -m pip uninstall -y pip setuptools
 
 # Stage 2, target `slim`: the runtime only (no pip, no compiler, no bcc).
 FROM debian:bookworm-slim AS slim
