@@ -1,8 +1,10 @@
-"""The named anomaly detectors on labelled traces, their findings through the store into /metrics
-and /api/v1/history, and the agent without scikit-learn."""
+"""The named anomaly detectors and the model on labelled traces, their findings through the store
+into /metrics and /api/v1/history, and the agent without scikit-learn."""
 
 from __future__ import annotations
 
+import random
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -14,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import anomaly_traces as traces  # noqa: E402
 
-from kepler_bridge.anomaly import KINDS  # noqa: E402
+from kepler_bridge.anomaly import KINDS, fit, forest  # noqa: E402
 from kepler_bridge.anomaly.monitor import AnomalyMonitor, AnomalySettings  # noqa: E402
-from kepler_bridge.anomaly.watch import named  # noqa: E402
+from kepler_bridge.anomaly.watch import DeviceWatch, named, unusual_above  # noqa: E402
 from kepler_bridge.exposition import history, prometheus  # noqa: E402
 from kepler_bridge.model import GpuReading, Snapshot  # noqa: E402
 from kepler_bridge.store import SnapshotStore  # noqa: E402
@@ -108,3 +110,51 @@ def test_without_scikit_learn_the_named_detectors_run_and_doctor_says_the_model_
     )
     assert "IsolationForest off: scikit-learn is not installed" in done.stdout, done.stdout
     assert "named detectors on" in done.stdout
+
+
+def _scores(trace: traces.Trace, fit_at: float) -> tuple[list[float], list[float]]:
+    """The model's scores over a trace, fitted once (in the agent's fit child) on the hour before
+    `fit_at`: of the normal samples after the fit, and of the fault's."""
+    assert trace.fault is not None
+    watch = DeviceWatch("trace", 1.0, 3600.0)
+    normal: list[float] = []
+    faulty: list[float] = []
+    for f in trace.samples:
+        if f is None:
+            watch.gap()
+            continue
+        if watch.forest is None and f.timestamp >= fit_at:
+            watch.forest = forest.fit_all({"trace": list(watch.rows)}, SEED, f.timestamp)["trace"]
+        score = watch.update(f).score
+        if score is not None:
+            into = faulty if trace.fault.start <= f.timestamp < trace.fault.end else normal
+            into.append(score)
+    return normal, faulty
+
+
+@pytest.mark.parametrize("pattern", ["steady", "bursty"])
+@pytest.mark.parametrize("kind", ["stuck", "cooling"])
+def test_the_model_scores_a_fault_that_breaks_the_physics_as_unusual(
+    kind: str, pattern: str
+) -> None:
+    trace = traces.fault_trace(kind, pattern, SEED, INTERVAL)
+    assert trace.fault is not None
+    normal, faulty = _scores(trace, trace.fault.start - 1800.0)
+    usual = statistics.quantiles(normal, n=20)[-1]  # the 95th percentile
+    assert statistics.median(faulty) > usual, (statistics.median(faulty), usual)
+    above = sum(score >= unusual_above(1.0) for score in faulty) / len(faulty)
+    assert above > 0.8, f"only {above:.0%} of the fault's samples count as unusual"
+    assert sum(score >= unusual_above(1.0) for score in normal) / len(normal) < 0.2
+
+
+def test_the_forest_scores_its_rows_as_scikit_learn_does_and_beyond_them_higher() -> None:
+    from sklearn.ensemble import IsolationForest
+
+    rng = random.Random(SEED)
+    rows = [[rng.gauss(0.0, 1.0) for _ in range(4)] for _ in range(200)]
+    ours = forest.fit_all({"d": rows}, SEED, 0.0)["d"]
+    theirs = IsolationForest(n_estimators=fit.TREES, max_samples=200, random_state=SEED)
+    expected = -theirs.fit(rows).score_samples(rows)
+    assert max(abs(ours.score(row) - want) for row, want in zip(rows, expected)) < 1e-9
+    far = [[4.0, 0.0, 0.0, 0.0], [40.0, 0.0, 0.0, 0.0]]
+    assert ours.score(far[1]) > ours.score(far[0]) > -theirs.score_samples(far[:1])[0]

@@ -16,19 +16,24 @@ MAX_SAMPLES = 256
 
 
 def fit(rows: list[list[float]], seed: int) -> dict[str, Any]:
-    """One device's forest: per tree its node lists (left, right, feature, threshold, depth), a
-    leaf pointing at itself, and the number of rows each tree was grown on."""
+    """One device's forest: per tree its node lists (left, right, feature, threshold, length, low,
+    high), a leaf pointing at itself, and the number of rows each tree was grown on."""
     import numpy as np
     from sklearn.ensemble import IsolationForest
 
     data = np.asarray(rows, dtype=float)
     samples = min(MAX_SAMPLES, len(data))
     model = IsolationForest(n_estimators=TREES, max_samples=samples, random_state=seed).fit(data)
-    trees = [_tree(e.tree_, f) for e, f in zip(model.estimators_, model.estimators_features_)]
+    grown = zip(model.estimators_, model.estimators_features_, model.estimators_samples_)
+    trees = [_tree(e.tree_, data[np.ix_(s, f)], f) for e, f, s in grown]
     return {"samples": samples, "trees": trees}
 
 
-def _tree(tree: Any, features: Any) -> list[list[float]]:
+def _tree(tree: Any, grown_on: Any, features: Any) -> list[list[float]]:
+    """A tree's node lists. `length` is a leaf's depth plus the expected depth of its rows, an
+    inner node's depth plus one: the path of a point that falls outside the range [low, high] its
+    rows spanned on the node's feature, which a split drawn over that wider range would isolate
+    there."""
     import numpy as np
 
     count = tree.node_count
@@ -38,12 +43,19 @@ def _tree(tree: Any, features: Any) -> list[list[float]]:
     for node in range(count):  # sklearn numbers a parent before its children
         if not leaf[node]:
             depth[tree.children_left[node]] = depth[tree.children_right[node]] = depth[node] + 1
+    split = np.maximum(tree.feature[:count], 0)
+    reached = tree.decision_path(grown_on.astype(np.float32)).toarray().astype(bool)
+    values = grown_on[:, split]
+    low = np.where(reached, values, np.inf).min(axis=0)
+    high = np.where(reached, values, -np.inf).max(axis=0)
     return [
         np.where(leaf, nodes, tree.children_left[:count]).tolist(),
         np.where(leaf, nodes, tree.children_right[:count]).tolist(),
-        np.where(leaf, 0, np.asarray(features)[np.maximum(tree.feature[:count], 0)]).tolist(),
+        np.where(leaf, 0, np.asarray(features)[split]).tolist(),
         np.where(leaf, np.inf, tree.threshold[:count]).tolist(),
-        (depth + _path_length(tree.n_node_samples[:count])).tolist(),
+        np.where(leaf, depth + _path_length(tree.n_node_samples[:count]), depth + 1).tolist(),
+        np.where(leaf, -np.inf, low).tolist(),
+        np.where(leaf, np.inf, high).tolist(),
     ]
 
 
