@@ -1,10 +1,11 @@
-"""The anomaly thread in the real agent: a fault injected into a simulated accelerator shows in
-its gpu_anomaly_score, and without scikit-learn the agent runs its named detectors and says the
-model is off."""
+"""The anomaly thread in the real agent: it fits each device's model in a child, exports a score
+per device and fits again on schedule; a simulated fault reaches the readings it watches; without
+scikit-learn the agent runs its named detectors and says the model is off. What the model makes of
+a fault is asserted on labelled traces in test_anomaly.py: the simulated load's slow waves outrun
+a one-minute window, so its score here says little."""
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import pytest
@@ -13,30 +14,30 @@ from agent import Agent
 from scaffold import by_name
 
 pytestmark = pytest.mark.e2e
-FAULT_AT = 45.0  # seconds after the start: after the first fit (a quarter of the 1 m window)
+FAULT_AT = 20.0  # seconds after the start
 
 
-def _score(agent: Agent) -> float | None:
-    return agent.samples("gpu_anomaly_score").get("0")
+def _fitted(agent: Agent) -> float:
+    return agent.samples("kepler_bridge_anomaly_model_fitted_timestamp_seconds").get("0", 0.0)
 
 
-def test_a_simulated_fault_shows_in_the_anomaly_score() -> None:
-    started = time.monotonic()
+def test_the_model_is_fitted_scored_per_device_and_refitted() -> None:
     args = ("--sources", "simulated", "--simulate", "2", "--interval", "0.1")
     args += ("--simulate-fault", f"stuck@{FAULT_AT:g}s")
-    args += ("--anomaly-window", "1m", "--anomaly-refit", "10m")
+    args += ("--anomaly-window", "1m", "--anomaly-refit", "10s")
     with Agent(*args) as agent:
-        agent.wait_for(lambda: _score(agent) is not None, FAULT_AT - 10, "a first model")
-        assert agent.samples("kepler_bridge_anomaly_model_fitted_timestamp_seconds").get("0")
-        before = []
-        while time.monotonic() - started < FAULT_AT - 1:
-            before.append(_score(agent) or 0.0)
-            time.sleep(0.3)
-        usual = statistics.median(before)
-        agent.wait_for(
-            lambda: (_score(agent) or 0.0) >= max(before) + 0.02, 20, f"a score over {usual:.2f}"
-        )
+        agent.wait_for(lambda: len(agent.samples("gpu_anomaly_score")) == 2, 60, "two scores")
+        first = _fitted(agent)
+        assert abs(first - time.time()) < 60, first
+        scores = agent.samples("gpu_anomaly_score")
+        assert all(0.0 < score < 1.0 for score in scores.values()), scores
+        agent.wait_for(lambda: _fitted(agent) > first, 40, "a second fit 10 s after the first")
         assert agent.samples("kepler_bridge_anomaly_cpu_seconds_total")[""] > 0
+        agent.wait_for(lambda: agent.samples("gpu_utilization_ratio").get("0") == 1.0, 40, "stuck")
+        power, limit = agent.samples("gpu_power_watts")["0"], agent.samples("gpu_power_limit_watts")
+        assert power < 0.3 * limit["0"], "a stuck kernel draws little more than idle"
+        kinds = {labels["kind"]: value for labels, value in by_name(agent.metrics())["gpu_anomaly"]}
+        assert "unusual" in kinds and "stuck" in kinds
 
 
 def test_without_scikit_learn_the_agent_runs_the_named_detectors(tmp_path) -> None:
