@@ -23,7 +23,7 @@ class _SimGpu:
     memory_total: int
     idle_watts: float
     max_watts: float
-    temperature: float = 35.0
+    temperature: float = 0.0  # start() sets it: settled at the load of the wave
     energy: float = 0.0
 
 
@@ -49,6 +49,9 @@ class SimulatedSource(Source):
         self.pids = [
             [rng.randint(2000, 60000) for _ in range(rng.randint(1, 3))] for _ in self.gpus
         ]
+        wall = time.time()
+        for gpu in self.gpus:  # long at work: as warm as its load makes it, not heating up
+            gpu.temperature = _settled(_power(gpu, _wave(gpu, wall)))
         self.last = self.started = time.monotonic()
         self.frozen: GpuReading | None = None
 
@@ -83,7 +86,7 @@ class SimulatedSource(Source):
         )
 
     def _read_one(self, index: int, gpu: _SimGpu, wall: float, elapsed: float) -> GpuReading:
-        wave = 0.5 + 0.45 * math.sin(2 * math.pi * wall / gpu.period + gpu.phase)
+        wave = _wave(gpu, wall)
         util = min(1.0, max(0.0, wave + self.rng.uniform(-0.03, 0.03)))
         power = _advance(gpu, util, elapsed)
         used = int(gpu.memory_total * (0.2 + 0.6 * wave))
@@ -124,12 +127,25 @@ class SimulatedSource(Source):
         )
 
 
+def _wave(gpu: _SimGpu, wall: float) -> float:
+    """The load the GPU's wave asks for at Unix time `wall`, 0.05 to 0.95."""
+    return 0.5 + 0.45 * math.sin(2 * math.pi * wall / gpu.period + gpu.phase)
+
+
+def _power(gpu: _SimGpu, util: float) -> float:
+    return gpu.idle_watts + (gpu.max_watts - gpu.idle_watts) * util
+
+
+def _settled(power: float) -> float:
+    """The temperature a GPU drawing `power` watts settles at."""
+    return 30.0 + power * 0.15
+
+
 def _advance(gpu: _SimGpu, util: float, elapsed: float) -> float:
     """The power drawn at this utilization; the GPU's energy and temperature move on by it."""
-    power = gpu.idle_watts + (gpu.max_watts - gpu.idle_watts) * util
+    power = _power(gpu, util)
     gpu.energy += power * elapsed
-    target = 30.0 + power * 0.15
-    gpu.temperature += (target - gpu.temperature) * min(1.0, elapsed / 20.0)
+    gpu.temperature += (_settled(power) - gpu.temperature) * min(1.0, elapsed / 20.0)
     return power
 
 
