@@ -72,7 +72,7 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=90.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--refit", default="10m", help="--anomaly-refit (the agent's default)")
+    parser.add_argument("--refit", default="30m", help="--anomaly-refit (the agent's default)")
     args = parser.parse_args()
     results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     for _ in range(args.rounds):

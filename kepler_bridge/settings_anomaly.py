@@ -46,8 +46,8 @@ class AnomalyTable(DevicesTable):
         metadata=parse.setting(
             ("KEPLER_BRIDGE_ANOMALY_REFIT",),
             parse.bounded(parse.duration, 10, 86400),
-            "10m",
-            "expected a duration from 10s to 24h, such as 10m",
+            "30m",
+            "expected a duration from 10s to 24h, such as 30m",
             "how often the IsolationForests are fitted again on the window",
         )
     )
