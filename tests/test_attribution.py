@@ -356,6 +356,22 @@ def test_rows_kept_by_the_source_count_as_rows_made_afresh(data: st.DataObject) 
         assert found[0] == found[1], f"sample {step}"
 
 
+def test_saved_rows_follow_every_change_of_their_mapping() -> None:
+    """The offsets of the shown series are saved as the rows of their mapping as it is now: a
+    value changed, even to an equal one of another type, a key more or less, another order."""
+    rows, offsets = carry.Rows(), {(1, "a", ""): 1.5, (2, "b", "c1"): 0.0}
+    saved = lambda: json.loads(carry.encode({"rows": rows.of(offsets)}))["rows"]  # noqa: E731
+    assert saved() == [[1, "a", "", 1.5], [2, "b", "c1", 0.0]]
+    offsets[(2, "b", "c1")] = 0
+    assert carry.encode({"rows": rows.of(offsets)}) == '{"rows":[[1,"a","",1.5],[2,"b","c1",0]]}'
+    offsets[(3, "d", "")] = 2.0
+    assert saved() == [[1, "a", "", 1.5], [2, "b", "c1", 0], [3, "d", "", 2.0]]
+    offsets = {key: offsets[key] for key in reversed(offsets)}
+    assert saved() == [[3, "d", "", 2.0], [2, "b", "c1", 0], [1, "a", "", 1.5]]
+    del offsets[(2, "b", "c1")]
+    assert saved() == [[3, "d", "", 2.0], [1, "a", "", 1.5]]
+
+
 def test_cpu_active_energy_is_shared_by_cpu_time() -> None:
     attribution = Attribution(process_limit=None)
     zones = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731

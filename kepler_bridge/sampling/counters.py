@@ -85,6 +85,7 @@ class MonotonicCounters:
         self._rows = carry.Table(_cells, self._process_numbers)
         # [uuid, counter name, last raw value, value] of each device counter.
         self._gpu_rows = carry.Table(_cells, self._gpu_numbers)
+        self._offset_rows = carry.Rows()
 
     def configure(self, process_limit: int | None) -> None:
         """A new --process-metrics: series shown from now on follow it; none decreases."""
@@ -289,9 +290,7 @@ class MonotonicCounters:
             "xid": _monotonic_rows(self._xid),
             "processes": self._rows,
             "process_other": self._process_family.other,
-            "process_offsets": [
-                [*key, offset] for key, offset in self._process_family.offsets.items()
-            ],
+            "process_offsets": self._offset_rows.of(self._process_family.offsets),
             "containers": [[cid, seconds] for cid, seconds in self._container_total.items()],
         }
 

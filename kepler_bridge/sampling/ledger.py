@@ -86,6 +86,7 @@ class Ledger:
         )
         self._counted = Containers()  # the containers of the processes
         self._rows = carry.Table(self._process_labels, self._process_numbers)
+        self._offset_rows = {kind: carry.Rows() for kind in KINDS}
 
     def configure(self, *, process_limit: int | None, grace: float, max_processes: int) -> None:
         """Set the settings; called again on reload, when the accumulated joules stay."""
@@ -306,7 +307,7 @@ class Ledger:
             "families": {
                 kind: {
                     "other": family.other,
-                    "offsets": [[*key, offset] for key, offset in family.offsets.items()],
+                    "offsets": self._offset_rows[kind].of(family.offsets),
                 }
                 for kind, family in self._families.items()
             },
