@@ -66,8 +66,9 @@ class TopCounter(Generic[K]):
             self._ranked = (self.limit, keys, place)
         candidates = dict.fromkeys(self._shown)
         candidates.update(dict.fromkeys(increases))
-        ranking = sorted(candidates, key=lambda key: (-totals[key], place[key]))
-        return ranking[: self.limit]
+        # By total, highest first, equal totals in their place: two sorts in C, the second stable.
+        by_place = sorted(candidates, key=place.__getitem__)
+        return sorted(by_place, key=totals.__getitem__, reverse=True)[: self.limit]
 
     @property
     def offsets(self) -> Mapping[K, float]:
