@@ -248,12 +248,10 @@ class Ledger:
         self, ordered: list[ProcessLabels], increments: Mapping[ProcessLabels, Joules]
     ) -> None:
         """Add each process's increment to it, its container and its pod, in the order given."""
-        processes, containers, pods, cpu_totals = (
-            self._processes,
-            self._containers,
-            self._pods,
-            self._cpu,
-        )
+        processes, cpu_totals = self._processes, self._cpu
+        containers, pods = self._containers, self._pods
+        last: tuple[PodRef | None, str] = (None, "")
+        tallies: tuple[Joules, ...] = ()
         for key in ordered:
             increment, process = increments[key], processes[key]
             cpu, gpu, joules = increment.cpu, increment.gpu, process.joules
@@ -265,10 +263,13 @@ class Ledger:
             if self._gpu is not None and key in self._gpu:
                 self._gpu[key] = joules.gpu
             owner = process.labels.owner
-            for joules in (
-                containers[(key[2], owner.namespace, owner.pod, owner.container)].joules,
-                pods[(owner.namespace, owner.pod)].joules,
-            ):
+            if owner is not last[0] or key[2] != last[1]:  # else those of the process before
+                last = owner, key[2]
+                tallies = (
+                    containers[(key[2], owner.namespace, owner.pod, owner.container)].joules,
+                    pods[(owner.namespace, owner.pod)].joules,
+                )
+            for joules in tallies:
                 joules.cpu += cpu
                 joules.gpu += gpu
 
