@@ -21,6 +21,7 @@ import re
 import shutil
 import stat
 import tempfile
+from itertools import compress, count, repeat
 from operator import is_
 from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, TypeVar
 
@@ -39,6 +40,7 @@ VERSION = 1
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 K = TypeVar("K", bound=Hashable)
 _dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+_ROW = "{},{}]"  # a row's head (its comma, "[" and cells) and its encoded tail numbers
 
 
 class BadState(ValueError):
@@ -118,14 +120,16 @@ def remove_dir(directory: str) -> None:
 
 class Table(Generic[K]):
     """A list of rows in the state, one per key, each kept encoded. A row is the key's `head`
-    cells (encoded when the key first shows up, or again once `relabelled`), then its `tail`
+    cells (encoded when the key first shows up, or again once `relabelled`), then its tail
     numbers (at least one; ints or finite floats), encoded for the keys `changed` since the last
-    save."""
+    save: `tails` gives those of a list of keys, one tuple per key."""
 
     def __init__(
-        self, head: Callable[[K], Iterable[Any]], tail: Callable[[K], Iterable[float]]
+        self,
+        head: Callable[[K], Iterable[Any]],
+        tails: Callable[[list[K]], Iterable[tuple[Any, ...]]],
     ) -> None:
-        self._head_of, self._tail_of = head, tail
+        self._head_of, self._tails_of = head, tails
         self._head: dict[K, str] = {}
         self._text: dict[K, str] = {}
         self._changed: dict[K, None] = {}  # in the order the keys changed first: the rows' order
@@ -155,12 +159,12 @@ class Table(Generic[K]):
         heads, text, changed = self._head, self._text, list(self._changed)
         if changed:
             # The tails in one go: "[[1.5,2],[3.0,4]]"; numbers only, so "],[" parts them.
-            tails = _dumps([tuple(self._tail_of(key)) for key in changed])[2:-2].split("],[")
-            for key, tail in zip(changed, tails):
-                head = heads.get(key)
-                if head is None:
-                    head = heads[key] = "," + _dumps(list(self._head_of(key)))[:-1]
-                text[key] = f"{head},{tail}]"
+            tails = _dumps(list(self._tails_of(changed)))[2:-2].split("],[")
+            found = list(map(heads.get, changed))
+            for at in compress(count(), map(is_, found, repeat(None))):  # new or relabelled
+                key = changed[at]
+                found[at] = heads[key] = "," + _dumps(list(self._head_of(key)))[:-1]
+            text.update(zip(changed, map(_ROW.format, found, tails)))
             self._changed.clear()
         start = len(parts)
         parts += text.values()

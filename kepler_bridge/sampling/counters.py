@@ -275,13 +275,14 @@ class MonotonicCounters:
             del totals[container]
         return tuple(sorted(totals.items()))
 
-    def _process_numbers(self, key: ProcessLabels) -> tuple[float, float]:
-        return self._process_seen[key], self._process_total.get(key, 0.0)
+    def _process_numbers(self, keys: list[ProcessLabels]) -> Iterable[tuple[float, float]]:
+        seen, total = self._process_seen, self._process_total
+        return zip(map(seen.__getitem__, keys), map(total.get, keys, repeat(0.0)))
 
-    def _gpu_numbers(self, key: tuple[str, str]) -> tuple[float, float]:
-        state = self._gpu[key[0]][key[1]]
-        assert state.last_raw is not None  # updated when it was made
-        return state.last_raw, state.value
+    def _gpu_numbers(self, keys: list[tuple[str, str]]) -> list[tuple[float | None, float]]:
+        """Each counter's last raw value (never None: updated when it was made) and value."""
+        states = [self._gpu[uuid][name] for uuid, name in keys]
+        return [(state.last_raw, state.value) for state in states]
 
     def state(self) -> dict[str, Any]:
         """Plain data for `carry.save`; `restore` takes it back."""

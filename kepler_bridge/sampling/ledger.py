@@ -27,6 +27,7 @@ K = TypeVar("K", bound=Hashable)
 PodKey = tuple[str, str]  # namespace, pod
 _CPU, _GPU, _OWNER = attrgetter("joules.cpu"), attrgetter("joules.gpu"), attrgetter("labels.owner")
 _OF_CPU, _OF_GPU = attrgetter("cpu"), attrgetter("gpu")
+_JOULES = attrgetter("joules.cpu", "joules.gpu")
 
 
 @dataclass(slots=True)
@@ -303,9 +304,8 @@ class Ledger:
         owner = self._processes[key].labels.owner
         return (*key, *_owner_cells(owner), self._presence[0].seen(key))
 
-    def _process_numbers(self, key: ProcessLabels) -> tuple[float, float]:
-        joules = self._processes[key].joules
-        return joules.cpu, joules.gpu
+    def _process_numbers(self, keys: list[ProcessLabels]) -> Iterable[tuple[float, float]]:
+        return map(_JOULES, map(self._processes.__getitem__, keys))
 
     def state(self) -> dict[str, Any]:
         """Plain data for `carry.save`: the last sample's time; each tally as its key, when it was
