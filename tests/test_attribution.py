@@ -3,6 +3,7 @@ rules one by one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TypeVar
 
@@ -21,6 +22,7 @@ from kepler_bridge.model import (
     ProcessCpu,
     RaplZone,
     SourceReading,
+    replaced,
 )
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
@@ -310,6 +312,64 @@ def test_a_new_worker_continues_exactly_where_the_old_one_was(data: st.DataObjec
         assert outputs[0] == outputs[1], f"sample {step}"
         if draw(st.booleans(), label="a new worker takes over"):
             moved = (carried(moved[0], made()[0]), carried(moved[1], made()[1]))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_rows_kept_by_the_source_count_as_rows_made_afresh(data: st.DataObject) -> None:
+    """A source that gives the very row again for a process that did not run (eBPF) gets the
+    increases, totals and saved state of one that makes every row afresh (procfs), whatever
+    changes at a place: a new time, a counter that dropped, other labels, a process more or
+    less."""
+    draw = data.draw
+    kept, fresh = MonotonicCounters(2), MonotonicCounters(2)
+    rows = [ProcessCpu(pid, comm, 0.0, cid) for pid, comm, cid in SLOTS[:4]]
+    last_seen: dict[tuple, float] = {}
+    for step in range(draw(st.integers(2, 12), label="samples")):
+        for _ in range(draw(st.integers(0, 3), label="rows replaced")):
+            at = draw(st.integers(0, max(len(rows) - 1, 0)))
+            pid, comm, cid = draw(st.sampled_from(SLOTS))
+            seconds = draw(st.sampled_from([0.0, 0.5, 3.0, 9.0]))
+            row = ProcessCpu(pid, comm, seconds, cid)
+            change = draw(st.sampled_from(["time", "labels", "add", "remove"]))
+            if change == "time" and rows:
+                rows[at] = replaced(rows[at], cpu_seconds=rows[at].cpu_seconds + seconds)
+            elif change == "labels" and rows:
+                rows[at] = row
+            elif change == "add":
+                rows.insert(at, row)
+            elif rows:
+                del rows[at]
+        copies = [dataclasses.replace(row) for row in rows]
+        seen, last = {}, dict(last_seen)
+        for row in rows:  # the last row of a process counts
+            before = last.get(key := (row.pid, row.comm, row.container_id), 0.0)
+            seen[key] = row.cpu_seconds - before if row.cpu_seconds >= before else row.cpu_seconds
+            last_seen[key] = row.cpu_seconds
+        last_seen = {key: last_seen[key] for key in seen}
+        found = []
+        for counters, sample in ((kept, tuple(rows)), (fresh, copies)):
+            increases = counters.cpu_increases(sample)
+            shown = counters.process_seconds(increases)
+            found.append((increases, shown, carry.encode(counters.state())))
+        assert found[0][0] == pytest.approx(seen), f"sample {step}"
+        assert found[0] == found[1], f"sample {step}"
+
+
+def test_saved_rows_follow_every_change_of_their_mapping() -> None:
+    """The offsets of the shown series are saved as the rows of their mapping as it is now: a
+    value changed, even to an equal one of another type, a key more or less, another order."""
+    rows, offsets = carry.Rows(), {(1, "a", ""): 1.5, (2, "b", "c1"): 0.0}
+    saved = lambda: json.loads(carry.encode({"rows": rows.of(offsets)}))["rows"]  # noqa: E731
+    assert saved() == [[1, "a", "", 1.5], [2, "b", "c1", 0.0]]
+    offsets[(2, "b", "c1")] = 0
+    assert carry.encode({"rows": rows.of(offsets)}) == '{"rows":[[1,"a","",1.5],[2,"b","c1",0]]}'
+    offsets[(3, "d", "")] = 2.0
+    assert saved() == [[1, "a", "", 1.5], [2, "b", "c1", 0], [3, "d", "", 2.0]]
+    offsets = {key: offsets[key] for key in reversed(offsets)}
+    assert saved() == [[3, "d", "", 2.0], [2, "b", "c1", 0], [1, "a", "", 1.5]]
+    del offsets[(2, "b", "c1")]
+    assert saved() == [[3, "d", "", 2.0], [1, "a", "", 1.5]]
 
 
 def test_cpu_active_energy_is_shared_by_cpu_time() -> None:

@@ -8,7 +8,8 @@ plain numbers and strings: the worker rebuilds its objects from it and
 checks every value (the helpers below), so a crafted file cannot run code
 and a bad one is a clean restart from zero. A table with a row per process
 is a `Table`, which keeps each row encoded: a save encodes only the rows
-that changed since the one before.
+that changed since the one before; a small list that seldom changes (the
+offsets of the shown series) is a `Rows`, kept encoded while it stays.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import re
 import shutil
 import stat
 import tempfile
-from typing import Any, Callable, Generic, Hashable, Iterable, TypeVar
+from itertools import compress, count, repeat
+from operator import is_
+from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, TypeVar
 
 from kepler_bridge.sources import pid_namespace
 
@@ -37,6 +40,7 @@ VERSION = 1
 CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 K = TypeVar("K", bound=Hashable)
 _dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+_ROW = "{},{}]"  # a row's head (its comma, "[" and cells) and its encoded tail numbers
 
 
 class BadState(ValueError):
@@ -116,14 +120,16 @@ def remove_dir(directory: str) -> None:
 
 class Table(Generic[K]):
     """A list of rows in the state, one per key, each kept encoded. A row is the key's `head`
-    cells (encoded when the key first shows up, or again once `relabelled`), then its `tail`
+    cells (encoded when the key first shows up, or again once `relabelled`), then its tail
     numbers (at least one; ints or finite floats), encoded for the keys `changed` since the last
-    save."""
+    save: `tails` gives those of a list of keys, one tuple per key."""
 
     def __init__(
-        self, head: Callable[[K], Iterable[Any]], tail: Callable[[K], Iterable[float]]
+        self,
+        head: Callable[[K], Iterable[Any]],
+        tails: Callable[[list[K]], Iterable[tuple[Any, ...]]],
     ) -> None:
-        self._head_of, self._tail_of = head, tail
+        self._head_of, self._tails_of = head, tails
         self._head: dict[K, str] = {}
         self._text: dict[K, str] = {}
         self._changed: dict[K, None] = {}  # in the order the keys changed first: the rows' order
@@ -147,27 +153,55 @@ class Table(Generic[K]):
         self._text.clear()
         self._changed.clear()
 
-    def json(self) -> str:
-        """The rows as a JSON list."""
-        return "[" + self.rows_text() + "]"
-
-    def rows_text(self) -> str:
-        """The rows, each a JSON list, parted by commas (the inside of `json`)."""
+    def encode_into(self, parts: list[str]) -> None:
+        """Append the rows as a JSON list to `parts`, one piece per row: the text is copied once,
+        when the whole state is joined."""
         heads, text, changed = self._head, self._text, list(self._changed)
         if changed:
             # The tails in one go: "[[1.5,2],[3.0,4]]"; numbers only, so "],[" parts them.
-            tails = _dumps([tuple(self._tail_of(key)) for key in changed])[2:-2].split("],[")
-            for key, tail in zip(changed, tails):
-                head = heads.get(key)
-                if head is None:
-                    head = heads[key] = _dumps(list(self._head_of(key)))[:-1]
-                text[key] = f"{head},{tail}]"
+            tails = _dumps(list(self._tails_of(changed)))[2:-2].split("],[")
+            found = list(map(heads.get, changed))
+            for at in compress(count(), map(is_, found, repeat(None))):  # new or relabelled
+                key = changed[at]
+                found[at] = heads[key] = "," + _dumps(list(self._head_of(key)))[:-1]
+            text.update(zip(changed, map(_ROW.format, found, tails)))
             self._changed.clear()
-        return ",".join(text.values())
+        start = len(parts)
+        parts += text.values()
+        if len(parts) > start:
+            parts[start] = "[" + parts[start][1:]  # each row's text starts with its comma
+        else:
+            parts.append("[")
+        parts.append("]")
+
+
+class Rows:
+    """The rows [*key, value] of a mapping, kept as JSON while the mapping holds the very keys and
+    values it held, in the same order (the offsets of the shown series, which seldom change)."""
+
+    def __init__(self) -> None:
+        self._keys: list[tuple[Any, ...]] = []
+        self._values: list[float] = []
+        self._text = "[]"
+
+    def of(self, mapping: Mapping[tuple[Any, ...], float]) -> Rows:
+        """These rows, for the state: encoded again where the mapping changed."""
+        keys, values = list(mapping), list(mapping.values())
+        if not (
+            len(keys) == len(self._keys)
+            and all(map(is_, keys, self._keys))
+            and all(map(is_, values, self._values))
+        ):
+            self._text = _dumps([[*key, value] for key, value in zip(keys, values)])
+            self._keys, self._values = keys, values
+        return self
+
+    def encode_into(self, parts: list[str]) -> None:
+        parts.append(self._text)
 
 
 def encode(state: dict[str, Any]) -> str:
-    """The state as JSON text: plain data, with each Table as the list of its rows."""
+    """The state as JSON text: plain data, with each Table and Rows as the list of its rows."""
     # Pieces joined once: the tables' rows (most of the text) are copied once, not at each level.
     parts: list[str] = []
     _encode_into(state, parts)
@@ -178,8 +212,8 @@ def _encode_into(state: dict[str, Any], parts: list[str]) -> None:
     parts.append("{")
     for name, value in state.items():
         parts += (_dumps(name), ":")
-        if isinstance(value, Table):
-            parts += ("[", value.rows_text(), "]")
+        if isinstance(value, (Table, Rows)):
+            value.encode_into(parts)
         elif isinstance(value, dict):
             _encode_into(value, parts)
         else:

@@ -3,8 +3,8 @@ process churn."""
 
 from __future__ import annotations
 
-from itertools import compress, repeat
-from operator import add, attrgetter, itemgetter, ne, sub
+from itertools import compress, count, repeat
+from operator import add, attrgetter, is_not, itemgetter, ne, sub
 from typing import Any, Iterable, Mapping, TypeVar
 
 from kepler_bridge.model import (
@@ -79,11 +79,13 @@ class MonotonicCounters:
         # None: not known (a restored state).
         self._keys: list[ProcessLabels] | None = []
         self._seconds: list[float] = []
+        self._last_rows: tuple[ProcessCpu, ...] = ()  # the rows `_keys` and `_seconds` came from
         self._total_keys: list[ProcessLabels] | None = []
         # [pid, comm, container id, last CPU seconds, total] of each process of the last sample.
         self._rows = carry.Table(_cells, self._process_numbers)
         # [uuid, counter name, last raw value, value] of each device counter.
         self._gpu_rows = carry.Table(_cells, self._gpu_numbers)
+        self._offset_rows = carry.Rows()
 
     def configure(self, process_limit: int | None) -> None:
         """A new --process-metrics: series shown from now on follow it; none decreases."""
@@ -178,18 +180,23 @@ class MonotonicCounters:
     def cpu_increases(self, processes: Iterable[ProcessCpu]) -> dict[ProcessLabels, float]:
         """CPU seconds each process used since the last call; one seen for the first time counts
         whole, one whose counter dropped (a new process with the same labels) counts from zero."""
-        rows = processes if isinstance(processes, (tuple, list)) else tuple(processes)
+        rows = tuple(processes)
+        replaced_at = self._replaced_rows(rows)
+        if replaced_at is not None:
+            return self._same_processes(rows, replaced_at)
         keys = list(map(process_labels, rows))
         seconds = list(map(_SECONDS, rows))
         if keys == self._keys and len(keys) == len(self._process_seen):
-            return self._same_processes(seconds)
+            return self._same_processes(
+                rows, list(compress(count(), map(ne, seconds, self._seconds)))
+            )
         last = self._process_seen
         before = list(map(last.get, keys, repeat(0.0)))
         gained = list(map(sub, seconds, before))
         if gained and min(gained) < 0:
             gained = list(map(increase, before, seconds))
         self._process_seen = seen = dict(zip(keys, seconds))
-        self._keys, self._seconds = keys, seconds
+        self._keys, self._seconds, self._last_rows = keys, seconds, rows
         self._rows.changed(compress(keys, map(ne, seconds, before)))
         self._rows.changed(seen.keys() - last.keys())
         self._rows.removed(last.keys() - seen.keys())
@@ -199,18 +206,37 @@ class MonotonicCounters:
         increases.update(compress(zip(keys, gained), gained))
         return increases
 
-    def _same_processes(self, seconds: list[float]) -> dict[ProcessLabels, float]:
-        """`cpu_increases` of the last sample's processes, in the same order: only those whose
-        counter moved are looked at, and the keys stay the very objects of the last sample."""
+    def _replaced_rows(self, rows: tuple[ProcessCpu, ...]) -> list[int] | None:
+        """The places of the rows that are not the very objects of the last sample's (eBPF gives
+        a new row only for a process that ran), if they are few and have the labels of the last
+        sample's at their place; else None: the rows are compared whole, in C."""
+        keys, last = self._keys, self._last_rows
+        if keys is None or len(rows) != len(last) or len(keys) != len(self._process_seen):
+            return None
+        replaced_at = list(compress(count(), map(is_not, rows, last)))
+        if len(replaced_at) * 4 > len(rows):  # new rows every sample (procfs)
+            return None
+        if any(process_labels(rows[at]) != keys[at] for at in replaced_at):
+            return None
+        return replaced_at
+
+    def _same_processes(
+        self, rows: tuple[ProcessCpu, ...], places: list[int]
+    ) -> dict[ProcessLabels, float]:
+        """`cpu_increases` of the last sample's processes, in the same order: only the rows at
+        `places` are looked at, and the keys stay the very objects of the last sample."""
         keys, last, seen = self._keys or [], self._seconds, self._process_seen
         increases = dict.fromkeys(seen, 0.0)
-        moved = list(compress(range(len(keys)), map(ne, seconds, last)))
-        for at in moved:
-            key = keys[at]
-            increases[key] = increase(last[at], seconds[at])
-            seen[key] = seconds[at]
-        self._seconds = seconds
-        self._rows.changed(keys[at] for at in moved)
+        moved: list[ProcessLabels] = []
+        for at in places:
+            seconds = rows[at].cpu_seconds
+            if seconds != last[at]:
+                key = keys[at]
+                increases[key] = increase(last[at], seconds)
+                seen[key] = last[at] = seconds
+                moved.append(key)
+        self._last_rows = rows
+        self._rows.changed(moved)
         return increases
 
     def process_seconds(
@@ -249,13 +275,14 @@ class MonotonicCounters:
             del totals[container]
         return tuple(sorted(totals.items()))
 
-    def _process_numbers(self, key: ProcessLabels) -> tuple[float, float]:
-        return self._process_seen[key], self._process_total.get(key, 0.0)
+    def _process_numbers(self, keys: list[ProcessLabels]) -> Iterable[tuple[float, float]]:
+        seen, total = self._process_seen, self._process_total
+        return zip(map(seen.__getitem__, keys), map(total.get, keys, repeat(0.0)))
 
-    def _gpu_numbers(self, key: tuple[str, str]) -> tuple[float, float]:
-        state = self._gpu[key[0]][key[1]]
-        assert state.last_raw is not None  # updated when it was made
-        return state.last_raw, state.value
+    def _gpu_numbers(self, keys: list[tuple[str, str]]) -> list[tuple[float | None, float]]:
+        """Each counter's last raw value (never None: updated when it was made) and value."""
+        states = [self._gpu[uuid][name] for uuid, name in keys]
+        return [(state.last_raw, state.value) for state in states]
 
     def state(self) -> dict[str, Any]:
         """Plain data for `carry.save`; `restore` takes it back."""
@@ -264,9 +291,7 @@ class MonotonicCounters:
             "xid": _monotonic_rows(self._xid),
             "processes": self._rows,
             "process_other": self._process_family.other,
-            "process_offsets": [
-                [*key, offset] for key, offset in self._process_family.offsets.items()
-            ],
+            "process_offsets": self._offset_rows.of(self._process_family.offsets),
             "containers": [[cid, seconds] for cid, seconds in self._container_total.items()],
         }
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain, compress, filterfalse, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, gt, is_not
 from typing import Any, Hashable, Iterable, Mapping, TypeVar
 
 from kepler_bridge.model import Holder, PodRef, ProcessLabels, WorkloadEnergy, replaced
@@ -26,6 +26,8 @@ KINDS = ("cpu", "gpu")  # the fields of Joules, and the `kind` of each per-proce
 K = TypeVar("K", bound=Hashable)
 PodKey = tuple[str, str]  # namespace, pod
 _CPU, _GPU, _OWNER = attrgetter("joules.cpu"), attrgetter("joules.gpu"), attrgetter("labels.owner")
+_OF_CPU, _OF_GPU = attrgetter("cpu"), attrgetter("gpu")
+_JOULES = attrgetter("joules.cpu", "joules.gpu")
 
 
 @dataclass(slots=True)
@@ -38,10 +40,6 @@ class Joules:
     @property
     def total(self) -> float:
         return self.cpu + self.gpu
-
-    def of(self, kind: str) -> float:
-        """The joules of one kind, "cpu" or "gpu"."""
-        return self.cpu if kind == "cpu" else self.gpu
 
 
 @dataclass(slots=True)
@@ -86,6 +84,7 @@ class Ledger:
         )
         self._counted = Containers()  # the containers of the processes
         self._rows = carry.Table(self._process_labels, self._process_numbers)
+        self._offset_rows = {kind: carry.Rows() for kind in KINDS}
 
     def configure(self, *, process_limit: int | None, grace: float, max_processes: int) -> None:
         """Set the settings; called again on reload, when the accumulated joules stay."""
@@ -142,16 +141,17 @@ class Ledger:
         add up to the node's attributed energy and none ever decreases.
         """
         family, processes = self._families[kind], self._processes
-        if kind == "cpu":
+        if kind == "cpu":  # every process is in the CPU's family
             totals = self._cpu
-        else:  # only processes with GPU energy: joules never decrease, so once there, they stay
+            gained = dict(zip(increments, map(_OF_CPU, increments.values())))
+        else:  # only processes with GPU energy (kthreadd or a kworker never has): joules never
+            # decrease, so once there, they stay
             if self._gpu is None:
                 gpu = list(map(_GPU, processes.values()))
                 self._gpu = dict(compress(zip(processes, gpu), gpu))
             totals = self._gpu
-        gained = {
-            key: joules.of(kind) for key, joules in increments.items() if _ranks(kind, joules)
-        }
+            grew = list(map(_OF_GPU, increments.values()))
+            gained = dict(compress(zip(increments, grew), map(gt, grew, repeat(0))))
         rows = [
             _with(processes[key].labels, kind, value)
             for key, value in family.update(totals, gained)
@@ -237,27 +237,42 @@ class Ledger:
             )
         for pod in self._presence[2].present - self._pods.keys():
             self._pods[pod] = Tally(WorkloadEnergy(owner=PodRef(*pod)))
-        for key in ordered:
-            increment, process = increments[key], self._processes[key]
-            owner = process.labels.owner
-            if increment.gpu > 0 and not process.joules.gpu:
-                self._gpu = None  # its first GPU energy: it joins the GPU family
-            for joules in (
-                process.joules,
-                self._containers[(key[2], owner.namespace, owner.pod, owner.container)].joules,
-                self._pods[(owner.namespace, owner.pod)].joules,
-            ):
-                joules.cpu += increment.cpu
-                joules.gpu += increment.gpu
-            self._cpu[key] = process.joules.cpu
-            if self._gpu is not None and key in self._gpu:
-                self._gpu[key] = process.joules.gpu
+        self._book(ordered, increments)
         for holder, added in owned.items():
             owner = holder.owner
             self._containers[
                 (holder.container_id, owner.namespace, owner.pod, owner.container)
             ].joules.gpu += added
             self._pods[(owner.namespace, owner.pod)].joules.gpu += added
+
+    def _book(
+        self, ordered: list[ProcessLabels], increments: Mapping[ProcessLabels, Joules]
+    ) -> None:
+        """Add each process's increment to it, its container and its pod, in the order given."""
+        processes, cpu_totals = self._processes, self._cpu
+        containers, pods = self._containers, self._pods
+        last: tuple[PodRef | None, str] = (None, "")
+        tallies: tuple[Joules, ...] = ()
+        for key in ordered:
+            increment, process = increments[key], processes[key]
+            cpu, gpu, joules = increment.cpu, increment.gpu, process.joules
+            if gpu > 0 and not joules.gpu:
+                self._gpu = None  # its first GPU energy: it joins the GPU family
+            joules.cpu += cpu
+            joules.gpu += gpu
+            cpu_totals[key] = joules.cpu
+            if self._gpu is not None and key in self._gpu:
+                self._gpu[key] = joules.gpu
+            owner = process.labels.owner
+            if owner is not last[0] or key[2] != last[1]:  # else those of the process before
+                last = owner, key[2]
+                tallies = (
+                    containers[(key[2], owner.namespace, owner.pod, owner.container)].joules,
+                    pods[(owner.namespace, owner.pod)].joules,
+                )
+            for joules in tallies:
+                joules.cpu += cpu
+                joules.gpu += gpu
 
     def _expire(self, now: float, present: Mapping[ProcessLabels, PodRef]) -> None:
         levels: tuple[dict[Any, Tally], ...] = (self._processes, self._containers, self._pods)
@@ -289,9 +304,8 @@ class Ledger:
         owner = self._processes[key].labels.owner
         return (*key, *_owner_cells(owner), self._presence[0].seen(key))
 
-    def _process_numbers(self, key: ProcessLabels) -> tuple[float, float]:
-        joules = self._processes[key].joules
-        return joules.cpu, joules.gpu
+    def _process_numbers(self, keys: list[ProcessLabels]) -> Iterable[tuple[float, float]]:
+        return map(_JOULES, map(self._processes.__getitem__, keys))
 
     def state(self) -> dict[str, Any]:
         """Plain data for `carry.save`: the last sample's time; each tally as its key, when it was
@@ -306,7 +320,7 @@ class Ledger:
             "families": {
                 kind: {
                     "other": family.other,
-                    "offsets": [[*key, offset] for key, offset in family.offsets.items()],
+                    "offsets": self._offset_rows[kind].of(family.offsets),
                 }
                 for kind, family in self._families.items()
             },
@@ -372,13 +386,6 @@ def _tallies(value: object, *key: Any) -> list[tuple[tuple[Any, ...], float | No
         (cells[: len(key)], cells[-3], Joules(cells[-2], cells[-1]))
         for cells in carry.rows(value, *key, optional_number, number, number)
     ]
-
-
-def _ranks(kind: str, joules: Joules) -> bool:
-    """Whether a process with these joules is in a kind's family: every process in the CPU's;
-    in the GPU's once it has GPU energy (kthreadd or a kworker never has), kept from then on, as
-    its joules never decrease."""
-    return kind == "cpu" or joules.gpu > 0
 
 
 def _with(labels: WorkloadEnergy, kind: str, joules: float) -> WorkloadEnergy:

@@ -2,12 +2,14 @@
 
 The N series with the highest values are shown, the rest go to "other".
 Totals never decrease, so while the keys stay the same the new top N is
-among the last one and the keys that grew: a sample ranks only those.
+among the last one and the keys that grew: a sample ranks only those; when
+keys come or go, only the keys with at least the N-th highest total of those.
 """
 
 from __future__ import annotations
 
-from itertools import filterfalse
+from itertools import compress, filterfalse, repeat
+from operator import ge
 from typing import Generic, Hashable, Mapping, TypeVar
 
 from kepler_bridge.model import top
@@ -57,17 +59,35 @@ class TopCounter(Generic[K]):
         """`top(totals, limit)`: while the keys are those of the last update, in the same order,
         only the keys shown then and those that grew are ranked."""
         keys, ranked = list(totals), self._ranked
-        if ranked is None or ranked[0] != self.limit or self.limit is None or ranked[1] != keys:
+        if ranked is None or ranked[0] != self.limit or self.limit is None:
             self._ranked = (self.limit, keys, None)
             return top(totals, self.limit)
+        if ranked[1] != keys:
+            self._ranked = (self.limit, keys, None)
+            return self._reranked(totals, increases, keys, self.limit)
         place = ranked[2]
         if place is None:  # the keys stayed: their places, worked out once for as long
             place = dict(zip(keys, range(len(keys))))
             self._ranked = (self.limit, keys, place)
         candidates = dict.fromkeys(self._shown)
         candidates.update(dict.fromkeys(increases))
-        ranking = sorted(candidates, key=lambda key: (-totals[key], place[key]))
-        return ranking[: self.limit]
+        # By total, highest first, equal totals in their place: two sorts in C, the second stable.
+        by_place = sorted(candidates, key=place.__getitem__)
+        return sorted(by_place, key=totals.__getitem__, reverse=True)[: self.limit]
+
+    def _reranked(
+        self, totals: Mapping[K, float], increases: Mapping[K, float], keys: list[K], limit: int
+    ) -> list[K]:
+        """`top(totals, limit)` after keys came or went. The N-th highest total of any N keys is
+        at most the N-th highest of all, so the top N are among the keys with at least that total
+        of the last shown keys and those that grew: only those are ranked, in `totals`' order."""
+        candidates = dict.fromkeys(filter(totals.__contains__, self._shown))
+        candidates.update(dict.fromkeys(increases))
+        if len(candidates) < limit:
+            return top(totals, limit)
+        least = sorted(map(totals.__getitem__, candidates), reverse=True)[limit - 1]
+        chosen = compress(keys, map(ge, totals.values(), repeat(least)))
+        return sorted(chosen, key=totals.__getitem__, reverse=True)[:limit]
 
     @property
     def offsets(self) -> Mapping[K, float]:
