@@ -48,6 +48,8 @@ class Device:
     last_process_sample_us: int = 0
     comms: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (comm, container id)
     process_rows: dict[int, GpuProcess] = field(default_factory=dict)  # the last read's, by pid
+    # What those rows were made of: used memory and SM utilization by pid (processes.py).
+    process_inputs: tuple[dict[int, int | None], dict[int, float] | None] | None = None
     gpm: Gpm = field(default_factory=Gpm)
     mig_profiles: dict[int, Any] | None = None  # mig.py's GPU instance profiles, asked once
     lists: dict[str, Any] = field(default_factory=dict)  # processes.py's buffers, by NVML call

@@ -32,6 +32,9 @@ NOT_AVAILABLE = 2**64 - 1  # the used memory of a process when NVML cannot tell 
 FIRST_CAPACITY = 32  # records a new buffer holds
 GROW_TRIES = 4  # NVML may answer "too small" again when the list grew meanwhile
 
+# ranges.ratio_from_percent of each whole percentage (the SM utilization of a process sample).
+PERCENTS = tuple(ranges.ratio_from_percent(percent) for percent in range(101))
+
 # NVML's answer of nvmlDeviceGetProcessUtilization when no kernel ran since the time asked about.
 NOTHING_RAN = pynvml.NVML_ERROR_NOT_FOUND
 
@@ -60,9 +63,12 @@ def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:
             if memory.get(pid) is None:
                 memory[pid] = ranges.byte_count(used)
     if not memory:
-        device.process_rows = {}
+        device.process_rows, device.process_inputs = {}, None
         return ()
     utilization = _utilization(device)
+    if device.process_inputs == (memory, utilization):
+        return tuple(device.process_rows.values())  # what the rows below would be: the last ones
+    device.process_inputs = (memory, utilization)
     device.comms = {
         pid: device.comms[pid] if pid in device.comms else _identity(procfs, pid) for pid in memory
     }
@@ -134,7 +140,7 @@ def _utilization(device: Device) -> dict[int, float] | None:
         return None
     latest: dict[int, tuple[int, float]] = {}
     for pid, stamp, sm, _, _, _ in samples:
-        util = ranges.ratio_from_percent(sm)
+        util = PERCENTS[sm] if sm <= 100 else None
         if util is not None and stamp >= latest.get(pid, (0, 0.0))[0]:
             latest[pid] = (stamp, util)
     return {pid: util for pid, (_, util) in latest.items()}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pynvml
 
-from kepler_bridge.model import GpuReading, SourceReading
+from kepler_bridge.model import GpuReading, SourceReading, replaced
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading
 from kepler_bridge.sources.nvml import gpm, library
@@ -42,6 +42,10 @@ THROTTLE_REASONS = (
     (0x80, "hw_power_brake_slowdown"),
     (0x100, "display_clock_setting"),
 )
+
+# What each up GPU's reading is made from: `replaced` copies it with the values read, some five
+# times cheaper than the frozen dataclass's __init__ of some 60 fields.
+BLANK = GpuReading(index=0, uuid="", vendor="nvidia", model="")
 
 
 class NvmlSource(Source):
@@ -187,7 +191,7 @@ class NvmlSource(Source):
             **reliability(device),
         )
         add_mig(device, fields)
-        return GpuReading(**fields)
+        return replaced(BLANK, **fields)
 
 
 def _acquire(device: Device) -> None:
