@@ -76,14 +76,14 @@ class Device:
             self.counters_at = now
         self.answered.clear()
 
-    def query(self, name: str, call: Callable[[], Any]) -> Any:
-        """One NVML call; None when the device cannot report it (remembered, and asked again
-        when its re-probe is due). Other errors raise."""
+    def query(self, name: str, call: Callable[..., Any], *args: Any) -> Any:
+        """One NVML call, `call(*args)`; None when the device cannot report it (remembered, and
+        asked again when its re-probe is due). Other errors raise."""
         retry = self.unsupported.get(name)
         if retry is not None and not retry.due(self.now):
             return None
         try:
-            value = call()
+            value = call(*args)
         except pynvml.NVMLError as err:
             if err.value in UNSUPPORTED:
                 self.cannot(name)

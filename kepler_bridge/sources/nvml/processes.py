@@ -59,7 +59,7 @@ def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:
     h = device.handle
     memory: dict[int, int | None] = {}
     for name, call in (("compute_processes", COMPUTE), ("graphics_processes", GRAPHICS)):
-        for pid, used in device.query(name, lambda: running_processes(device, call, h)) or ():
+        for pid, used in device.query(name, running_processes, device, call, h) or ():
             if memory.get(pid) is None:
                 memory[pid] = ranges.byte_count(used)
     if not memory:
@@ -125,12 +125,11 @@ def _utilization(device: Device) -> dict[int, float] | None:
     try:
         samples = device.query(
             "process_utilization",
-            lambda: _listed(
-                device,
-                UTILIZATION,
-                UTILIZATION_SAMPLE,
-                lambda function, count, buffer: function(device.handle, buffer, count, since),
-            ),
+            _listed,
+            device,
+            UTILIZATION,
+            UTILIZATION_SAMPLE,
+            lambda function, count, buffer: function(device.handle, buffer, count, since),
         )
     except pynvml.NVMLError as err:
         if err.value == NOTHING_RAN:
