@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -307,4 +308,11 @@ def _throttled(device: Device) -> tuple[tuple[str, bool], ...]:
         mask = device.query("throttle_reasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, h)
     if mask is None or mask >= 1 << 32:
         return ()
+    return _reasons(mask)
+
+
+@functools.lru_cache(maxsize=64)
+def _reasons(mask: int) -> tuple[tuple[str, bool], ...]:
+    """(reason, whether it holds the clocks down) for each bit of a clocks event mask; the same
+    tuple for the same mask, which is mostly the same from one sample to the next."""
     return tuple((name, bool(mask & bit)) for bit, name in THROTTLE_REASONS)
