@@ -28,7 +28,6 @@ UTILIZATION = "nvmlDeviceGetProcessUtilization"
 PROCESS_INFO = struct.Struct("@IQII")
 # nvmlProcessUtilizationSample_t: pid, time stamp (µs), SM, memory, encoder, decoder utilization.
 UTILIZATION_SAMPLE = struct.Struct("@IQIIII")
-NOT_AVAILABLE = 2**64 - 1  # the used memory of a process when NVML cannot tell (Windows WDDM)
 FIRST_CAPACITY = 32  # records a new buffer holds
 GROW_TRIES = 4  # NVML may answer "too small" again when the list grew meanwhile
 
@@ -61,7 +60,7 @@ def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:
     for name, call in (("compute_processes", COMPUTE), ("graphics_processes", GRAPHICS)):
         for pid, used in device.query(name, running_processes, device, call, h) or ():
             if memory.get(pid) is None:
-                memory[pid] = ranges.byte_count(used)
+                memory[pid] = used
     if not memory:
         device.process_rows, device.process_inputs = {}, None
         return ()
@@ -87,12 +86,14 @@ def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:
 
 
 def running_processes(device: Device, call: str, handle: Any) -> list[tuple[int, int | None]]:
-    """(pid, used memory bytes or None where NVML cannot tell) of each process in one of NVML's
-    process lists (COMPUTE or GRAPHICS) of a GPU or MIG device; NVMLError raises."""
+    """(pid, used memory bytes, None where NVML cannot tell or out of range) of each process in
+    one of NVML's process lists (COMPUTE or GRAPHICS) of a GPU or MIG device; NVMLError raises."""
     records = _listed(
         device, call, PROCESS_INFO, lambda function, count, buffer: function(handle, count, buffer)
     )
-    return [(pid, None if used == NOT_AVAILABLE else used) for pid, used, _, _ in records]
+    # ranges.byte_count of an unsigned count, inline as it runs for every process; what NVML
+    # gives when it cannot tell (NVML_VALUE_NOT_AVAILABLE, 2**64 - 1: Windows WDDM) is beyond it.
+    return [(pid, used if used < ranges.MAX_BYTES else None) for pid, used, _, _ in records]
 
 
 def _listed(
