@@ -375,6 +375,29 @@ def test_rows_no_longer_reported_are_let_go() -> None:
     assert freed() is None
 
 
+def test_gpu_process_rows_are_known_clean_and_let_go_like_cpu_rows() -> None:
+    """The nvml source hands the sanitiser the last read's GPU process rows where their values did
+    not change: those are known by identity, a new bad row is still cleaned, and the row of an
+    exited process is freed."""
+
+    def reading(rows: tuple[GpuProcess, ...]) -> SourceReading:
+        gpu = GpuReading(index=0, uuid="u", vendor="acme", model="x", processes=rows)
+        return SourceReading(gpus=(gpu,))
+
+    rows = tuple(GpuProcess(pid, f"p{pid}", 2**30 + pid, 0.5) for pid in range(1, 50))
+    for _ in range(3):
+        assert sanitize.reading(reading(rows)).gpus[0].processes == rows
+    bad = (GpuProcess(1, "p1", -1, 0.5), GpuProcess(2, "p\x1b[2J2", utilization=math.nan))
+    cleaned = sanitize.reading(reading(rows + bad)).gpus[0].processes
+    assert cleaned[: len(rows)] == rows and all(map(operator.is_, cleaned, rows))
+    assert cleaned[len(rows) :] == (GpuProcess(1, "p1", None, 0.5), GpuProcess(2, "p2"))
+    freed = weakref.ref(rows[0])
+    del rows, cleaned
+    for sample in range(100):  # rows that change every sample
+        sanitize.reading(reading(tuple(GpuProcess(pid, "busy", sample) for pid in range(2, 200))))
+    assert freed() is None
+
+
 # JSON number tokens a collector may print, Python's NaN and Infinity extensions included.
 TOKENS = st.one_of(
     st.just("null"),

@@ -198,6 +198,8 @@ def _unchanged(records: list[Any], cls: type[DataclassInstance]) -> bool:
     """Whether every one of `records` is a `cls` that its rules keep as it is."""
     seen = _SEEN.get(cls)
     fresh = records if seen is None else seen.unknown(records)  # those known are `cls` records
+    if not fresh:  # every check passes no values (the tuple fields of most readings are empty)
+        return True
     if not {cls}.issuperset(map(type, fresh)):
         return False
     if not all(check(getter(fresh)) for check, getter, _ in _GROUPS[cls]):
@@ -372,6 +374,7 @@ _PLANS: dict[type[DataclassInstance], _Plan] = {
     )
 }
 _GROUPS = {cls: _groups(plan) for cls, plan in _PLANS.items()}
-# The records sources keep from one sample to the next: ProcessTable's rows. (A class whose records
-# are new at every read only pays for remembering them.)
-_SEEN: dict[type, Seen] = {ProcessCpu: Seen()}
+# The records sources keep from one sample to the next: ProcessTable's rows, and the rows of the
+# nvml source's GPU processes (a row whose values did not change is the last read's). (A class
+# whose records are new at every read only pays for remembering them.)
+_SEEN: dict[type, Seen] = {ProcessCpu: Seen(), GpuProcess: Seen()}

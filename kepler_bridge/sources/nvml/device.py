@@ -48,6 +48,8 @@ class Device:
     last_process_sample_us: int = 0
     comms: dict[int, tuple[str, str]] = field(default_factory=dict)  # pid -> (comm, container id)
     process_rows: dict[int, GpuProcess] = field(default_factory=dict)  # the last read's, by pid
+    # What those rows were made of: used memory and SM utilization by pid (processes.py).
+    process_inputs: tuple[dict[int, int | None], dict[int, float] | None] | None = None
     gpm: Gpm = field(default_factory=Gpm)
     mig_profiles: dict[int, Any] | None = None  # mig.py's GPU instance profiles, asked once
     lists: dict[str, Any] = field(default_factory=dict)  # processes.py's buffers, by NVML call
@@ -74,14 +76,14 @@ class Device:
             self.counters_at = now
         self.answered.clear()
 
-    def query(self, name: str, call: Callable[[], Any]) -> Any:
-        """One NVML call; None when the device cannot report it (remembered, and asked again
-        when its re-probe is due). Other errors raise."""
+    def query(self, name: str, call: Callable[..., Any], *args: Any) -> Any:
+        """One NVML call, `call(*args)`; None when the device cannot report it (remembered, and
+        asked again when its re-probe is due). Other errors raise."""
         retry = self.unsupported.get(name)
         if retry is not None and not retry.due(self.now):
             return None
         try:
-            value = call()
+            value = call(*args)
         except pynvml.NVMLError as err:
             if err.value in UNSUPPORTED:
                 self.cannot(name)

@@ -43,9 +43,9 @@ def _link_count(device: Device) -> int:
     """The GPU's NVLinks; a GPU without any (or that cannot say) is not asked again."""
     values = device.query(
         "nvlink",
-        lambda: pynvml.nvmlDeviceGetFieldValues(
-            device.handle, [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT]
-        ),
+        pynvml.nvmlDeviceGetFieldValues,
+        device.handle,
+        [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT],
     )
     if values is None:
         return 0
@@ -59,7 +59,7 @@ def _link_count(device: Device) -> int:
 
 def _state(device: Device, link: int) -> bool | None:
     active = device.query(
-        f"nvlink{link}_state", lambda: pynvml.nvmlDeviceGetNvLinkState(device.handle, link)
+        f"nvlink{link}_state", pynvml.nvmlDeviceGetNvLinkState, device.handle, link
     )
     return None if active is None else active == pynvml.NVML_FEATURE_ENABLED
 
@@ -70,9 +70,9 @@ def _traffic(device: Device, links: list[int]) -> dict[int, tuple[int | None, in
         return {}
     values = device.query(
         "nvlink_traffic",
-        lambda: pynvml.nvmlDeviceGetFieldValues(
-            device.handle, [(field, link) for link in links for field in TRAFFIC]
-        ),
+        pynvml.nvmlDeviceGetFieldValues,
+        device.handle,
+        [(field, link) for link in links for field in TRAFFIC],
     )
     if values is None:
         return {}
@@ -93,7 +93,10 @@ def _errors(device: Device, link: int) -> tuple[tuple[str, int], ...]:
             kind,
             device.query(
                 f"nvlink{link}_errors{counter}",
-                lambda: pynvml.nvmlDeviceGetNvLinkErrorCounter(device.handle, link, counter),
+                pynvml.nvmlDeviceGetNvLinkErrorCounter,
+                device.handle,
+                link,
+                counter,
             ),
         )
         for counter, kind in ERROR_KINDS

@@ -35,7 +35,7 @@ def add_mig(device: Device, fields: dict[str, Any]) -> None:
 
     A MIG parent reports no utilization (absent, never zero), and memory summed over its GPU
     instances where the parent cannot report its own."""
-    mode = device.query("mig_mode", lambda: pynvml.nvmlDeviceGetMigMode(device.handle))
+    mode = device.query("mig_mode", pynvml.nvmlDeviceGetMigMode, device.handle)
     if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
         device.gpm.read_instances(device.handle, set(), device.index)  # frees any left
         return
@@ -61,7 +61,7 @@ def _profiled(device: Device, instances: tuple[MigInstance, ...]) -> tuple[MigIn
 
 def _instances(device: Device) -> tuple[MigInstance, ...]:
     h = device.handle
-    count = device.query("mig_count", lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(h)) or 0
+    count = device.query("mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
     found = []
     for index in range(count):
         try:
@@ -97,7 +97,7 @@ def _profile(device: Device, gpu_instance: int) -> Profile:
     """The profile of a GPU instance; unnamed where NVML cannot tell (no permission, old driver)."""
     h = device.handle
     instance = device.query(
-        "mig_gpu_instance", lambda: pynvml.nvmlDeviceGetGpuInstanceById(h, gpu_instance)
+        "mig_gpu_instance", pynvml.nvmlDeviceGetGpuInstanceById, h, gpu_instance
     )
     if instance is None:
         return Profile("", None)

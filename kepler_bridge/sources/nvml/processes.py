@@ -28,9 +28,11 @@ UTILIZATION = "nvmlDeviceGetProcessUtilization"
 PROCESS_INFO = struct.Struct("@IQII")
 # nvmlProcessUtilizationSample_t: pid, time stamp (µs), SM, memory, encoder, decoder utilization.
 UTILIZATION_SAMPLE = struct.Struct("@IQIIII")
-NOT_AVAILABLE = 2**64 - 1  # the used memory of a process when NVML cannot tell (Windows WDDM)
 FIRST_CAPACITY = 32  # records a new buffer holds
 GROW_TRIES = 4  # NVML may answer "too small" again when the list grew meanwhile
+
+# ranges.ratio_from_percent of each whole percentage (the SM utilization of a process sample).
+PERCENTS = tuple(ranges.ratio_from_percent(percent) for percent in range(101))
 
 # NVML's answer of nvmlDeviceGetProcessUtilization when no kernel ran since the time asked about.
 NOTHING_RAN = pynvml.NVML_ERROR_NOT_FOUND
@@ -56,13 +58,16 @@ def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:
     h = device.handle
     memory: dict[int, int | None] = {}
     for name, call in (("compute_processes", COMPUTE), ("graphics_processes", GRAPHICS)):
-        for pid, used in device.query(name, lambda: running_processes(device, call, h)) or ():
+        for pid, used in device.query(name, running_processes, device, call, h) or ():
             if memory.get(pid) is None:
-                memory[pid] = ranges.byte_count(used)
+                memory[pid] = used
     if not memory:
-        device.process_rows = {}
+        device.process_rows, device.process_inputs = {}, None
         return ()
     utilization = _utilization(device)
+    if device.process_inputs == (memory, utilization):
+        return tuple(device.process_rows.values())  # what the rows below would be: the last ones
+    device.process_inputs = (memory, utilization)
     device.comms = {
         pid: device.comms[pid] if pid in device.comms else _identity(procfs, pid) for pid in memory
     }
@@ -81,12 +86,14 @@ def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:
 
 
 def running_processes(device: Device, call: str, handle: Any) -> list[tuple[int, int | None]]:
-    """(pid, used memory bytes or None where NVML cannot tell) of each process in one of NVML's
-    process lists (COMPUTE or GRAPHICS) of a GPU or MIG device; NVMLError raises."""
+    """(pid, used memory bytes, None where NVML cannot tell or out of range) of each process in
+    one of NVML's process lists (COMPUTE or GRAPHICS) of a GPU or MIG device; NVMLError raises."""
     records = _listed(
         device, call, PROCESS_INFO, lambda function, count, buffer: function(handle, count, buffer)
     )
-    return [(pid, None if used == NOT_AVAILABLE else used) for pid, used, _, _ in records]
+    # ranges.byte_count of an unsigned count, inline as it runs for every process; what NVML
+    # gives when it cannot tell (NVML_VALUE_NOT_AVAILABLE, 2**64 - 1: Windows WDDM) is beyond it.
+    return [(pid, used if used < ranges.MAX_BYTES else None) for pid, used, _, _ in records]
 
 
 def _listed(
@@ -119,12 +126,11 @@ def _utilization(device: Device) -> dict[int, float] | None:
     try:
         samples = device.query(
             "process_utilization",
-            lambda: _listed(
-                device,
-                UTILIZATION,
-                UTILIZATION_SAMPLE,
-                lambda function, count, buffer: function(device.handle, buffer, count, since),
-            ),
+            _listed,
+            device,
+            UTILIZATION,
+            UTILIZATION_SAMPLE,
+            lambda function, count, buffer: function(device.handle, buffer, count, since),
         )
     except pynvml.NVMLError as err:
         if err.value == NOTHING_RAN:
@@ -134,7 +140,7 @@ def _utilization(device: Device) -> dict[int, float] | None:
         return None
     latest: dict[int, tuple[int, float]] = {}
     for pid, stamp, sm, _, _, _ in samples:
-        util = ranges.ratio_from_percent(sm)
+        util = PERCENTS[sm] if sm <= 100 else None
         if util is not None and stamp >= latest.get(pid, (0, 0.0))[0]:
             latest[pid] = (stamp, util)
     return {pid: util for pid, (_, util) in latest.items()}

@@ -37,13 +37,13 @@ def reliability(device: Device) -> dict[str, Any]:
 def _memory_errors(device: Device) -> dict[str, Any]:
     """ECC errors, remapped rows and retired pages."""
     h = device.handle
-    rows = device.query("remapped_rows", lambda: pynvml.nvmlDeviceGetRemappedRows(h))
+    rows = device.query("remapped_rows", pynvml.nvmlDeviceGetRemappedRows, h)
     single, double = (
-        device.query(f"retired_pages{cause}", lambda: pynvml.nvmlDeviceGetRetiredPages(h, cause))
+        device.query(f"retired_pages{cause}", pynvml.nvmlDeviceGetRetiredPages, h, cause)
         for cause in RETIREMENT_CAUSES
     )
     pending = device.query(
-        "retired_pages_pending", lambda: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h)
+        "retired_pages_pending", pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h
     )
     return {
         "ecc_corrected_total": _ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
@@ -63,7 +63,10 @@ def _memory_errors(device: Device) -> dict[str, Any]:
 def _ecc(device: Device, kind: int) -> int | None:
     count = device.query(
         f"ecc{kind}",
-        lambda: pynvml.nvmlDeviceGetTotalEccErrors(device.handle, kind, pynvml.NVML_VOLATILE_ECC),
+        pynvml.nvmlDeviceGetTotalEccErrors,
+        device.handle,
+        kind,
+        pynvml.NVML_VOLATILE_ECC,
     )
     return count if count is not None and count < 2**63 else None
 
@@ -75,15 +78,14 @@ def _pcie_and_clocks(device: Device) -> dict[str, Any]:
         (
             reason,
             device.query(
-                f"violation{policy}",
-                lambda: pynvml.nvmlDeviceGetViolationStatus(device.handle, policy),
+                f"violation{policy}", pynvml.nvmlDeviceGetViolationStatus, device.handle, policy
             ),
         )
         for policy, reason in CLOCK_EVENT_REASONS
     )
     return {
         "pcie_replays": device.query(
-            "pcie_replays", lambda: pynvml.nvmlDeviceGetPcieReplayCounter(device.handle)
+            "pcie_replays", pynvml.nvmlDeviceGetPcieReplayCounter, device.handle
         ),
         "clock_event_seconds": tuple(
             (reason, time.violationTime / 1e9) for reason, time in times if time is not None

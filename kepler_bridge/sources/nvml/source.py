@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
 
 import pynvml
 
-from kepler_bridge.model import GpuReading, SourceReading
+from kepler_bridge.model import GpuReading, SourceReading, replaced
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading
 from kepler_bridge.sources.nvml import gpm, library
@@ -42,6 +43,10 @@ THROTTLE_REASONS = (
     (0x80, "hw_power_brake_slowdown"),
     (0x100, "display_clock_setting"),
 )
+
+# What each up GPU's reading is made from: `replaced` copies it with the values read, some five
+# times cheaper than the frozen dataclass's __init__ of some 60 fields.
+BLANK = GpuReading(index=0, uuid="", vendor="nvidia", model="")
 
 
 class NvmlSource(Source):
@@ -156,9 +161,9 @@ class NvmlSource(Source):
         utilization, memory_utilization, encoder, decoder = _utilization(device)
         power, limit, energy = _power(device)
         sm_clock, memory_clock = _clocks(device)
-        fan = device.query("fan", lambda: pynvml.nvmlDeviceGetFanSpeed(device.handle))
+        fan = device.query("fan", pynvml.nvmlDeviceGetFanSpeed, device.handle)
         transmit, receive = _pcie(device)
-        pstate = device.query("pstate", lambda: pynvml.nvmlDeviceGetPerformanceState(device.handle))
+        pstate = device.query("pstate", pynvml.nvmlDeviceGetPerformanceState, device.handle)
         xids = self.xids.counter.of(device.index)
         fields = dict(
             self._names(device),
@@ -187,7 +192,7 @@ class NvmlSource(Source):
             **reliability(device),
         )
         add_mig(device, fields)
-        return GpuReading(**fields)
+        return replaced(BLANK, **fields)
 
 
 def _acquire(device: Device) -> None:
@@ -203,9 +208,9 @@ def _acquire(device: Device) -> None:
 def _utilization(device: Device) -> tuple[float | None, float | None, float | None, float | None]:
     """GPU, memory, encoder and decoder utilization as ratios."""
     h = device.handle
-    rates = device.query("utilization", lambda: pynvml.nvmlDeviceGetUtilizationRates(h))
-    encoder = device.query("encoder", lambda: pynvml.nvmlDeviceGetEncoderUtilization(h))
-    decoder = device.query("decoder", lambda: pynvml.nvmlDeviceGetDecoderUtilization(h))
+    rates = device.query("utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
+    encoder = device.query("encoder", pynvml.nvmlDeviceGetEncoderUtilization, h)
+    decoder = device.query("decoder", pynvml.nvmlDeviceGetDecoderUtilization, h)
     return (
         ranges.ratio_from_percent(rates.gpu if rates else None),
         ranges.ratio_from_percent(rates.memory if rates else None),
@@ -218,11 +223,9 @@ def _memory(device: Device) -> dict[str, int | None]:
     """GpuReading fields of total, used, free and reserved memory bytes (reserved from the v2 call
     only); each but the total only where it fits in the total."""
     h = device.handle
-    info = device.query(
-        "memory_v2", lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
-    )
+    info = device.query("memory_v2", pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
     if info is None:
-        info = device.query("memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(h))
+        info = device.query("memory", pynvml.nvmlDeviceGetMemoryInfo, h)
     total = None if info is None else ranges.byte_count(info.total)
     if info is None or total is None:
         return {}
@@ -242,9 +245,9 @@ def _memory(device: Device) -> dict[str, int | None]:
 def _power(device: Device) -> tuple[float | None, float | None, float | None]:
     """Power and its enforced limit in watts, and the energy counter in joules."""
     h = device.handle
-    power = device.query("power", lambda: pynvml.nvmlDeviceGetPowerUsage(h))
-    limit = device.query("power_limit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h))
-    energy = device.query("energy", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h))
+    power = device.query("power", pynvml.nvmlDeviceGetPowerUsage, h)
+    limit = device.query("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+    energy = device.query("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
     return (
         ranges.watts(power / 1000 if power is not None else None),
         ranges.watts(limit / 1000 if limit is not None else None),
@@ -255,10 +258,8 @@ def _power(device: Device) -> tuple[float | None, float | None, float | None]:
 def _clocks(device: Device) -> tuple[float | None, float | None]:
     """SM and memory clocks in hertz."""
     h = device.handle
-    sm = device.query("sm_clock", lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
-    memory = device.query(
-        "mem_clock", lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
-    )
+    sm = device.query("sm_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
+    memory = device.query("mem_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM)
     return (
         ranges.hertz(sm * 1e6 if sm is not None else None),
         ranges.hertz(memory * 1e6 if memory is not None else None),
@@ -268,12 +269,9 @@ def _clocks(device: Device) -> tuple[float | None, float | None]:
 def _pcie(device: Device) -> tuple[float | None, float | None]:
     """PCIe transmit and receive throughput in bytes per second."""
     h = device.handle
-    tx = device.query(
-        "pcie_tx", lambda: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-    )
-    rx = device.query(
-        "pcie_rx", lambda: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
-    )
+    throughput = pynvml.nvmlDeviceGetPcieThroughput
+    tx = device.query("pcie_tx", throughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+    rx = device.query("pcie_rx", throughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
     return (
         ranges.bounded(tx * 1024 if tx is not None else None, 0, ranges.MAX_BYTES_PER_SECOND),
         ranges.bounded(rx * 1024 if rx is not None else None, 0, ranges.MAX_BYTES_PER_SECOND),
@@ -282,8 +280,7 @@ def _pcie(device: Device) -> tuple[float | None, float | None]:
 
 def _temperature(device: Device) -> float | None:
     celsius = device.query(
-        "temperature",
-        lambda: pynvml.nvmlDeviceGetTemperature(device.handle, pynvml.NVML_TEMPERATURE_GPU),
+        "temperature", pynvml.nvmlDeviceGetTemperature, device.handle, pynvml.NVML_TEMPERATURE_GPU
     )
     return ranges.celsius(celsius)
 
@@ -291,7 +288,9 @@ def _temperature(device: Device) -> float | None:
 def _memory_temperature(device: Device) -> float | None:
     values = device.query(
         "memory_temperature",
-        lambda: pynvml.nvmlDeviceGetFieldValues(device.handle, [pynvml.NVML_FI_DEV_MEMORY_TEMP]),
+        pynvml.nvmlDeviceGetFieldValues,
+        device.handle,
+        [pynvml.NVML_FI_DEV_MEMORY_TEMP],
     )
     if values is None:
         return None
@@ -304,13 +303,16 @@ def _memory_temperature(device: Device) -> float | None:
 
 def _throttled(device: Device) -> tuple[tuple[str, bool], ...]:
     h = device.handle
-    mask = device.query(
-        "clocks_event_reasons", lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
-    )
+    mask = device.query("clocks_event_reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)
     if mask is None:
-        mask = device.query(
-            "throttle_reasons", lambda: pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)
-        )
+        mask = device.query("throttle_reasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, h)
     if mask is None or mask >= 1 << 32:
         return ()
+    return _reasons(mask)
+
+
+@functools.lru_cache(maxsize=64)
+def _reasons(mask: int) -> tuple[tuple[str, bool], ...]:
+    """(reason, whether it holds the clocks down) for each bit of a clocks event mask; the same
+    tuple for the same mask, which is mostly the same from one sample to the next."""
     return tuple((name, bool(mask & bit)) for bit, name in THROTTLE_REASONS)
