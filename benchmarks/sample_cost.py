@@ -124,6 +124,8 @@ def main() -> None:
                 mine = pids[gpu * args.processes : (gpu + 1) * args.processes]
                 fake.processes(gpu, [default_process(pid, n) for n, pid in enumerate(mine)])
             os.environ["FAKE_NVML_CONFIG"] = str(fake.config)  # read when the library loads
+            # The fake re-reads a config younger than a second at every call (its README).
+            time.sleep(1.1)
             run(args, str(fake.library), state)
     finally:
         shutil.rmtree(state, ignore_errors=True)
