@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import operator
@@ -396,6 +397,21 @@ def test_gpu_process_rows_are_known_clean_and_let_go_like_cpu_rows() -> None:
     for sample in range(100):  # rows that change every sample
         sanitize.reading(reading(tuple(GpuProcess(pid, "busy", sample) for pid in range(2, 200))))
     assert freed() is None
+
+
+def test_the_sanitiser_holds_no_row_older_than_the_last_reading() -> None:
+    """Known rows are those of the last reading: a row a source replaced (its counter moved) or
+    dropped is freed once a later reading is checked, so a busy host's stale rows are not kept."""
+    kept = tuple(ProcessCpu(pid, "idle", 1.0) for pid in range(2, 100))
+    earlier = []
+    for sample in range(10):
+        busy = tuple(ProcessCpu(pid, "busy", float(sample)) for pid in range(100, 300))
+        sanitize.reading(SourceReading(processes=kept + busy))
+        earlier += map(weakref.ref, busy)
+        del busy
+    gc.collect()
+    alive = sum(row() is not None for row in earlier[:-200])
+    assert alive == 0, f"{alive} rows of earlier readings still held"
 
 
 # JSON number tokens a collector may print, Python's NaN and Infinity extensions included.

@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+from array import array
 from typing import Any, Mapping, Sequence
 
 from kepler_bridge.anomaly import fit
@@ -41,11 +42,16 @@ def _path_length(n: float) -> float:
     return 2.0 * (math.log(n - 1.0) + 0.5772156649015329) - 2.0 * (n - 1.0) / n
 
 
+# Per tree: left, right, feature (node indices) and threshold, length, low, high (doubles).
+Tree = tuple[array, array, array, array, array, array, array]
+TYPECODES = "iiidddd"  # arrays, not lists of Python numbers: 49 bytes a node, not 120
+
+
 class Forest:
-    """A fitted forest: per tree the node lists the child printed."""
+    """A fitted forest: per tree the node lists the child printed, as arrays."""
 
     def __init__(self, fitted: Mapping[str, Any], fitted_at: float) -> None:
-        self.trees = [tuple(map(list, tree)) for tree in fitted["trees"]]
+        self.trees: list[Tree] = [_tree(nodes) for nodes in fitted["trees"]]
         self.norm = _path_length(float(fitted["samples"]))
         self.fitted_at = fitted_at
 
@@ -59,20 +65,30 @@ class Forest:
         return math.pow(2.0, -mean / self.norm) if self.norm > 0 else 0.5
 
 
-def _path(tree: tuple[list[Any], ...], vector: Sequence[float]) -> float:
+def _tree(nodes: Sequence[Sequence[float]]) -> Tree:
+    """One tree's node lists as printed by the child, each in its array."""
+    left, right, feature, threshold, length, low, high = (
+        array(code, column) for code, column in zip(TYPECODES, nodes, strict=True)
+    )
+    return left, right, feature, threshold, length, low, high
+
+
+def _path(tree: Tree, vector: Sequence[float]) -> float:
     """The expected isolation depth of `vector` in one tree. Beyond the range a node's rows spanned
     on its feature, a split drawn over the range widened to the sample isolates it there with the
     chance excess / widened range (scikit-learn gives it the depth of the rows at the edge)."""
     left, right, feature, threshold, length, low, high = tree
-    total, weight, node = 0.0, 1.0, 0
-    while left[node] != node:
+    total, weight, node, child = 0.0, 1.0, 0, left[0]
+    while child != node:  # each item read once: an array makes a new number at every read
         value = vector[feature[node]]
-        if value < low[node] or value > high[node]:
-            excess = low[node] - value if value < low[node] else value - high[node]
-            chance = excess / (high[node] - low[node] + excess)
+        lo, hi = low[node], high[node]
+        if value < lo or value > hi:
+            excess = lo - value if value < lo else value - hi
+            chance = excess / (hi - lo + excess)
             total += weight * chance * length[node]
             weight *= 1.0 - chance
-        node = left[node] if value <= threshold[node] else right[node]
+        node = child if value <= threshold[node] else right[node]
+        child = left[node]
     return total + weight * length[node]
 
 

@@ -8,6 +8,7 @@ import logging
 import resource
 import threading
 import time
+from array import array
 from dataclasses import dataclass
 from typing import Callable
 
@@ -117,7 +118,7 @@ class AnomalyMonitor:
         )
         self._fitting.start()
 
-    def _fit(self, rows: dict[str, list[list[float]]], now: float) -> None:
+    def _fit(self, rows: dict[str, list[array[float]]], now: float) -> None:
         started = time.thread_time()
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         try:

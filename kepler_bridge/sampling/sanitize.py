@@ -166,32 +166,25 @@ def _record(value: Any, cls: type[DataclassInstance]) -> Any:
 
 class Seen:
     """The records of one class found clean, by id, for the classes whose records sources keep
-    from one sample to the next. It holds each record, so no id is reused while it is known; the
-    young generation becomes the old one when it holds twice the records of a call (plus
-    SLACK), and a record found there is made young again, so only rows no longer reported go."""
-
-    SLACK = 256
+    from one sample to the next: those of the last call that brought new ones. It holds them, so
+    no id is reused while it is known, and nothing older: a replaced or dropped record is let go
+    at the next such call, not kept with the generations of a busy host."""
 
     def __init__(self) -> None:
-        self.young: dict[int, Any] = {}
-        self.old: dict[int, Any] = {}
+        self.known: dict[int, Any] = {}
+        self._call: dict[int, Any] = {}
 
     def unknown(self, records: list[Any]) -> list[Any]:
         """Those of `records` not known clean."""
         ids = list(map(id, records))
-        if all(map(self.young.__contains__, ids)):
+        if all(map(self.known.__contains__, ids)):
             return []
-        by_id = dict(zip(ids, records))
-        unseen = set(ids).difference(self.young)
-        fresh = unseen.difference(self.old)
-        self.young.update((key, by_id[key]) for key in unseen - fresh)
-        return list(map(by_id.__getitem__, fresh))
+        self._call = dict(zip(ids, records))
+        return list(map(self._call.__getitem__, set(ids).difference(self.known)))
 
-    def add(self, records: list[Any], called_with: int) -> None:
-        """Records found clean, from a call with `called_with` records."""
-        self.young.update(zip(map(id, records), records))
-        if len(self.young) > 2 * called_with + self.SLACK:
-            self.old, self.young = self.young, {}
+    def add(self) -> None:
+        """The records of the last `unknown` call are all clean: they are what is known now."""
+        self.known, self._call = self._call, {}
 
 
 def _unchanged(records: list[Any], cls: type[DataclassInstance]) -> bool:
@@ -205,7 +198,7 @@ def _unchanged(records: list[Any], cls: type[DataclassInstance]) -> bool:
     if not all(check(getter(fresh)) for check, getter, _ in _GROUPS[cls]):
         return False
     if seen is not None and fresh:
-        seen.add(fresh, len(records))
+        seen.add()
     return True
 
 
