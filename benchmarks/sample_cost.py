@@ -13,7 +13,8 @@ The CPU source sees every process of the host, so other work on the machine chan
 run it in a pid namespace of its own for procfs (`unshare --pid --fork --mount-proc`), which eBPF
 refuses. --worker-gc sets the garbage collector as the agent's worker does once its sources have
 started (http/server.py: gc.freeze, a higher threshold for the youngest generation); without it,
-Python's defaults. --profile N prints the N functions that cost most (cProfile, own time).
+Python's defaults. --pace S sleeps S seconds between samples, as the agent does (a sample after a
+second asleep finds colder caches than one straight after another). --profile N prints the N functions that cost most (cProfile, own time).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--worker-gc", action="store_true", help="the worker's collector settings")
     parser.add_argument("--max-processes", type=int, help="--max-processes (default: its default)")
     parser.add_argument("--profile", type=int, default=0, help="print the N costliest functions")
+    parser.add_argument(
+        "--pace", type=float, default=0.0, help="seconds between samples, as the agent's interval"
+    )
     return parser.parse_args()
 
 
@@ -93,6 +97,7 @@ def blocks(sampler: Sampler, args: argparse.Namespace) -> dict[str, list[float]]
             wall, cpu = timed(sampler._save)
             totals["save"] += wall
             totals["save CPU"] += cpu
+            time.sleep(args.pace)
         totals["of which reading"] = reads.seconds - cleaning.seconds
         totals["sanitising"] = cleaning.seconds
         for name, seconds in totals.items():

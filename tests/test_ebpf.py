@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cpu_helpers import (
     Burner,
@@ -39,7 +41,7 @@ from kepler_bridge.sources.ebpf.source import (
     load_program,
     pid_namespace_problem,
 )
-from kepler_bridge.sources.ebpf.tasks import TaskGroups, group_records
+from kepler_bridge.sources.ebpf.tasks import TaskGroups, changes, group_records
 from kepler_bridge.store import SnapshotStore
 from scaffold import make_config, wait_for
 
@@ -538,6 +540,47 @@ def test_task_groups_sum_again_only_the_groups_that_changed() -> None:
     assert gone == {30}
     changed, gone = groups.update(b"".join([record(10, 11, 25), fixed[2]]))
     assert changed == {} and gone == {10}  # a thread without its leader is no process
+
+
+def _pass(threads: list[tuple[int, int]]) -> bytes:
+    """An iterator pass: one record per (tid, runtime), each thread its own group."""
+    return b"".join(_TASK.pack(tid, tid, runtime, 4, 1, 5, 7, b"app") for tid, runtime in threads)
+
+
+@st.composite
+def _two_passes(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """A pass, and the next one: a few threads gone and new (long stretches stay in place),
+    some that ran, in thread id order or not."""
+    tids = sorted(draw(st.sets(st.integers(1, 2000), max_size=300)))
+    old = [(tid, draw(st.integers(0, 3))) for tid in tids]
+    gone = set(draw(st.lists(st.sampled_from(tids), max_size=3))) if tids else set()
+    new = [
+        (tid, runtime + draw(st.sampled_from((0,) * 9 + (1,))))
+        for tid, runtime in old
+        if tid not in gone
+    ]
+    new += [(tid, 0) for tid in draw(st.sets(st.integers(1, 2000), max_size=3)) - set(tids)]
+    if draw(st.booleans()):
+        new.sort()  # the iterator's thread id order; otherwise new threads come last
+    return _pass(old), _pass(new)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_two_passes())
+def test_changes_between_passes_are_the_set_differences(passes: tuple[bytes, bytes]) -> None:
+    """Compared where the records stand or as sets, the records that went and came are those
+    that one pass has and the other lacks, each once."""
+    old, new = passes
+    split = [old[at : at + _TASK.size] for at in range(0, len(old), _TASK.size)]
+    after = [new[at : at + _TASK.size] for at in range(0, len(new), _TASK.size)]
+    gone, came = changes(old, new)
+    assert sorted(gone) == sorted(set(split) - set(after))
+    assert sorted(came) == sorted(set(after) - set(split))
+
+
+def test_a_pass_of_broken_records_is_refused() -> None:
+    with pytest.raises(ValueError, match="not whole records"):
+        changes(b"", b"\0" * (_TASK.size + 1))
 
 
 def test_reads_that_reuse_the_last_pass_match_a_fresh_source(ebpf: EbpfSource) -> None:
