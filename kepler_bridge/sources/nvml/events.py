@@ -12,7 +12,7 @@ import pynvml
 
 log = logging.getLogger(__name__)
 
-EVENT_WAIT_MS = 250
+EVENT_WAIT_MS = 1000
 MAX_XID_CODES = 64  # distinct xid label values per GPU, besides "other"
 
 XidCounts = tuple[tuple[int | str, int], ...]  # (code or "other", count), codes in order
