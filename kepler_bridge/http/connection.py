@@ -8,6 +8,7 @@ order and the first is the one idle longest.
 from __future__ import annotations
 
 import fcntl
+import math
 import selectors
 import socket
 import ssl
@@ -164,6 +165,12 @@ class States:
             return None
         waiting = min(states, key=Waiting.idle_since)
         return next(iter(waiting)), waiting is self.writing
+
+    def next_deadline(self) -> float:
+        """The earliest deadline of a waiting connection; infinity when none waits."""
+        return min(
+            (next(iter(waiting)).deadline for waiting in self.all if waiting), default=math.inf
+        )
 
     def expired(self, now: float) -> list[tuple[Conn, bool]]:
         """The connections past their deadline, and whether each waits for its client to read."""

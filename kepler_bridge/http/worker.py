@@ -43,8 +43,9 @@ from kepler_bridge.http.wsgi import WsgiBridge, cached_answers, error_response
 # A head larger than this is refused with 431 (gunicorn's own line and field limits apply below it).
 MAX_HEAD_BYTES = 64 * 1024
 RECV_BYTES = 64 * 1024
-# How often deadlines are checked; a timeout may run this much late.
-TICK_SECONDS = 0.25
+# How often the worker tells the master it lives and checks that its parent does; otherwise an
+# idle worker sleeps until the next connection deadline or event.
+HEARTBEAT_SECONDS = 1.0
 # After "Connection: close", unread client bytes are drained this long so the close sends no RST.
 LINGER_SECONDS = 2.0
 ACCEPTS_PER_EVENT = 64
@@ -112,13 +113,15 @@ class EventLoopWorker(Worker):
         self.cap = connection_cap(self.cfg.worker_connections, self.log)
         self.failures = AcceptFailures(self.log, self.cap)
         self._set_accepting(True)
-        next_tick = 0.0
+        next_beat = 0.0
         while self.alive or ((self.busy or self.writing) and time.monotonic() < self.stop_by):
             now = time.monotonic()
-            if now >= next_tick:
-                self._tick(now)
-                next_tick = now + TICK_SECONDS
-            for key, _mask in self.selector.select(0 if self.ready else TICK_SECONDS):
+            if now >= next_beat:
+                self._beat()
+                next_beat = now + HEARTBEAT_SECONDS
+            self._tick(now)
+            wake = min(next_beat, self.states.next_deadline(), self.resume_at or next_beat)
+            for key, _mask in self.selector.select(0 if self.ready else max(wake - now, 0.0)):
                 self._call(key.data)
             for _ in range(len(self.ready)):  # each one request, then the others' events
                 conn = self.ready.popleft()
@@ -128,13 +131,16 @@ class EventLoopWorker(Worker):
         for conn in self.states.connections():
             self._close(conn)
 
-    def _tick(self, now: float) -> None:
-        """Heartbeat, timeouts, the end of an accept pause, and noticing a stop."""
+    def _beat(self) -> None:
+        """Tell the master this worker lives; stop when the master is gone."""
         self.notify()
-        self._expire(now)
         if self.ppid != os.getppid():
             self.log.info("parent changed, shutting down: %s", self)
             self.alive = False
+
+    def _tick(self, now: float) -> None:
+        """Timeouts, the end of an accept pause, and noticing a stop: at every wake-up."""
+        self._expire(now)
         if not self.alive and self.stop_by == float("inf"):
             self._stop_reading(now)
         elif self.alive and self.resume_at and now >= self.resume_at:
