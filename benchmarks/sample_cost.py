@@ -14,7 +14,8 @@ run it in a pid namespace of its own for procfs (`unshare --pid --fork --mount-p
 refuses. --worker-gc sets the garbage collector as the agent's worker does once its sources have
 started (http/server.py: gc.freeze, a higher threshold for the youngest generation); without it,
 Python's defaults. --pace S sleeps S seconds between samples, as the agent does (a sample after a
-second asleep finds colder caches than one straight after another). --profile N prints the N functions that cost most (cProfile, own time).
+second asleep finds colder caches than one straight after another). --profile N prints the N
+functions that cost most (cProfile, own time).
 """
 
 from __future__ import annotations
