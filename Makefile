@@ -25,6 +25,9 @@ endif
 
 deps-test: deps-run
 	bash scripts/apt-install.sh gcc prometheus prometheus-alertmanager victoria-metrics chromium podman runc debootstrap docker-registry gnupg qemu-user-static binfmt-support
+ifeq ($(IS_ROOT),yes)
+	bash scripts/prepare-binfmt.sh
+endif
 
 deps: deps-test
 
