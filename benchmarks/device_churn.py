@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from agent import Agent  # noqa: E402
-from kepler_bridge.sampling import carry  # noqa: E402
+from kepler_bridge.sampling import state_file  # noqa: E402
 
 # `count` devices that no run before listed: uuids from a run counter kept in the file "$1".
 INVENTING = """\
@@ -59,18 +59,19 @@ def main() -> None:
     with Agent("--sources", "command", "--command", command, "--interval", "1s") as agent:
         assert agent.process is not None  # started by the with
         (state,) = [
-            path / carry.FILE
+            path / state_file.FILE
             for place in ("/dev/shm", tempfile.gettempdir())
             for path in Path(place).glob(f"kepler-bridge-{agent.process.pid}-*")
         ]
+        log = state.with_name(state_file.LOG)
         (worker,) = agent.worker_pids()
         started = time.monotonic()
-        print(f"{'seconds':>7}  {'devices invented':>16}  {'worker RSS':>10}  {'state file':>10}")
+        print(f"{'seconds':>7}  {'devices invented':>16}  {'worker RSS':>10}  {'state files':>11}")
         while True:
             elapsed = time.monotonic() - started
             invented = int(runs.read_text()) * args.devices
-            size = state.stat().st_size / 1024
-            print(f"{elapsed:7.0f}  {invented:16d}  {rss_mib(worker):6.1f} MiB  {size:6.1f} KiB")
+            size = sum(path.stat().st_size for path in (state, log) if path.exists()) / 1024
+            print(f"{elapsed:7.0f}  {invented:16d}  {rss_mib(worker):6.1f} MiB  {size:7.1f} KiB")
             if elapsed >= args.minutes * 60:
                 break
             time.sleep(args.every)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from agent import KEPLER_BRIDGE, Agent
 from kepler_bridge.config import ConfigError, load
 from kepler_bridge.model import MAX_DEVICES
-from kepler_bridge.sampling import carry
+from kepler_bridge.sampling import state_file
 from kepler_bridge.sources.cgroup import cgroup2_root
 from kepler_bridge.sources.command import OutputError, parse
 from kepler_bridge.sources.containment import CGROUP_PREFIX
@@ -504,7 +504,7 @@ def test_devices_invented_every_run_are_forgotten_and_cost_bounded_state(tmp_pat
         "1s",
     ) as agent:
         (state,) = [
-            path / carry.FILE
+            path / state_file.FILE
             for place in ("/dev/shm", tempfile.gettempdir())
             for path in Path(place).glob(f"kepler-bridge-{agent.process.pid}-*")
         ]

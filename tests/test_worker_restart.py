@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from agent import Agent
-from kepler_bridge.sampling import carry
+from kepler_bridge.sampling import carry, state_file
 from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.store import SnapshotStore
 from powercap import PowercapTree
@@ -171,7 +171,7 @@ def test_after_a_failed_save_a_new_worker_never_goes_back_to_an_older_state() ->
             ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(state)], check=True
         )
         try:
-            saved = state / carry.FILE
+            saved = state / state_file.FILE
             agent.wait_for(saved.exists, what="a save on the small file system")
             time.sleep(4)  # counters far above what a new worker counts in its first second
             filled = agent.wait_for(lambda: counters(agent), what="the counters")
@@ -217,9 +217,9 @@ def test_a_crafted_state_file_and_a_link_at_the_partial_path_do_nothing(tmp_path
     target.write_bytes(b"kept")
     with Agent(*SIMULATED) as agent:
         (state,) = state_dirs(agent.process.pid)
-        saved = state / carry.FILE
+        saved = state / state_file.FILE
         (worker,) = agent.worker_pids()
-        partial = state / f"{carry.FILE}.{worker}"
+        partial = state / f"{state_file.FILE}.{worker}"
         os.kill(worker, signal.SIGSTOP)  # between two saves, so the link is in place for the next
         partial.unlink(missing_ok=True)
         partial.symlink_to(target)
@@ -251,7 +251,7 @@ def test_state_directories_of_masters_that_no_longer_run_are_removed_at_start_up
     ]
     for path in stale:
         path.mkdir()
-        (path / carry.FILE).write_text("{}")
+        (path / state_file.FILE).write_text("{}")
     not_a_directory = Path(tempfile.gettempdir(), f"kepler-bridge-{ended.pid}-{here}-file")
     # The same ended pid in another pid namespace, where it may well be running.
     elsewhere = Path(tempfile.gettempdir(), f"kepler-bridge-{ended.pid}-1-left")
@@ -281,7 +281,7 @@ def test_a_state_that_is_not_this_agents_is_a_clean_restart_with_one_warning(
         first.sample()
     first._save()
     first.stop()
-    path = tmp_path / carry.FILE
+    path = tmp_path / state_file.FILE
     good = path.read_text()
     assert json.loads(good)["devices"]["devices"], "the state names the devices"
     bad = {

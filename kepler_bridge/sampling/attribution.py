@@ -84,7 +84,7 @@ class Attribution:
         self._gpu.forget(uuids)
 
     def state(self) -> dict[str, Any]:
-        """Plain data for `carry.save`; `restore` takes it back."""
+        """Plain data for `StateFile.save`; `restore` takes it back."""
         return {
             "last_now": self._last_now,
             "cpu": self._cpu.state(),

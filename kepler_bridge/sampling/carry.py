@@ -10,6 +10,7 @@ and a bad one is a clean restart from zero. A table with a row per process
 is a `Table`, which keeps each row encoded: a save encodes only the rows
 that changed since the one before; a small list that seldom changes (the
 offsets of the shown series) is a `Rows`, kept encoded while it stays.
+`state_file.py` writes and reads it.
 """
 
 from __future__ import annotations
@@ -23,24 +24,23 @@ import stat
 import tempfile
 from itertools import compress, count, repeat
 from operator import is_
-from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 
 from kepler_bridge.sources import pid_namespace
 
 log = logging.getLogger(__name__)
 
-FILE = "sampler-state.json"
 # tmpfs first: the state is rewritten every sample and must not outlive the agent.
 PLACES = ("/dev/shm", None)
 PREFIX = "kepler-bridge-"
 # A state directory: the prefix, the pid of the master that made it, the inode of that master's
 # pid namespace, mkdtemp's suffix.
 DIRECTORY = re.compile(re.escape(PREFIX) + r"([0-9]+)-([0-9]+)-")
-VERSION = 1
-CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-K = TypeVar("K", bound=Hashable)
-_dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+K = TypeVar("K", bound=tuple[Any, ...])  # a table key: its row's first cells
+dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 _ROW = "{},{}]"  # a row's head (its comma, "[" and cells) and its encoded tail numbers
+# A log line's object for a Table: its key's cell count, the keys removed, the rows changed.
+KEY_CELLS, GONE, CHANGED = "~key", "~gone", "~rows"
 
 
 class BadState(ValueError):
@@ -119,10 +119,10 @@ def remove_dir(directory: str) -> None:
 
 
 class Table(Generic[K]):
-    """A list of rows in the state, one per key, each kept encoded. A row is the key's `head`
-    cells (encoded when the key first shows up, or again once `relabelled`), then its tail
-    numbers (at least one; ints or finite floats), encoded for the keys `changed` since the last
-    save: `tails` gives those of a list of keys, one tuple per key."""
+    """A list of rows in the state, one per key (a tuple: a row's first cells), each kept encoded.
+    A row is the key's `head` cells (encoded when the key first shows up, or again once
+    `relabelled`), then its tail numbers (at least one; ints or finite floats), encoded for the
+    keys `changed` since the last save: `tails` gives those of a list of keys, one tuple per key."""
 
     def __init__(
         self,
@@ -133,6 +133,8 @@ class Table(Generic[K]):
         self._head: dict[K, str] = {}
         self._text: dict[K, str] = {}
         self._changed: dict[K, None] = {}  # in the order the keys changed first: the rows' order
+        self._gone: dict[K, None] = {}  # removed since the last save
+        self._key_cells = 0  # cells of a key, once one was encoded
 
     def changed(self, keys: Iterable[K]) -> None:
         self._changed.update(dict.fromkeys(keys))
@@ -145,34 +147,63 @@ class Table(Generic[K]):
     def removed(self, keys: Iterable[K]) -> None:
         for key in keys:
             self._head.pop(key, None)
-            self._text.pop(key, None)
+            if self._text.pop(key, None) is not None:
+                self._gone[key] = None
             self._changed.pop(key, None)
 
     def clear(self) -> None:
         self._head.clear()
         self._text.clear()
         self._changed.clear()
+        self._gone.clear()
+
+    def pending(self) -> bool:
+        """Whether a row changed or went since the last save."""
+        return bool(self._changed or self._gone)
 
     def encode_into(self, parts: list[str]) -> None:
         """Append the rows as a JSON list to `parts`, one piece per row: the text is copied once,
         when the whole state is joined."""
+        self._encode_changed()
+        self._gone.clear()
+        _rows_into(parts, self._text.values())
+
+    def changes_into(self, parts: list[str]) -> None:
+        """Append what changed since the last save as a log line's object: the key's cell count,
+        the keys removed and the rows changed or added, in the rows' order."""
+        changed = self._encode_changed()
+        gone = [list(key) for key in self._gone]
+        self._gone.clear()
+        parts += ('{"', KEY_CELLS, '":', str(self._key_cells), ',"', GONE, '":', dumps(gone))
+        parts += (',"', CHANGED, '":')
+        _rows_into(parts, map(self._text.__getitem__, changed))
+        parts.append("}")
+
+    def _encode_changed(self) -> list[K]:
+        """Encode the rows of the keys changed since the last save; those keys."""
         heads, text, changed = self._head, self._text, list(self._changed)
         if changed:
             # The tails in one go: "[[1.5,2],[3.0,4]]"; numbers only, so "],[" parts them.
-            tails = _dumps(list(self._tails_of(changed)))[2:-2].split("],[")
+            tails = dumps(list(self._tails_of(changed)))[2:-2].split("],[")
             found = list(map(heads.get, changed))
             for at in compress(count(), map(is_, found, repeat(None))):  # new or relabelled
                 key = changed[at]
-                found[at] = heads[key] = "," + _dumps(list(self._head_of(key)))[:-1]
+                found[at] = heads[key] = "," + dumps(list(self._head_of(key)))[:-1]
             text.update(zip(changed, map(_ROW.format, found, tails)))
             self._changed.clear()
-        start = len(parts)
-        parts += text.values()
-        if len(parts) > start:
-            parts[start] = "[" + parts[start][1:]  # each row's text starts with its comma
-        else:
-            parts.append("[")
-        parts.append("]")
+            self._key_cells = len(changed[0])
+        return changed
+
+
+def _rows_into(parts: list[str], rows: Iterable[str]) -> None:
+    """Append encoded rows (each starting with its comma) to `parts` as one JSON list."""
+    start = len(parts)
+    parts += rows
+    if len(parts) > start:
+        parts[start] = "[" + parts[start][1:]
+    else:
+        parts.append("[")
+    parts.append("]")
 
 
 class Rows:
@@ -192,7 +223,7 @@ class Rows:
             and all(map(is_, keys, self._keys))
             and all(map(is_, values, self._values))
         ):
-            self._text = _dumps([[*key, value] for key, value in zip(keys, values)])
+            self._text = dumps([[*key, value] for key, value in zip(keys, values)])
             self._keys, self._values = keys, values
         return self
 
@@ -204,93 +235,63 @@ def encode(state: dict[str, Any]) -> str:
     """The state as JSON text: plain data, with each Table and Rows as the list of its rows."""
     # Pieces joined once: the tables' rows (most of the text) are copied once, not at each level.
     parts: list[str] = []
-    _encode_into(state, parts)
+    encode_into(state, parts, {}, ())
     return "".join(parts)
 
 
-def _encode_into(state: dict[str, Any], parts: list[str]) -> None:
+Written = dict[tuple[str, ...], str]  # the text of each plain value and Rows as last saved
+
+
+def encode_into(
+    state: dict[str, Any], parts: list[str], written: Written, path: tuple[str, ...]
+) -> None:
     parts.append("{")
     for name, value in state.items():
-        parts += (_dumps(name), ":")
-        if isinstance(value, (Table, Rows)):
+        parts += (dumps(name), ":")
+        if isinstance(value, Table):
             value.encode_into(parts)
         elif isinstance(value, dict):
-            _encode_into(value, parts)
+            encode_into(value, parts, written, (*path, name))
         else:
-            parts.append(_dumps(value))
+            text = value._text if isinstance(value, Rows) else dumps(value)
+            written[(*path, name)] = text
+            parts.append(text)
         parts.append(",")
     if state:
         parts.pop()  # the comma after the last
     parts.append("}")
 
 
-def save(directory: str, state: dict[str, Any]) -> None:
-    """Replace the saved state atomically: a reader sees the old or the new file, never a part.
-
-    The partial file is created afresh (never through a link, never one already there) and is
-    removed when the save fails."""
-    data = encode({"version": VERSION, **state}).encode()
-    path = os.path.join(directory, FILE)
-    partial = f"{path}.{os.getpid()}"
-    try:
-        descriptor = os.open(partial, CREATE, 0o600)
-    except FileExistsError:  # left by a killed worker of the same pid, or put there
-        os.unlink(partial)
-        descriptor = os.open(partial, CREATE, 0o600)
-    try:
-        with open(descriptor, "wb", closefd=True) as file:
-            file.write(data)
-        os.replace(partial, path)
-    except BaseException:
-        _unlink(partial)
-        raise
-
-
-def discard(directory: str) -> None:
-    """Remove the saved state (OSError when it cannot be): after a failed save it is older than
-    what was served, and counters restarting from zero are a reset Prometheus handles, where
-    going back is not."""
-    _unlink(os.path.join(directory, FILE))
-
-
-def load(directory: str) -> dict[str, Any] | None:
-    """The state the previous worker saved, or None when there is none or it is not ours (with
-    one warning: counters restart from zero). Partial files of killed workers are removed."""
-    _remove_partials(directory)
-    try:
-        descriptor = os.open(os.path.join(directory, FILE), os.O_RDONLY | os.O_NOFOLLOW)
-        with open(descriptor, "rb", closefd=True) as file:
-            state = json.loads(file.read())
-        if not isinstance(state, dict) or state.get("version") != VERSION:
-            raise BadState(f"not a version {VERSION} state")
-        return state
-    except FileNotFoundError:
-        return None
-    except Exception as err:  # not JSON, too deep, too big, a link: whatever it is, not ours
-        log.warning(
-            "counter state in %s unreadable, counters restart from zero: %s", directory, err
-        )
-        return None
-
-
-def _remove_partials(directory: str) -> None:
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(f"{FILE}."):
-            try:
-                _unlink(os.path.join(directory, name))
-            except OSError:
-                pass
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+def changes_into(
+    state: dict[str, Any], parts: list[str], written: Written, path: tuple[str, ...]
+) -> bool:
+    """Append an object of what changed in `state` since the last save (the tables' changes, the
+    other values that are not what was written last); False, and nothing appended, if nothing."""
+    start = len(parts)
+    parts.append("{")
+    for name, value in state.items():
+        if isinstance(value, Table):
+            if value.pending():
+                parts += (dumps(name), ":")
+                value.changes_into(parts)
+                parts.append(",")
+        elif isinstance(value, dict):
+            mark = len(parts)
+            parts += (dumps(name), ":")
+            if changes_into(value, parts, written, (*path, name)):
+                parts.append(",")
+            else:
+                del parts[mark:]
+        else:
+            text = value._text if isinstance(value, Rows) else dumps(value)
+            if written.get((*path, name)) != text:
+                written[(*path, name)] = text
+                parts += (dumps(name), ":", text, ",")
+    if len(parts) == start + 1:
+        del parts[start:]
+        return False
+    parts[-1] = "}"  # the comma after the last
+    return True
 
 
 # Checks for rebuilding objects from a loaded state; each raises BadState on a wrong type.

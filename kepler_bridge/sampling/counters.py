@@ -285,7 +285,7 @@ class MonotonicCounters:
         return [(state.last_raw, state.value) for state in states]
 
     def state(self) -> dict[str, Any]:
-        """Plain data for `carry.save`; `restore` takes it back."""
+        """Plain data for `StateFile.save`; `restore` takes it back."""
         return {
             "gpu": self._gpu_rows,
             "xid": _monotonic_rows(self._xid),

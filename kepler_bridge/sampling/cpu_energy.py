@@ -56,7 +56,7 @@ class CpuEnergy:
         )
 
     def state(self) -> dict[str, Any]:
-        """Plain data for `carry.save`; `restore` takes it back."""
+        """Plain data for `StateFile.save`; `restore` takes it back."""
         last = self._last_cpu
         return {
             "last_cpu": None if last is None else [last.busy_seconds, last.total_seconds],

@@ -60,7 +60,7 @@ class DeviceIndexes:
         return {uuid for _, uuid in gone} - {uuid for _, uuid in self._known}
 
     def state(self) -> dict[str, Any]:
-        """Plain data for `carry.save`: the next index and [vendor, uuid, index, last seen] per
+        """Plain data for `StateFile.save`: the next index and [vendor, uuid, index, last seen] per
         device."""
         return {
             "next": self._next,

@@ -131,7 +131,7 @@ class GpuEnergy:
             del self._unattributed[key]
 
     def state(self) -> dict[str, Any]:
-        """Plain data for `carry.save`; `restore` takes it back."""
+        """Plain data for `StateFile.save`; `restore` takes it back."""
         return {
             "last_joules": list(map(list, self._last_joules.items())),
             "lowest_watts": list(map(list, self._lowest_watts.items())),

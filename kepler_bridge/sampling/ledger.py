@@ -127,7 +127,8 @@ class Ledger:
         self._presence[2].update({key[1:3] for key in containers}, last)
         self._accumulate(self._in_order(keys, same, increments), increments, owned)
         self._rows.relabelled(chain(changed, came, went))  # their owner or last sight
-        self._rows.changed(increments)
+        # A GPU process's increment is often none (an idle GPU): its row is as it was.
+        self._rows.changed([key for key, joules in increments.items() if joules.cpu or joules.gpu])
         self._now = now
         self._expire(now, owners)
 
@@ -308,9 +309,9 @@ class Ledger:
         return map(_JOULES, map(self._processes.__getitem__, keys))
 
     def state(self) -> dict[str, Any]:
-        """Plain data for `carry.save`: the last sample's time; each tally as its key, when it was
-        last seen (None: in the last sample) and its joules; and each kind's family as its `other`
-        and the offsets of its shown series."""
+        """Plain data for `StateFile.save`: the last sample's time; each tally as its key, when it
+        was last seen (None: in the last sample) and its joules; and each kind's family as its
+        `other` and the offsets of its shown series."""
         containers, pods = self._presence[1:]
         return {
             "now": self._now,

@@ -24,7 +24,7 @@ from kepler_bridge.model import (
     replaced,
 )
 from kepler_bridge.reload import KUBE, SettingsWatch
-from kepler_bridge.sampling import carry
+from kepler_bridge.sampling import carry, state_file
 from kepler_bridge.sampling.attribution import Attribution, SampleInputs
 from kepler_bridge.sampling.counters import MonotonicCounters
 from kepler_bridge.sampling.device_index import DeviceIndexes
@@ -67,13 +67,14 @@ class Sampler:
         self.kube = KubeMetadata(config)
         self.environment = EnvironmentDevices(config.procfs, enabled=config.device_environment)
         self._state_dir = state_dir
+        self._state_file = state_file.StateFile(state_dir)
         self._save_errors = 0
         self._save_warned = False
         # Errors of sources with no slot now (a command unset by a reload), kept for their return.
         self._retired_errors: dict[str, int] = {}
         self._settings = SettingsWatch(flags, config.config_file)
         if state_dir:
-            self._take_over(carry.load(state_dir))
+            self._take_over(state_file.load(state_dir))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -116,6 +117,7 @@ class Sampler:
                 return
         for slot in self.slots:
             slot.stop()
+        self._state_file.close()
 
     def _take_over(self, carried: dict[str, Any] | None) -> None:
         """Continue from the state a previous worker saved (None: there is none)."""
@@ -158,7 +160,7 @@ class Sampler:
             "save_errors": self._save_errors,
         }
         try:
-            carry.save(self._state_dir, state)
+            self._state_file.save(state)
         except Exception as err:  # the state is a convenience: sampling goes on without it
             self._save_errors += 1
             self._save_failed(err)
@@ -166,7 +168,7 @@ class Sampler:
     def _save_failed(self, err: Exception) -> None:
         """Remove the older state a failed save leaves; warn once per worker."""
         try:
-            carry.discard(self._state_dir)
+            self._state_file.discard()
             kept = ""
         except OSError as stuck:
             kept = f"; removing the older state failed too ({stuck}): a new worker would go back"
