@@ -24,7 +24,7 @@ import stat
 import tempfile
 from itertools import compress, count, repeat
 from operator import is_
-from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar, cast
 
 from kepler_bridge.sources import pid_namespace
 
@@ -130,8 +130,8 @@ class Table(Generic[K]):
         tails: Callable[[list[K]], Iterable[tuple[Any, ...]]],
     ) -> None:
         self._head_of, self._tails_of = head, tails
-        self._head: dict[K, str] = {}
         self._text: dict[K, str] = {}
+        self._cut: dict[K, int] = {}  # where a row's head ends in its text; none once relabelled
         self._changed: dict[K, None] = {}  # in the order the keys changed first: the rows' order
         self._gone: dict[K, None] = {}  # removed since the last save
         self._key_cells = 0  # cells of a key, once one was encoded
@@ -141,18 +141,18 @@ class Table(Generic[K]):
 
     def relabelled(self, keys: Iterable[K]) -> None:
         for key in keys:
-            self._head.pop(key, None)
+            self._cut.pop(key, None)
             self._changed[key] = None
 
     def removed(self, keys: Iterable[K]) -> None:
         for key in keys:
-            self._head.pop(key, None)
+            self._cut.pop(key, None)
             if self._text.pop(key, None) is not None:
                 self._gone[key] = None
             self._changed.pop(key, None)
 
     def clear(self) -> None:
-        self._head.clear()
+        self._cut.clear()
         self._text.clear()
         self._changed.clear()
         self._gone.clear()
@@ -181,15 +181,18 @@ class Table(Generic[K]):
 
     def _encode_changed(self) -> list[K]:
         """Encode the rows of the keys changed since the last save; those keys."""
-        heads, text, changed = self._head, self._text, list(self._changed)
+        cut, text, changed = self._cut, self._text, list(self._changed)
         if changed:
             # The tails in one go: "[[1.5,2],[3.0,4]]"; numbers only, so "],[" parts them.
             tails = dumps(list(self._tails_of(changed)))[2:-2].split("],[")
-            found = list(map(heads.get, changed))
+            # The heads from the rows' texts: a head kept apart would double a table's memory.
+            ends = list(map(cut.get, changed))
+            found = [None if end is None else text[key][:end] for key, end in zip(changed, ends)]
             for at in compress(count(), map(is_, found, repeat(None))):  # new or relabelled
-                key = changed[at]
-                found[at] = heads[key] = "," + dumps(list(self._head_of(key)))[:-1]
-            text.update(zip(changed, map(_ROW.format, found, tails)))
+                found[at] = "," + dumps(list(self._head_of(changed[at])))[:-1]
+            heads = cast(list[str], found)  # every one found or made
+            cut.update(zip(changed, map(len, heads)))
+            text.update(zip(changed, map(_ROW.format, heads, tails)))
             self._changed.clear()
             self._key_cells = len(changed[0])
         return changed
