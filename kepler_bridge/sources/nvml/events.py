@@ -80,8 +80,11 @@ class XidEvents:
         self._thread.start()
 
     def stop(self) -> None:
-        """Ask the thread to end, and wait for it about two event waits; before nvmlShutdown."""
+        """Ask the thread to end at its next wake-up (within EVENT_WAIT_MS); `join` waits."""
         self._stop.set()
+
+    def join(self) -> None:
+        """Wait for the thread about two event waits; before nvmlShutdown."""
         if self._thread is not None:
             self._thread.join(EVENT_WAIT_MS / 1000 * 2)
 

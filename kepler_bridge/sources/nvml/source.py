@@ -87,9 +87,12 @@ class NvmlSource(Source):
             log.warning("nvml: %s", self.pid_namespace)
 
     def stop(self) -> None:
+        # The GPM samples are freed before the wait for the event thread, which may last a whole
+        # event wait: a worker has a second to exit.
         self.xids.stop()
         for device in self.devices:
             device.gpm.close()
+        self.xids.join()
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as err:
