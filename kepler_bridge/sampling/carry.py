@@ -230,8 +230,10 @@ class Rows:
             self._keys, self._values = keys, values
         return self
 
-    def encode_into(self, parts: list[str]) -> None:
-        parts.append(self._text)
+    @property
+    def text(self) -> str:
+        """The rows as JSON."""
+        return self._text
 
 
 def encode(state: dict[str, Any]) -> str:
@@ -256,13 +258,18 @@ def encode_into(
         elif isinstance(value, dict):
             encode_into(value, parts, written, (*path, name))
         else:
-            text = value._text if isinstance(value, Rows) else dumps(value)
+            text = _text_of(value)
             written[(*path, name)] = text
             parts.append(text)
         parts.append(",")
     if state:
         parts.pop()  # the comma after the last
     parts.append("}")
+
+
+def _text_of(value: Any) -> str:
+    """A plain value's JSON, or a Rows' kept JSON."""
+    return value.text if isinstance(value, Rows) else dumps(value)
 
 
 def changes_into(
@@ -286,7 +293,7 @@ def changes_into(
             else:
                 del parts[mark:]
         else:
-            text = value._text if isinstance(value, Rows) else dumps(value)
+            text = _text_of(value)
             if written.get((*path, name)) != text:
                 written[(*path, name)] = text
                 parts += (dumps(name), ":", text, ",")
