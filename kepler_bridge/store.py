@@ -8,6 +8,7 @@ from array import array
 from typing import Callable, NamedTuple
 
 from kepler_bridge.model import Anomalies, GpuReading, Snapshot, replaced
+from kepler_bridge.turns import TURNS
 
 MAX_SAMPLES = 300
 MAX_SECONDS = 300.0
@@ -74,7 +75,9 @@ class SnapshotStore:
             snapshot = replaced(snapshot, anomalies=self.anomalies)
         self.history.add(snapshot)  # first: whoever sees the snapshot finds it in the history
         for prepare in self._preparers:
+            TURNS.give_way()
             prepare(snapshot)
+        TURNS.give_way()
         self._snapshot = snapshot
         self.published.set()
 

@@ -17,6 +17,7 @@ from kepler_bridge.anomaly.watch import DeviceWatch
 from kepler_bridge.config import Config
 from kepler_bridge.model import Anomalies, Snapshot
 from kepler_bridge.store import SnapshotStore
+from kepler_bridge.turns import TURNS
 
 log = logging.getLogger(__name__)
 FIRST_FIT = 30.0  # seconds between tries to fit a device that has no model yet
@@ -89,6 +90,7 @@ class AnomalyMonitor:
             return None
         watches: dict[str, DeviceWatch] = {}
         for gpu in snapshot.gpus:
+            TURNS.give_way()
             watch = self.watches.get(gpu.uuid) or DeviceWatch(
                 gpu.uuid, settings.sensitivity, settings.window
             )

@@ -38,6 +38,7 @@ from kepler_bridge.model import (
     Snapshot,
     top,
 )
+from kepler_bridge.turns import TURNS
 
 
 def exposed_name(family: Metric) -> str:
@@ -76,6 +77,7 @@ class SnapshotCollector(Collector):
     def _device_families(self) -> _DeviceFamilies:
         devices = _DeviceFamilies(self.snapshot.energy)
         for gpu in self.snapshot.gpus:
+            TURNS.give_way()
             devices.add(self._device_labels(gpu), gpu)
         return devices
 
@@ -321,12 +323,12 @@ class _Filtered(Collector):
         self.allowed = allowed
 
     def collect(self) -> Iterator[Metric]:
-        return (
-            family
-            for family in self.inner.collect()
-            if family.samples
-            and (exposed_name(family) in HEALTH or self.allowed(exposed_name(family)))
-        )
+        for family in self.inner.collect():
+            TURNS.give_way()
+            if family.samples and (
+                exposed_name(family) in HEALTH or self.allowed(exposed_name(family))
+            ):
+                yield family
 
 
 def render(

@@ -39,6 +39,7 @@ from kepler_bridge.http.limits import (
     tune,
 )
 from kepler_bridge.http.wsgi import WsgiBridge, cached_answers, error_response
+from kepler_bridge.turns import TURNS
 
 # A head larger than this is refused with 431 (gunicorn's own line and field limits apply below it).
 MAX_HEAD_BYTES = 64 * 1024
@@ -121,12 +122,15 @@ class EventLoopWorker(Worker):
                 next_beat = now + HEARTBEAT_SECONDS
             self._tick(now)
             wake = min(next_beat, self.states.next_deadline(), self.resume_at or next_beat)
-            for key, _mask in self.selector.select(0 if self.ready else max(wake - now, 0.0)):
+            events = self.selector.select(0 if self.ready else max(wake - now, 0.0))
+            TURNS.serving()
+            for key, _mask in events:
                 self._call(key.data)
             for _ in range(len(self.ready)):  # each one request, then the others' events
                 conn = self.ready.popleft()
                 if conn in self.reading:
                     self._call(partial(self._read_buffered, conn))
+            TURNS.served()
         self.pool.shutdown(wait=False)
         for conn in self.states.connections():
             self._close(conn)

@@ -28,6 +28,7 @@ from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.cpu_energy import CpuEnergy, share_cpu
 from kepler_bridge.sampling.gpu_energy import GpuEnergy
 from kepler_bridge.sampling.ledger import Joules, Ledger
+from kepler_bridge.turns import TURNS
 
 
 @dataclass(frozen=True)
@@ -104,11 +105,13 @@ class Attribution:
         now = inputs.now
         seconds = now - self._last_now if self._last_now is not None else 0.0
         self._last_now = now
+        TURNS.give_way()
         active, capacity = self._cpu.active(inputs.rapl_zones, inputs.cpu_times, seconds)
         increments = {
             key: Joules(cpu=joules)
             for key, joules in share_cpu(active, inputs.cpu_increases, capacity).items()
         }
+        TURNS.give_way()
         gpu_joules, owned = self._gpu.share(inputs.gpus, seconds)
         for key, joules in gpu_joules.items():
             found = increments.get(key)
@@ -116,7 +119,9 @@ class Attribution:
                 increments[key] = Joules(gpu=joules)
             else:
                 found.gpu += joules
+        TURNS.give_way()
         self._ledger.add(owners(inputs), increments, owned, now)
+        TURNS.give_way()
         return Energy(
             cpu_zones=self._cpu.zones(),
             gpu_idle=self._gpu.idle(),

@@ -37,6 +37,7 @@ from kepler_bridge.sampling.slots import (
     replace_command,
 )
 from kepler_bridge.store import SnapshotStore
+from kepler_bridge.turns import TURNS
 
 log = logging.getLogger(__name__)
 _CONTAINER_ID = itemgetter(2)
@@ -159,6 +160,7 @@ class Sampler:
             "source_errors": [[name, count] for name, count in errors.items()],
             "save_errors": self._save_errors,
         }
+        TURNS.give_way()
         try:
             self._state_file.save(state)
         except Exception as err:  # the state is a convenience: sampling goes on without it
@@ -190,6 +192,7 @@ class Sampler:
             if new is not None:
                 self.configure(new)
             snapshot = self.sample()
+            TURNS.give_way()
             # Saved before publishing: a new worker continues from at least what any scrape saw.
             self._save()
             self.store.publish(replaced(snapshot, state_save_errors=self._save_errors))
@@ -223,6 +226,7 @@ class Sampler:
         node_gpus = tuple(
             join_owners(self._counters.gpu(gpu), kube) for gpu in self._number(reading, started)
         )
+        TURNS.give_way()
         shown, other_seconds = self._counters.process_seconds(increases)
         self.kube.notice(container_ids)
         energy = self._attribution.update(

@@ -19,6 +19,7 @@ from kepler_bridge.sampling import sanitize
 from kepler_bridge.sources import selected_groups, source_class
 from kepler_bridge.sources.base import Retry, Source, SourceAbsent, SourceUnavailable
 from kepler_bridge.sources.printable import printable
+from kepler_bridge.turns import TURNS
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,11 @@ def build_slots(config: Config) -> list[Slot]:
 def read_all(slots: list[Slot], interval: float, now: float) -> SourceReading:
     """Every slot read once, as one reading: the devices, processes and zones of all, the last
     CPU times given, and the eBPF programs attached summed (None when no source has any)."""
-    readings = [slot.read(interval, now) for slot in slots]
+    readings = []
+    for slot in slots:
+        TURNS.give_way()
+        readings.append(slot.read(interval, now))
+    TURNS.give_way()
     attached = [r.ebpf_programs_attached for r in readings if r.ebpf_programs_attached is not None]
     cpu_times = [r.cpu_times for r in readings if r.cpu_times is not None]
     return SourceReading(

@@ -19,6 +19,7 @@ from kepler_bridge.sources.nvml.mig import add_mig
 from kepler_bridge.sources.nvml.processes import gpu_processes, pid_namespace_problem
 from kepler_bridge.sources.nvml.reliability import reliability
 from kepler_bridge.sources.sysfs import on_pci_bus
+from kepler_bridge.turns import TURNS
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class NvmlSource(Source):
         return GpuReading(**self._names(device), up=False, error=device.error)
 
     def _read_device(self, device: Device, now: float) -> GpuReading:
+        TURNS.give_way()
         if device.handle is None:
             if not device.retry.due(now):
                 return self._down(device)
