@@ -32,18 +32,14 @@ def test_an_idle_loop_costs_background_work_no_wait(monkeypatch):
     t = Turns()
     t.serving()
     t.served()
-    thread = _waited_in_thread(t)
-    assert thread.done.wait(5.0)
-    thread.join()
+    assert _waited_in_thread(t).done.wait(5.0), "give_way waited with the loop idle"
 
 
 def test_a_loop_that_never_ends_serving_delays_each_step_only_so_long(monkeypatch):
     monkeypatch.setattr(turns, "MOST_WAIT_SECONDS", 0.05)
     t = Turns()
     t.serving()
-    thread = _waited_in_thread(t)
-    assert thread.done.wait(5.0), "give_way waited past MOST_WAIT_SECONDS"
-    thread.join()
+    assert _waited_in_thread(t).done.wait(5.0), "give_way waited past MOST_WAIT_SECONDS"
 
 
 def test_the_loop_thread_itself_never_waits_on_its_own_turn(monkeypatch):
