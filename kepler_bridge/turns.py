@@ -9,18 +9,22 @@ MOST_WAIT_SECONDS = 0.002
 
 
 class Turns:
-    """Marks the event loop busy from a wake-up until it is back in select. The sampler and the
-    anomaly thread call `give_way` between steps: while the loop is busy they wait there, off the
-    GIL, instead of sharing the interpreter with a request half answered."""
+    """Marks the event loop busy from a wake-up until it is back in select. The threads that
+    `defer` (the sampler, the anomaly thread) wait at each `give_way` while the loop is busy, off
+    the GIL, instead of sharing the interpreter with a request half answered; the HTTP pool and the
+    loop itself never wait."""
 
     def __init__(self) -> None:
         self._idle = threading.Event()
         self._idle.set()
-        self._loop = 0
+        self._deferring: set[int] = set()
+
+    def defer(self) -> None:
+        """Have the calling thread wait at its `give_way` calls while the loop is busy."""
+        self._deferring.add(threading.get_ident())
 
     def serving(self) -> None:
         """The event loop woke with events to handle."""
-        self._loop = threading.get_ident()
         self._idle.clear()
 
     def served(self) -> None:
@@ -28,9 +32,9 @@ class Turns:
         self._idle.set()
 
     def give_way(self) -> None:
-        """Between two steps of background work: wait while the event loop is busy (at most
-        MOST_WAIT_SECONDS); never in the loop's own thread."""
-        if not self._idle.is_set() and threading.get_ident() != self._loop:
+        """Between two steps of work: in a deferring thread, wait while the event loop is busy (at
+        most MOST_WAIT_SECONDS)."""
+        if not self._idle.is_set() and threading.get_ident() in self._deferring:
             self._idle.wait(MOST_WAIT_SECONDS)
 
 

@@ -10,7 +10,7 @@ from kepler_bridge.turns import Turns
 
 def _waited_in_thread(t: Turns) -> threading.Thread:
     done = threading.Event()
-    thread = threading.Thread(target=lambda: (t.give_way(), done.set()))
+    thread = threading.Thread(target=lambda: (t.defer(), t.give_way(), done.set()))
     thread.done = done  # type: ignore[attr-defined]
     thread.start()
     return thread
@@ -42,12 +42,13 @@ def test_a_loop_that_never_ends_serving_delays_each_step_only_so_long(monkeypatc
     assert _waited_in_thread(t).done.wait(5.0), "give_way waited past MOST_WAIT_SECONDS"
 
 
-def test_the_loop_thread_itself_never_waits_on_its_own_turn(monkeypatch):
+def test_a_thread_that_does_not_defer_never_waits(monkeypatch):
+    """The loop itself and the HTTP pool's renders go on while the loop serves."""
     monkeypatch.setattr(turns, "MOST_WAIT_SECONDS", 30.0)
     t = Turns()
     t.serving()
     finished = threading.Event()
-    thread = threading.Thread(target=lambda: (t.serving(), t.give_way(), finished.set()))
+    thread = threading.Thread(target=lambda: (t.give_way(), finished.set()))
     thread.start()
-    assert finished.wait(5.0), "the loop's own thread waited for itself"
+    assert finished.wait(5.0), "a thread that never deferred waited for the loop"
     thread.join()

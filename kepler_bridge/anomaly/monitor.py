@@ -67,6 +67,7 @@ class AnomalyMonitor:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        TURNS.defer()
         seen: Snapshot | None = None
         while not self._stop.is_set():
             snapshot = self.store.latest()

@@ -123,7 +123,8 @@ class EventLoopWorker(Worker):
             self._tick(now)
             wake = min(next_beat, self.states.next_deadline(), self.resume_at or next_beat)
             events = self.selector.select(0 if self.ready else max(wake - now, 0.0))
-            TURNS.serving()
+            if events or self.ready:
+                TURNS.serving()
             for key, _mask in events:
                 self._call(key.data)
             for _ in range(len(self.ready)):  # each one request, then the others' events

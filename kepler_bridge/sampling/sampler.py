@@ -186,6 +186,7 @@ class Sampler:
             )
 
     def _run(self) -> None:
+        TURNS.defer()
         deadline = time.monotonic()
         while not self._stop.is_set():
             new = self._settings.new_settings(self.config)
