@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
-from prometheus_client.exposition import generate_latest
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
@@ -30,6 +29,7 @@ from kepler_bridge.exposition.energy import energy_families
 from kepler_bridge.exposition.families import counter, gauge, holder_labels, info, pod_labels
 from kepler_bridge.exposition.reliability import FAMILIES as RELIABILITY
 from kepler_bridge.exposition.reliability import series as reliability_series
+from kepler_bridge.exposition.text_format import generate
 from kepler_bridge.model import (
     SOURCE_STATES,
     Energy,
@@ -339,9 +339,6 @@ def render(
 ) -> bytes:
     """Render a snapshot (plus the agent's own process_* metrics) in text or OpenMetrics format;
     `devices`: see SnapshotCollector."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Filtered(SnapshotCollector(snapshot, devices), allowed))
-    registry.register(
-        _Filtered(_NodeLabelled(ProcessCollector(registry=None), snapshot.node), allowed)
-    )
-    return generate_openmetrics(registry) if openmetrics else generate_latest(registry)
+    ours = _Filtered(SnapshotCollector(snapshot, devices), allowed)
+    process = _Filtered(_NodeLabelled(ProcessCollector(registry=None), snapshot.node), allowed)
+    return generate(chain(ours.collect(), process.collect()), openmetrics)
