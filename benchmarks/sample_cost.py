@@ -15,7 +15,9 @@ refuses. --worker-gc sets the garbage collector as the agent's worker does once 
 started (http/server.py: gc.freeze, a higher threshold for the youngest generation); without it,
 Python's defaults. --pace S sleeps S seconds between samples, as the agent does (a sample after a
 second asleep finds colder caches than one straight after another). --profile N prints the N
-functions that cost most (cProfile, own time).
+functions that cost most (cProfile, own time). A last line gives the render of the last snapshot
+to /metrics bytes, text and OpenMetrics, by our writer and by prometheus_client's (the median of
+--renders each).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -40,6 +42,7 @@ from fakenvml import build as build_fakenvml  # noqa: E402
 from scaffold import make_config  # noqa: E402
 
 if TYPE_CHECKING:
+    from kepler_bridge.model import Snapshot
     from kepler_bridge.sampling.sampler import Sampler
 
 
@@ -54,6 +57,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--worker-gc", action="store_true", help="the worker's collector settings")
     parser.add_argument("--max-processes", type=int, help="--max-processes (default: its default)")
     parser.add_argument("--profile", type=int, default=0, help="print the N costliest functions")
+    parser.add_argument("--renders", type=int, default=30, help="renders timed of each kind")
     parser.add_argument(
         "--pace", type=float, default=0.0, help="seconds between samples, as the agent's interval"
     )
@@ -117,6 +121,35 @@ def profiled(sampler: Sampler, args: argparse.Namespace) -> dict[str, list[float
     return found
 
 
+def renders(snapshot: Snapshot, count: int) -> str:
+    """Median ms to make the families of `snapshot` and to write them, text and OpenMetrics, by
+    our writer and by the library's."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+    from kepler_bridge.exposition import prometheus, text_format
+
+    families = list(prometheus.SnapshotCollector(snapshot).collect())
+
+    class Registry:
+        def collect(self) -> Iterator[object]:
+            return iter(families)
+
+    kinds = {
+        "families": lambda: list(prometheus.SnapshotCollector(snapshot).collect()),
+        "text": lambda: text_format.generate(families),
+        "text by prometheus_client": lambda: generate_latest(Registry()),
+        "OpenMetrics": lambda: text_format.generate(families, openmetrics=True),
+        "OpenMetrics by prometheus_client": lambda: generate_openmetrics(Registry()),
+    }
+    medians = {
+        name: statistics.median(timed(call)[0] for _ in range(count)) * 1e3
+        for name, call in kinds.items()
+    }
+    shown = ", ".join(f"{name} {ms:.2f} ms" for name, ms in medians.items())
+    return f"render of {len(text_format.generate(families))} bytes: {shown}"
+
+
 def main() -> None:
     args = arguments()
     work = Path(tempfile.mkdtemp(prefix="kb-sample-"))
@@ -164,6 +197,7 @@ def run(args: argparse.Namespace, library: str, state: str) -> None:
             sampler._save()
         found = profiled(sampler, args) if args.profile else blocks(sampler, args)
         counted = max(len(slot.last.processes) for slot in sampler.slots)
+        rendered = renders(sampler.sample(), args.renders)
     finally:
         sampler.stop()
     figures = ", ".join(
@@ -174,6 +208,7 @@ def run(args: argparse.Namespace, library: str, state: str) -> None:
         f"{args.extra_processes} more ({counted} processes counted): {figures} "
         f"(median of {args.blocks} blocks of {args.samples})"
     )
+    print(rendered)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """The Prometheus text and OpenMetrics formats of metric families, byte for byte as
-prometheus_client writes them, at half its cost: each name is checked and escaped once per sample
-name and label keys, not once per sample (a render of 8 GPUs x 16 processes: 9.0 -> 4.1 ms text,
-13.0 -> 4.0 ms OpenMetrics).
+prometheus_client writes them, at about a third of its cost: each name is checked and escaped once
+per sample name and label keys, not once per sample (`benchmarks/sample_cost.py` prints both).
 
 A family it does not cover (a type other than counter, gauge, info and unknown, a unit, or a
 sample with a timestamp, an exemplar, a native histogram or a suffix the text format moves) goes
