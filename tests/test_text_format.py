@@ -25,7 +25,7 @@ from scaffold import make_config
 
 NAMES = st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True)
 # Names a user may configure or a plug-in may give: odd characters the writers must escape alike.
-ODD_NAMES = st.text(st.sampled_from("ab_:.-9é"), min_size=1, max_size=6)
+ODD_NAMES = st.text(st.sampled_from("ab_:.-9é{}"), min_size=1, max_size=6)
 VALUES = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**60), 2**60)
 TEXTS = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 KINDS = ("counter", "gauge", "info", "unknown")

@@ -34,6 +34,8 @@ TEXT_TYPES = {
 }
 # Samples the text format moves into families of their own: the library's writer handles them.
 MOVED_SUFFIXES = ("_created", "_gsum", "_gcount")
+# The templates a format keeps; past this (label keys from plug-ins, say) it starts afresh.
+MOST_TEMPLATES = 4096
 
 
 class _Families:
@@ -51,16 +53,15 @@ def _escaped(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-# The templates a format keeps; past this (label keys from plug-ins, say) it starts afresh.
-MOST_TEMPLATES = 4096
-
-
 def _needs_escapes(text: str) -> bool:
+    """Whether a label value (or all of a sample's, joined) holds a character to escape."""
     return "\\" in text or "\n" in text or '"' in text
 
 
 class _Lines:
-    """Formats of the sample lines of one format: a template per sample name and label keys."""
+    """Formats of the sample lines of one format: a template per sample name and label keys.
+    Renders in several threads share it: each reads and writes the dict whole, atomic under the
+    GIL, and a template made twice is the same."""
 
     def __init__(self, openmetrics: bool) -> None:
         self.openmetrics = openmetrics
@@ -71,12 +72,12 @@ class _Lines:
         found = self.templates.get((name, keys))
         if found is None:
             order = tuple(sorted(keys))
+            # Escaped names hold no brace (it is no valid character), so they stand in a template.
             labels = ",".join(f'{escape_label_name(key)}="{{}}"' for key in order)
             if self.openmetrics:  # as the library: invalid characters of the name become "_"
-                written = _escape(name, UNDERSCORES, _is_legacy_labelname_rune)
+                head = _escape(name, UNDERSCORES, _is_legacy_labelname_rune)
             else:
-                written = escape_metric_name(name)
-            head = written.replace("{", "{{").replace("}", "}}")
+                head = escape_metric_name(name)
             found = (f"{head}{{{{{labels}}}}} " if labels else f"{head} ", order)
             if len(self.templates) >= MOST_TEMPLATES:
                 self.templates.clear()
