@@ -60,10 +60,12 @@ bench: deps-test $(PEERS_VENV)/.installed
 	$(BIN)/python benchmarks/pipelined_clients.py
 	$(BIN)/python benchmarks/bpf_overhead.py
 	$(BIN)/python benchmarks/state_save.py
+	$(BIN)/python benchmarks/sample_cost.py --sources nvml,ebpf --worker-gc --pace 0.05 --samples 20 --blocks 3
 	$(BIN)/python benchmarks/device_churn.py
 	$(BIN)/python benchmarks/source_reads.py
 	$(BIN)/python benchmarks/source_reads.py --sources ebpf,procfs --extra 3000
 	$(BIN)/python benchmarks/scrape_phase.py
+	$(BIN)/python benchmarks/first_scrape.py
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/remote_write_bytes.py
 	$(BIN)/python benchmarks/fleet.py
