@@ -14,7 +14,6 @@ import argparse
 import http.client
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,10 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from agent_http import percentile  # noqa: E402
-
-from agent import Agent  # noqa: E402
-from fakenvml import FakeNvml, build  # noqa: E402
-from scaffold import wait_for  # noqa: E402
+from scrape_phase import fake_nvml_agent  # noqa: E402
 
 # What Prometheus 2.x sends (scrape/scrape.go, acceptHeader with OpenMetrics 1.0 first).
 PROMETHEUS_HEADERS = {
@@ -61,21 +57,7 @@ def arguments() -> argparse.Namespace:
 
 def main() -> None:
     args = arguments()
-    work = Path(tempfile.mkdtemp(prefix="kb-first-"))
-    fake = FakeNvml(
-        build(work), work / "nvml.conf", gpus=args.gpus, processes_per_gpu=args.processes
-    )
-    env = {"FAKE_NVML_CONFIG": str(fake.config)}
-    flags = ("--sources", "auto", "--nvml-library", str(fake.library), "--interval", "1s")
-    with Agent(*flags, env=env, timeout=120) as agent:
-        wait_for(
-            lambda: agent.source_states().get("nvml") == "up",
-            120,
-            "nvml up",
-            ignore=(OSError,),
-            log=agent.output,
-        )
-        time.sleep(3.0)  # past the first samples and the readiness scrapes' variant
+    with fake_nvml_agent(args.gpus, args.processes) as agent:
         latencies = []
         for _ in range(args.scrapes):
             latencies.append(scrape(agent.port))

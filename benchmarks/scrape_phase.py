@@ -20,8 +20,10 @@ import random
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -153,14 +155,14 @@ def arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
-    args = arguments()
+@contextmanager
+def fake_nvml_agent(gpus: int, processes: int, sources: str = "auto") -> Iterator[Agent]:
+    """The agent at a 1 s interval on a fake NVML of `gpus` x `processes`, its NVML source up and
+    past its first samples and renders."""
     work = Path(tempfile.mkdtemp(prefix="kb-phase-"))
-    fake = FakeNvml(
-        build(work), work / "nvml.conf", gpus=args.gpus, processes_per_gpu=args.processes
-    )
+    fake = FakeNvml(build(work), work / "nvml.conf", gpus=gpus, processes_per_gpu=processes)
     env = {"FAKE_NVML_CONFIG": str(fake.config)}  # no call statistics: they cost the fake
-    flags = ("--sources", args.sources, "--nvml-library", str(fake.library), "--interval", "1s")
+    flags = ("--sources", sources, "--nvml-library", str(fake.library), "--interval", "1s")
     with Agent(*flags, env=env, timeout=120) as agent:
         wait_for(
             lambda: agent.source_states().get("nvml") == "up",
@@ -170,8 +172,14 @@ def main() -> None:
             log=agent.output,
         )
         up = sorted(name for name, state in agent.source_states().items() if state == "up")
-        print(f"sources up: {', '.join(up)}; {args.gpus} GPUs x {args.processes} processes")
-        time.sleep(3.0)  # past the first samples and the first renders
+        print(f"sources up: {', '.join(up)}; {gpus} GPUs x {processes} processes")
+        time.sleep(3.0)
+        yield agent
+
+
+def main() -> None:
+    args = arguments()
+    with fake_nvml_agent(args.gpus, args.processes, args.sources) as agent:
         found = scrapes(agent.port, args.seconds, args.pause, args.path)
     report(found, 1.0)
 
