@@ -38,7 +38,7 @@ MOVED_SUFFIXES = ("_created", "_gsum", "_gcount")
 MOST_TEMPLATES = 4096
 
 
-class _Families:
+class Families:
     """Stands in for a registry: prometheus_client's writers collect the families it holds."""
 
     def __init__(self, families: Iterable[Metric]) -> None:
@@ -146,5 +146,5 @@ FORMATS = {False: _Lines(openmetrics=False), True: _Lines(openmetrics=True)}
 def _library(family: Metric, openmetrics: bool) -> str:
     """`family` as prometheus_client writes it (OpenMetrics: without its closing EOF line)."""
     if openmetrics:
-        return library_openmetrics(_Families([family])).decode("utf-8")[: -len("# EOF\n")]
-    return library_text(_Families([family])).decode("utf-8")
+        return library_openmetrics(Families([family])).decode("utf-8")[: -len("# EOF\n")]
+    return library_text(Families([family])).decode("utf-8")
