@@ -5,8 +5,11 @@
 //                         struct task_rec per thread (user space sums them per tgid, once per sample);
 //   sched_process_free    when a thread group's leader is freed, its group's final runtime goes into
 //                         `exits` (drained each sample), so groups that end between samples are counted.
-// Kernel structs are read only with bpf_probe_read_kernel at byte offsets the loader found in the
-// running kernel's BTF (/sys/kernel/btf/vmlinux), never through the (possibly mismatched) headers:
+// Kernel structs are read only at byte offsets the loader found in the running kernel's BTF
+// (/sys/kernel/btf/vmlinux), never through the (possibly mismatched) headers. The iterator gets its
+// task as a BTF-typed pointer, so it loads the fields directly (the verifier checks each offset
+// against that BTF and makes the loads fault-safe): a helper call per field cost more than the
+// rest of the pass. The tracepoint's argument is a plain number, read with bpf_probe_read_kernel:
 //   TASK_PID TASK_TGID TASK_RUNTIME (se.sum_exec_runtime) TASK_START (start_boottime) TASK_COMM
 //   TASK_SIGNAL TASK_CGROUPS; SIGNAL_LIVE SIGNAL_RUNTIME (sum_sched_runtime: released threads)
 //   SIGNAL_SEQ (stats_lock sequence, bumped when a thread's runtime moves into sum_sched_runtime);
@@ -75,6 +78,10 @@ static inline u64 cgroup_id(void *task)
     return kn ? read_u64(kn, KERNFS_ID) : 0;
 }
 
+// A field of a BTF-typed kernel pointer, loaded directly; volatile keeps the loads in the order
+// written (the stats_lock sequence reads bracket the runtime reads).
+#define LOAD(type, base, offset) (*(type volatile *)((char *)(base) + (offset)))
+
 int bpf_iter__task(struct iter_task *ctx)
 {
     struct seq_file *seq = ctx->meta->seq;
@@ -82,21 +89,26 @@ int bpf_iter__task(struct iter_task *ctx)
     struct task_rec rec = {};
     if (!task)
         return 0;
-    void *signal = (void *)read_u64(task, TASK_SIGNAL);
+    void *signal = LOAD(void *, task, TASK_SIGNAL);
     if (!signal)
         return 0;
-    rec.tgid = read_u32(task, TASK_TGID);
-    rec.tid = read_u32(task, TASK_PID);
-    u32 seq_before = read_u32(signal, SIGNAL_SEQ);
-    rec.runtime_ns = read_u64(task, TASK_RUNTIME);
+    rec.tgid = LOAD(u32, task, TASK_TGID);
+    rec.tid = LOAD(u32, task, TASK_PID);
+    u32 seq_before = LOAD(u32, signal, SIGNAL_SEQ);
+    rec.runtime_ns = LOAD(u64, task, TASK_RUNTIME);
     if (rec.tid == rec.tgid) {
         rec.leader = 1;
-        rec.runtime_ns += read_u64(signal, SIGNAL_RUNTIME);
-        rec.start_ns = read_u64(task, TASK_START);
-        rec.cgroup_id = cgroup_id(task);
-        bpf_probe_read_kernel(&rec.comm, sizeof(rec.comm), task + TASK_COMM);
+        rec.runtime_ns += LOAD(u64, signal, SIGNAL_RUNTIME);
+        rec.start_ns = LOAD(u64, task, TASK_START);
+        void *cset = LOAD(void *, task, TASK_CGROUPS);
+        void *cgroup = cset ? LOAD(void *, cset, CSS_SET_CGROUP) : 0;
+        void *kn = cgroup ? LOAD(void *, cgroup, CGROUP_KN) : 0;
+        rec.cgroup_id = kn ? LOAD(u64, kn, KERNFS_ID) : 0;
+        // comm is a char array: the verifier allows loads of any size within it.
+        *(u64 *)&rec.comm[0] = LOAD(u64, task, TASK_COMM);
+        *(u64 *)&rec.comm[8] = LOAD(u64, task, TASK_COMM + 8);
     }
-    u32 seq_after = read_u32(signal, SIGNAL_SEQ);
+    u32 seq_after = LOAD(u32, signal, SIGNAL_SEQ);
     rec.seq = seq_before == seq_after ? seq_after : 1;
     bpf_seq_write(seq, &rec, sizeof(rec));
     return 0;
