@@ -364,6 +364,22 @@ def test_rows_known_clean_do_not_let_a_new_bad_row_through() -> None:
         )
 
 
+def test_rows_that_move_or_are_replaced_in_place_are_told_apart() -> None:
+    """Known rows are compared where they stood: a row dropped from the middle shifts the others,
+    which stay known (the very objects); a bad row in the place of a known one is cleaned."""
+    rows = [ProcessCpu(pid, f"p{pid}", 1.0 + pid) for pid in range(1, 40)]
+    assert sanitize.reading(SourceReading(processes=tuple(rows))).processes == tuple(rows)
+    del rows[10]
+    shifted = sanitize.reading(SourceReading(processes=tuple(rows))).processes
+    assert all(map(operator.is_, shifted, rows)) and len(shifted) == len(rows)
+    for place in (0, 20, len(rows) - 1):
+        swapped = list(rows)
+        swapped[place] = ProcessCpu(rows[place].pid, "bad\x07", -1.0)
+        cleaned = sanitize.reading(SourceReading(processes=tuple(swapped))).processes
+        assert cleaned == tuple(rows[:place] + rows[place + 1 :])
+        assert sanitize.reading(SourceReading(processes=tuple(rows))).processes == tuple(rows)
+
+
 def test_rows_no_longer_reported_are_let_go() -> None:
     """What the sanitiser remembers of rows is bounded: an exited process's row is freed."""
     gone = ProcessCpu(1, "exited", 5.0)

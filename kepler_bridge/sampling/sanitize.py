@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from itertools import chain
-from operator import attrgetter
+from itertools import chain, compress
+from operator import attrgetter, is_not, not_
 from typing import TYPE_CHECKING, Any, Callable
 
 from kepler_bridge.model import (
@@ -165,26 +165,35 @@ def _record(value: Any, cls: type[DataclassInstance]) -> Any:
 
 
 class Seen:
-    """The records of one class found clean, by id, for the classes whose records sources keep
-    from one sample to the next: those of the last call that brought new ones. It holds them, so
-    no id is reused while it is known, and nothing older: a replaced or dropped record is let go
-    at the next such call, not kept with the generations of a busy host."""
+    """The records of one class found clean, for the classes whose records sources keep from one
+    sample to the next: those of the last call that brought new ones, or moved them. It holds
+    them, so no id it knows is reused while it knows it, and nothing older: a replaced or dropped
+    record is let go at the next such call, not kept with the generations of a busy host."""
 
     def __init__(self) -> None:
-        self.known: dict[int, Any] = {}
-        self._call: dict[int, Any] = {}
+        self._last: list[Any] = []  # the records known clean, in the order they came
+        self._ids: set[int] = set()  # and their ids
+        self._call: list[Any] = []
 
     def unknown(self, records: list[Any]) -> list[Any]:
         """Those of `records` not known clean."""
-        ids = list(map(id, records))
-        if all(map(self.known.__contains__, ids)):
+        # Sources keep their rows in order, so a record mostly stands where it stood: compared
+        # in place (in C), and only those that moved or changed are looked up by id.
+        last = self._last
+        moved = records
+        if len(records) == len(last):
+            moved = list(compress(records, map(is_not, records, last)))
+        if not moved:
             return []
-        self._call = dict(zip(ids, records))
-        return list(map(self._call.__getitem__, set(ids).difference(self.known)))
+        fresh = list(compress(moved, map(not_, map(self._ids.__contains__, map(id, moved)))))
+        self._call = records
+        if not fresh:  # only moved: known from here on where they stand now
+            self.add()
+        return fresh
 
     def add(self) -> None:
         """The records of the last `unknown` call are all clean: they are what is known now."""
-        self.known, self._call = self._call, {}
+        self._last, self._ids, self._call = self._call, set(map(id, self._call)), []
 
 
 def _unchanged(records: list[Any], cls: type[DataclassInstance]) -> bool:
