@@ -174,15 +174,19 @@ class Seen:
         self._last: list[Any] = []  # the records known clean, in the order they came
         self._ids: set[int] = set()  # and their ids
         self._call: list[Any] = []
+        # Of the last call when it had as many records as the known: the known ones it does not
+        # hold in place, and its own records in those places.
+        self._swap: tuple[list[Any], list[Any]] | None = None
 
     def unknown(self, records: list[Any]) -> list[Any]:
         """Those of `records` not known clean."""
         # Sources keep their rows in order, so a record mostly stands where it stood: compared
         # in place (in C), and only those that moved or changed are looked up by id.
-        last = self._last
-        moved = records
+        last, moved, self._swap = self._last, records, None
         if len(records) == len(last):
-            moved = list(compress(records, map(is_not, records, last)))
+            places = list(map(is_not, records, last))
+            moved = list(compress(records, places))
+            self._swap = (list(compress(last, places)), moved)
         if not moved:
             return []
         fresh = list(compress(moved, map(not_, map(self._ids.__contains__, map(id, moved)))))
@@ -193,7 +197,12 @@ class Seen:
 
     def add(self) -> None:
         """The records of the last `unknown` call are all clean: they are what is known now."""
-        self._last, self._ids, self._call = self._call, set(map(id, self._call)), []
+        if self._swap is None:
+            self._ids = set(map(id, self._call))
+        else:  # only the records in the places that changed: some, of thousands
+            self._ids.difference_update(map(id, self._swap[0]))
+            self._ids.update(map(id, self._swap[1]))
+        self._last, self._call, self._swap = self._call, [], None
 
 
 def _unchanged(records: list[Any], cls: type[DataclassInstance]) -> bool:
