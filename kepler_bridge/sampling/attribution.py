@@ -114,6 +114,8 @@ class Attribution:
         TURNS.give_way()
         gpu_joules, owned = self._gpu.share(inputs.gpus, seconds)
         for key, joules in gpu_joules.items():
+            if not joules:  # an idle device's processes: the ledger books only what was gained
+                continue
             found = increments.get(key)
             if found is None:
                 increments[key] = Joules(gpu=joules)
