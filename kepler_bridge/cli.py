@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import NoReturn, Sequence
 
 from kepler_bridge import __version__
 from kepler_bridge.config import SETTINGS, Config, ConfigError, load
 from kepler_bridge.http import preflight
+from kepler_bridge.log_format import log_to_stderr
 from kepler_bridge.settings_parse import one_line
 from kepler_bridge.sources import available, selected_groups
 
@@ -98,9 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"kepler-bridge: {err}", file=sys.stderr)
         return EXIT_BAD_SETTING
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_to_stderr()
     if args.subcommand == "serve":
         from kepler_bridge.http.server import serve
 

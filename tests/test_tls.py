@@ -146,6 +146,18 @@ def _served(port: int, ca: Path) -> bytes:
         return tls.getpeercert(binary_form=True)
 
 
+def _restart_while_broken(agent: Agent, pairs: dict[str, Path], cert: Path) -> None:
+    """A worker that restarts while a DER file is in place keeps serving the pair the agent
+    started with (the master hands it the files as they were then)."""
+    first = _served(agent.port, pairs["ca"])
+    cert.write_bytes(pairs["der cert"].read_bytes())
+    (worker,) = agent.worker_pids()
+    os.kill(worker, signal.SIGKILL)
+    agent.wait_for(lambda: agent.worker_pids() not in ([], [worker]), what="a new worker")
+    agent.wait_for(lambda: _served(agent.port, pairs["ca"]) == first, what="the kept pair")
+    cert.write_bytes(pairs["cert"].read_bytes())
+
+
 def _swap_in_broken_files(agent: Agent, pairs: dict[str, Path], cert: Path, key: Path) -> None:
     """Each broken file in turn: new connections keep the last good certificate, one warning
     each, no traceback; then a good renewal is served."""
@@ -176,14 +188,7 @@ def test_tls_flags_swapped_to_broken_files_keep_the_last_good_pair(
     with Agent(
         *flags, "--tls-cert", str(cert), "--tls-key", str(key), ca=str(pairs["ca"])
     ) as agent:
-        first = _served(agent.port, pairs["ca"])
-        # A worker that restarts while a DER file is in place keeps serving the last good pair.
-        cert.write_bytes(pairs["der cert"].read_bytes())
-        (worker,) = agent.worker_pids()
-        os.kill(worker, signal.SIGKILL)
-        agent.wait_for(lambda: agent.worker_pids() not in ([], [worker]), what="a new worker")
-        agent.wait_for(lambda: _served(agent.port, pairs["ca"]) == first, what="the kept pair")
-        cert.write_bytes(pairs["cert"].read_bytes())
+        _restart_while_broken(agent, pairs, cert)
         _swap_in_broken_files(agent, pairs, cert, key)
 
 
@@ -200,4 +205,5 @@ def test_web_config_certificates_swapped_to_broken_files_keep_the_last_good_pair
     )
     flags = ("--simulate", "1", "--sources", "simulated", "--interval", "0.5s")
     with Agent(*flags, "--web.config.file", str(web), ca=str(pairs["ca"])) as agent:
+        _restart_while_broken(agent, pairs, cert)
         _swap_in_broken_files(agent, pairs, cert, key)

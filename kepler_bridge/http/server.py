@@ -1,36 +1,47 @@
-"""Runs the agent under gunicorn: one worker (drivers must not be forked), event-loop HTTP, and the
-sampler started after the fork."""
+"""Starts the agent: the listen socket and the state directory in `kepler-bridge serve`, which
+then becomes the master (supervisor.py); and the worker process (`python -m` this module), which
+runs gunicorn's worker with event-loop HTTP, the sampler and the routes."""
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import errno
 import gc
+import logging
 import os
-import signal
+import pickle
 import socket
 import sys
+import time
 from typing import TYPE_CHECKING, Mapping
 
+from gunicorn import sock as gunicorn_sock
 from gunicorn.app.base import BaseApplication
-from gunicorn.arbiter import Arbiter
 
 from kepler_bridge.config import Config
+from kepler_bridge.http import kept_files, supervisor
 from kepler_bridge.http.host import ConnectionSettings
+from kepler_bridge.http.kept_files import KeptFiles
 from kepler_bridge.http.tls import CertificatePair
 from kepler_bridge.http.webconfig import WebConfigFile
+from kepler_bridge.http.webconfig import read as read_web_config
+from kepler_bridge.http.worker import EventLoopWorker
+from kepler_bridge.log_format import log_to_stderr
 from kepler_bridge.sampling import carry
 
-if TYPE_CHECKING:  # the worker imports these; the master stays without the sampler and the routes
+if TYPE_CHECKING:  # imported by load(), in the worker: `serve` has neither sampler nor route
     from kepler_bridge.anomaly.monitor import AnomalyMonitor
     from kepler_bridge.http.dispatch import Routes
     from kepler_bridge.sampling.sampler import Sampler
+
+log = logging.getLogger(__name__)
 
 THREADS = 4
 # mallopt(3) parameter numbers (glibc malloc.h).
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
-GRACEFUL_SECONDS = 1
+GRACEFUL_SECONDS = supervisor.GRACEFUL_SECONDS
 # The worker's youngest collection runs after this many container objects more than freed, not
 # CPython's 700: a sample makes and frees some thousands per thousand processes, which set off
 # several collections each sample, every one walking the per-process dicts then being built.
@@ -42,8 +53,7 @@ class BindError(Exception):
 
 
 def bind(config: Config) -> socket.socket:
-    """Bind the listening socket in the master: a busy port is one clear error before gunicorn
-    starts."""
+    """Bind the listening socket before the master starts: a busy port is one clear error."""
     host, port = config.listen
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -66,23 +76,28 @@ def bind(config: Config) -> socket.socket:
 
 
 class AgentApplication(BaseApplication):
-    """gunicorn application whose worker builds the sampler and the WSGI app after the fork; the
+    """gunicorn application of the worker process: it builds the sampler and the WSGI app; the
     worker's `WorkerHost`."""
 
     def __init__(
-        self, config: Config, sock: socket.socket, flags: Mapping[str, object] | None = None
+        self,
+        config: Config,
+        sock: socket.socket,
+        flags: Mapping[str, object] | None = None,
+        state_dir: str = "",
+        kept: KeptFiles | None = None,
     ) -> None:
         """`flags`: the command line `config` came from, re-read on SIGHUP or when the config file
-        changes."""
+        changes; `state_dir`: the master's counter-state directory; `kept`: the TLS and web-config
+        files as the agent started with them."""
         self.config = config
         self.flags = flags
         self.sock = sock
         self.sampler: Sampler | None = None
         self.anomaly: AnomalyMonitor | None = None
-        self.state_dir = carry.make_dir()
-        self._master = os.getpid()
-        web = WebConfigFile(config.web_config_file) if config.web_config_file else None
-        tls = CertificatePair(config.tls_cert, config.tls_key) if config.tls_cert else None
+        self.state_dir = state_dir
+        web = WebConfigFile(config.web_config_file, kept) if config.web_config_file else None
+        tls = CertificatePair(config.tls_cert, config.tls_key, kept) if config.tls_cert else None
         self.connections = ConnectionSettings(
             config.http_header_timeout, config.http_write_timeout, tls, web
         )
@@ -94,14 +109,12 @@ class AgentApplication(BaseApplication):
             "workers": 1,
             "worker_class": "kepler_bridge.http.worker.EventLoopWorker",
             "threads": THREADS,
-            "timeout": 60,
+            "timeout": supervisor.TIMEOUT_SECONDS,
             "graceful_timeout": GRACEFUL_SECONDS,
-            "proc_name": "kepler-bridge",
+            "proc_name": supervisor.NAME,
             "accesslog": None,
             "errorlog": "-",
             "loglevel": "info",
-            "worker_exit": self._worker_exit,
-            "pre_fork": _before_fork,
         }
         # gunicorn >= 24: no shared control socket in $HOME
         if "control_socket_disable" in self.cfg.settings:
@@ -134,34 +147,33 @@ class AgentApplication(BaseApplication):
         if self.sampler is not None:
             self.sampler.reload()
 
-    def run(self) -> None:
-        try:
-            _Arbiter(self).run()
-        except RuntimeError as err:
-            print(f"kepler-bridge: {err}", file=sys.stderr)
-            sys.exit(1)
-
-    def _worker_exit(self, server, worker) -> None:
+    def stop(self) -> None:
+        """The worker exits: stop the sampler and the detectors within the master's grace."""
         if self.sampler is not None:
             self.sampler.stop(timeout=GRACEFUL_SECONDS / 2)
         if self.anomaly is not None:
             self.anomaly.stop(timeout=GRACEFUL_SECONDS / 4)
 
-    def remove_state(self) -> None:
-        """Delete the counter state, in the master only: a worker's exit unwinds through `run()`
-        too."""
-        if os.getpid() == self._master:
-            carry.remove_dir(self.state_dir)
 
+class Heartbeat:
+    """The master's heartbeat file, handed to the worker: gunicorn's worker touches it as its own
+    (the API of gunicorn's WorkerTmp) with its monotonic clock, which the master compares."""
 
-class _Arbiter(Arbiter):
-    """gunicorn's master, except that SIGHUP re-reads the settings inside the running worker: a
-    new worker would reopen the drivers and reload the eBPF programs, and gunicorn's own reload
-    keeps none of our settings."""
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
 
-    def handle_hup(self) -> None:
-        self.log.info("SIGHUP: the worker re-reads its settings")
-        self.kill_workers(signal.SIGHUP)
+    def notify(self) -> None:
+        now = time.monotonic()
+        os.utime(self.fd, (now, now))
+
+    def last_update(self) -> float:
+        return os.fstat(self.fd).st_mtime
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -170,15 +182,6 @@ def _glibc() -> ctypes.CDLL | None:
         return ctypes.CDLL("libc.so.6")
     except OSError:
         return None
-
-
-def _before_fork(server: object, worker: object) -> None:
-    """Before each fork: the master's objects leave the garbage collector's generations, so the
-    worker's collections do not write into (and copy) the pages the two share; and the free pages
-    of the master's malloc heap go back to the kernel instead of being inherited."""
-    gc.freeze()
-    if libc := _glibc():
-        libc.malloc_trim(0)
 
 
 def settle_collector() -> None:
@@ -203,16 +206,80 @@ def tune_malloc() -> None:
 
 
 def serve(config: Config, flags: Mapping[str, object] | None = None) -> int:
-    """Run until SIGTERM/SIGINT; 1 when the address cannot be bound."""
-    tune_malloc()
+    """Bind, make the state directory and become the master (supervisor.py, the same pid), which
+    runs the worker until SIGTERM/SIGINT; 1 when the address cannot be bound."""
     try:
         sock = bind(config)
     except BindError as err:
         print(f"kepler-bridge: {err}", file=sys.stderr)
         return 1
-    app = AgentApplication(config, sock, flags)
+    state_dir = carry.make_dir()
+    # The settings as validated here, for every worker the master starts: a memory file that
+    # only this process tree holds (the worker reads it back, from its own parent).
+    settings = os.memfd_create("kepler-bridge-settings", 0)
+    os.write(settings, pickle.dumps((config, dict(flags or {}), _kept(config))))
+    os.set_inheritable(settings, True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    args = ["--listen-fd", str(sock.fileno()), "--settings-fd", str(settings)]
     try:
-        app.run()
+        os.execv(sys.executable, [sys.executable, "-S", supervisor.__file__, state_dir, *args])
+    except OSError as err:
+        carry.remove_dir(state_dir)
+        print(f"kepler-bridge: cannot start the master ({sys.executable}): {err}", file=sys.stderr)
+    return 1
+
+
+def _kept(config: Config) -> dict[str, bytes]:
+    """The TLS pair and the web config with the files it names, as validated at the start."""
+    paths = [config.tls_cert, config.tls_key] if config.tls_cert else []
+    if config.web_config_file:
+        paths += read_web_config(config.web_config_file).files
+    return kept_files.capture(paths)
+
+
+def worker_main(argv: list[str]) -> int:
+    """The worker process: the settings the master holds, the listen socket, gunicorn's worker."""
+    parser = argparse.ArgumentParser(prog=f"{supervisor.NAME} worker")
+    for name in ("--listen-fd", "--settings-fd", "--heartbeat-fd"):
+        parser.add_argument(name, type=int, required=True)
+    parser.add_argument("--state-dir", default="")
+    options = parser.parse_args(argv)
+    supervisor.name_process()
+    tune_malloc()
+    log_to_stderr()
+    try:
+        app, worker = _worker(options)
+    except Exception:
+        log.exception("the worker cannot start")
+        return supervisor.BOOT_FAILED
+    worker.log.info("Booting worker with pid: %s", os.getpid())
+    try:
+        worker.init_process()
+        return 0
+    except Exception:
+        worker.log.exception("Exception in worker process")
+        return 1 if worker.booted else supervisor.BOOT_FAILED
     finally:
-        app.remove_state()
-    return 0
+        worker.log.info("Worker exiting (pid: %s)", os.getpid())
+        app.stop()
+
+
+def _worker(options: argparse.Namespace) -> tuple[AgentApplication, EventLoopWorker]:
+    """The application and gunicorn's worker, from what the master hands over."""
+    size = os.fstat(options.settings_fd).st_size
+    config, flags, kept = pickle.loads(os.pread(options.settings_fd, size, 0))
+    os.close(options.settings_fd)
+    sock = socket.socket(fileno=options.listen_fd)
+    app = AgentApplication(config, sock, flags, options.state_dir, KeptFiles(kept))
+    cfg = app.cfg
+    logger = cfg.logger_class(cfg)
+    listeners = gunicorn_sock.create_sockets(cfg, logger)
+    worker = EventLoopWorker(1, os.getppid(), listeners, app, cfg.timeout / 2.0, cfg, logger)
+    worker.tmp.close()
+    worker.tmp = Heartbeat(options.heartbeat_fd)
+    return app, worker
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))

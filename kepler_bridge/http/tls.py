@@ -9,6 +9,7 @@ import shlex
 import ssl
 import threading
 
+from kepler_bridge.http.kept_files import KeptFiles
 from kepler_bridge.reload import ConfigFileWatch
 
 log = logging.getLogger(__name__)
@@ -131,11 +132,24 @@ class CertificatePair:
     """`--tls-cert`/`--tls-key` as of their last good read; `current()` re-reads them when either
     file changed."""
 
-    def __init__(self, cert_file: str, key_file: str) -> None:
+    def __init__(self, cert_file: str, key_file: str, kept: KeptFiles | None = None) -> None:
+        """`kept`: the pair as the agent started with it, served while the files do not load."""
         self.files = {"cert": cert_file, "key": key_file}
         self._lock = threading.Lock()
-        self._context = server_context(cert_file, key_file)
         self._watch = ConfigFileWatch(cert_file, key_file)
+        try:
+            self._context = server_context(cert_file, key_file)
+        except TLSError as err:
+            if kept is None or cert_file not in kept or key_file not in kept:
+                raise
+            log.warning(
+                "tls_%s %s does not load, the certificate pair the agent started with is "
+                "served: %s",
+                err.part,
+                self.files[err.part],
+                err,
+            )
+            self._context = server_context(kept.path(cert_file), kept.path(key_file))
 
     def current(self) -> ssl.SSLContext:
         """The context in force; a changed pair that does not load is refused with one log line

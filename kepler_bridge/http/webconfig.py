@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from kepler_bridge.http.kept_files import KeptFiles
 from kepler_bridge.http.tls import TLSError, server_context
 from kepler_bridge.reload import ConfigFileWatch
 
@@ -64,12 +65,13 @@ class WebConfig:
     files: tuple[str, ...] = ()
 
 
-def read(path: str) -> WebConfig:
-    """Load and validate a web config file, building its TLS context."""
+def read(path: str, kept: KeptFiles | None = None) -> WebConfig:
+    """Load and validate a web config file, building its TLS context; from the files as `kept`
+    holds them where it is given (their names stay the real ones)."""
     import yaml  # here, not at the top: an agent without a web config never loads PyYAML
 
     try:
-        with open(path, "rb") as file:
+        with open(_opened(path, kept), "rb") as file:
             data = yaml.safe_load(file.read(1 << 20))
     except (OSError, yaml.YAMLError, RecursionError) as err:
         raise WebConfigError(
@@ -83,8 +85,13 @@ def read(path: str) -> WebConfig:
     if not tls_data:
         return WebConfig(users=users, files=(path,))
     _mapping(tls_data, "tls_server_config", TLS_KEYS)
-    context, sans, files = _tls(tls_data)
+    context, sans, files = _tls(tls_data, kept)
     return WebConfig(tls=context, allowed_sans=sans, users=users, files=(path, *files))
+
+
+def _opened(path: str, kept: KeptFiles | None) -> str:
+    """Where to read `path` from: `kept`'s copy of it, or itself."""
+    return kept.path(path) if kept is not None and path in kept else path
 
 
 def _first_line(err: BaseException) -> str:
@@ -140,14 +147,16 @@ def _salt_decodes(hashed: bytes) -> bool:
     return True
 
 
-def _tls(data: dict) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[str, ...]]:
+def _tls(
+    data: dict, kept: KeptFiles | None = None
+) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[str, ...]]:
     cert, key = _tls_string(data, "cert_file"), _tls_string(data, "key_file")
     ca = _tls_string(data, "client_ca_file")
     if not cert or not key:
         raise WebConfigError("tls_server_config: cert_file and key_file are both required")
     verify_mode = _client_auth(data, ca)
     try:
-        context = server_context(cert, key)
+        context = server_context(_opened(cert, kept), _opened(key, kept))
     except TLSError as err:
         raise WebConfigError(f"tls_server_config.{err.part}_file: {err}") from None
     for bound, attribute in TLS_BOUNDS:
@@ -161,7 +170,7 @@ def _tls(data: dict) -> tuple[ssl.SSLContext, tuple[str, ...], tuple[str, ...]]:
     context.verify_mode = verify_mode
     if ca:
         try:
-            context.load_verify_locations(cafile=ca)
+            context.load_verify_locations(cafile=_opened(ca, kept))
         except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
             reason = _first_line(err)
             raise WebConfigError(
@@ -217,10 +226,19 @@ class WebConfigFile:
     """The web config as of its last good read; `current()` re-reads it when it or a file it
     names changed."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, kept: KeptFiles | None = None) -> None:
+        """`kept`: the files as the agent started with them, in force while these do not load."""
         self.path = path
         self._lock = threading.Lock()
-        self._config = read(path)
+        try:
+            self._config = read(path)
+        except WebConfigError as err:
+            if kept is None or path not in kept:
+                raise
+            log.warning(
+                "web config %s does not load, the one the agent started with: %s", path, err
+            )
+            self._config = read(path, kept)
         self._watch = ConfigFileWatch(*self._config.files)
 
     def current(self) -> WebConfig:

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 # tmpfs first: the state is rewritten every sample and must not outlive the agent.
 PLACES = ("/dev/shm", None)
 PREFIX = "kepler-bridge-"
+MASTER = b"/kepler_bridge/http/supervisor.py"  # the master's script, in its command line
 # A state directory: the prefix, the pid of the master that made it, the inode of that master's
 # pid namespace, mkdtemp's suffix.
 DIRECTORY = re.compile(re.escape(PREFIX) + r"([0-9]+)-([0-9]+)-")
@@ -101,14 +102,17 @@ def _namespace_id() -> str:
 
 
 def _agent_running(pid: int) -> bool:
-    """Whether `pid` is a running kepler-bridge (the script, or `python -m kepler_bridge`)."""
+    """Whether `pid` is a running kepler-bridge (the script, `python -m kepler_bridge`, or the
+    master it becomes: `python -S .../kepler_bridge/http/supervisor.py`)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as file:
             argv = file.read().split(b"\0")
     except OSError:
         return False
-    return any(os.path.basename(arg) == b"kepler-bridge" for arg in argv[:2]) or (
-        argv[1:3] == [b"-m", b"kepler_bridge"]
+    return (
+        any(os.path.basename(arg) == b"kepler-bridge" for arg in argv[:2])
+        or argv[1:3] == [b"-m", b"kepler_bridge"]
+        or (len(argv) > 2 and argv[2].endswith(MASTER))
     )
 
 
