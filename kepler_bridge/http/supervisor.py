@@ -12,11 +12,16 @@ directory as it exits.
 
 from __future__ import annotations
 
-import _signal as signal  # signal without the enum module it imports: 0.8 MiB of the master's 3
 import os
 import select
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import signal
+else:  # signal's functions without the enum module signal imports: 0.8 MiB of the master's 3
+    import _signal as signal
 
 TIMEOUT_SECONDS = 60  # a worker that has not beaten for this long is killed and started again
 GRACEFUL_SECONDS = 1  # what a stopping worker gets before SIGKILL
@@ -24,7 +29,7 @@ BOOT_FAILED = 3  # the worker's exit status when it could not start: the master 
 RESPAWN_SECONDS = 1.0  # the least time between two starts of a worker
 WORKER_MODULE = "kepler_bridge.http.server"
 NAME = "kepler-bridge"
-STOPS = {
+STOPS: dict[int, int] = {  # what stops the master -> what it sends the worker
     signal.SIGTERM: signal.SIGTERM,
     signal.SIGINT: signal.SIGQUIT,
     signal.SIGQUIT: signal.SIGQUIT,
@@ -64,9 +69,9 @@ class Supervisor:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
-        for signum in (signal.SIGCHLD, signal.SIGHUP, *STOPS):
-            signal.signal(signum, lambda *_: None)  # only to wake select through the pipe
-            signal.siginterrupt(signum, False)
+        for caught in (signal.SIGCHLD, signal.SIGHUP, *STOPS):
+            signal.signal(caught, lambda *_: None)  # only to wake select through the pipe
+            signal.siginterrupt(caught, False)
         while True:
             if not self.pid:
                 self._spawn()
