@@ -156,8 +156,8 @@ class AgentApplication(BaseApplication):
 
 
 class Heartbeat:
-    """The master's heartbeat file, handed to the worker: gunicorn's worker touches it as its own
-    (the API of gunicorn's WorkerTmp) with its monotonic clock, which the master compares."""
+    """The master's heartbeat file, handed to the worker in place of gunicorn's WorkerTmp (the two
+    methods gunicorn's worker calls): touched with the monotonic clock the master compares."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -166,14 +166,8 @@ class Heartbeat:
         now = time.monotonic()
         os.utime(self.fd, (now, now))
 
-    def last_update(self) -> float:
-        return os.fstat(self.fd).st_mtime
-
     def fileno(self) -> int:
         return self.fd
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 def _glibc() -> ctypes.CDLL | None:
