@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 from kepler_bridge import turns
 from kepler_bridge.turns import Turns
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _waited_in_thread(t: Turns) -> threading.Thread:
@@ -52,3 +63,136 @@ def test_a_thread_that_does_not_defer_never_waits(monkeypatch):
     thread.start()
     assert finished.wait(5.0), "a thread that never deferred waited for the loop"
     thread.join()
+
+
+def _policy(tid: int = 0) -> int:
+    return os.sched_getscheduler(tid)
+
+
+def _in_thread(work) -> object:
+    """What `work()` returns, run in a new thread."""
+    found: list[object] = []
+    thread = threading.Thread(target=lambda: found.append(work()))
+    thread.start()
+    thread.join(60)
+    assert found, "the thread did not finish"
+    return found[0]
+
+
+def _spin(cpu_seconds: float) -> None:
+    end = time.thread_time() + cpu_seconds
+    while time.thread_time() < end:
+        pass
+
+
+@contextmanager
+def _busy_cpu(cpu: int) -> Iterator[None]:
+    """A process of normal policy spinning on `cpu` while the block runs."""
+    hog = subprocess.Popen(
+        [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    )
+    try:
+        time.sleep(0.3)
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def test_a_deferring_thread_runs_under_sched_idle_and_the_others_do_not():
+    t = Turns()
+    assert _in_thread(lambda: (t.defer(), _policy())[1]) == os.SCHED_IDLE
+    assert _in_thread(_policy) == os.SCHED_OTHER
+    assert _policy() == os.SCHED_OTHER
+
+
+def test_a_thread_starved_under_sched_idle_brings_every_thread_back_to_the_normal_policy(caplog):
+    """Beside a busy process on its CPU, SCHED_IDLE gets a fraction of a percent: the check sees
+    the wait and every thread the deferring one started leaves SCHED_IDLE too."""
+    t = Turns()
+    cpu = min(os.sched_getaffinity(0))
+    started = threading.Event()
+    child_policy: list[int] = []
+
+    def starved() -> tuple[int, bool]:
+        os.sched_setaffinity(0, {cpu})
+        t.defer()
+        stop = threading.Event()
+        child = threading.Thread(
+            target=lambda: (started.set(), stop.wait(60), child_policy.append(_policy()))
+        )
+        child.start()
+        started.wait(10)
+        _spin(0.003)
+        t.check()
+        stop.set()
+        child.join(10)
+        return _policy(), t._lowering
+
+    with _busy_cpu(cpu):
+        policy, lowering = _in_thread(starved)
+    assert (policy, child_policy, lowering) == (os.SCHED_OTHER, [os.SCHED_OTHER], False)
+    assert "leave SCHED_IDLE" in caplog.text
+    assert _in_thread(lambda: (t.defer(), _policy())[1]) == os.SCHED_OTHER
+
+
+def test_a_thread_that_shares_its_cpu_evenly_is_not_starved(monkeypatch):
+    """Under the normal policy beside a busy process, a thread waits about as long as it runs:
+    more than STARVED_SECONDS, far less than STARVED_RATIO times its CPU time."""
+    monkeypatch.setattr(turns, "may_return_to_normal", lambda: False)
+    t = Turns()
+    cpu = min(os.sched_getaffinity(0))
+
+    def shared() -> tuple[int, bool, float]:
+        os.sched_setaffinity(0, {cpu})
+        t.defer()
+        before = turns.cpu_seconds()[1]
+        _spin(0.15)
+        waited = turns.cpu_seconds()[1] - before
+        t.check()
+        return _policy(), t._lowering, waited
+
+    with _busy_cpu(cpu):
+        policy, lowering, waited = _in_thread(shared)
+    assert policy == os.SCHED_OTHER, "lowered although it could not come back"
+    assert waited > turns.STARVED_SECONDS, "the busy process did not share the CPU"
+    assert lowering, f"starved after waiting {waited:.3f} s for 0.15 s of CPU"
+
+
+PROBE = """
+import os, threading
+from kepler_bridge.turns import Turns, restore_normal_policy
+found = []
+def work():
+    Turns().defer()
+    found.append(os.sched_getscheduler(0))
+    found.append(restore_normal_policy())
+    found.append(os.sched_getscheduler(0))
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+print(*found)
+"""
+
+
+@pytest.mark.parametrize(
+    "capabilities, expected",
+    [
+        ("-all", f"{os.SCHED_OTHER} 0 {os.SCHED_OTHER}"),  # could not come back: never lowered
+        ("-all,+sys_nice", f"{os.SCHED_IDLE} 1 {os.SCHED_OTHER}"),
+    ],
+)
+def test_sched_idle_is_taken_only_where_the_thread_can_come_back(capabilities: str, expected: str):
+    """With RLIMIT_NICE 0 (the default) and no capability (setpriv) a thread under SCHED_IDLE
+    could never return to SCHED_OTHER, so none is lowered; with CAP_SYS_NICE alone it returns."""
+    command = [
+        "prlimit",
+        "--nice=0",
+        "setpriv",
+        f"--bounding-set={capabilities}",
+        "--inh-caps=-all",
+    ]
+    command += ["--", sys.executable, "-c", PROBE]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == expected.split()

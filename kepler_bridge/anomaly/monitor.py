@@ -82,6 +82,7 @@ class AnomalyMonitor:
             except Exception:  # a bug here must not end the thread: logged, the next one tried
                 log.exception("anomaly detection failed on a snapshot; report this as a bug")
             self.cpu_seconds += time.thread_time() - started
+            TURNS.check()
 
     def take(self, snapshot: Snapshot) -> Anomalies | None:
         """Run every device's detectors on one snapshot; None while detection is off."""

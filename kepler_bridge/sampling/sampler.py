@@ -197,6 +197,7 @@ class Sampler:
             # Saved before publishing: a new worker continues from at least what any scrape saw.
             self._save()
             self.store.publish(replaced(snapshot, state_save_errors=self._save_errors))
+            TURNS.check()
             deadline += self.config.interval
             now = time.monotonic()
             if deadline < now:  # fell behind (slow driver): skip missed ticks instead of bursting
