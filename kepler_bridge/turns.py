@@ -6,6 +6,8 @@ import logging
 import os
 import resource
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +39,15 @@ class Turns:
         self._idle = threading.Event()
         self._idle.set()
         self._deferring: set[int] = set()
-        self._lowering = True
+        self.lowering = True  # False once a starved thread brought all back: none goes again
         self._cpu: dict[int, tuple[float, float]] = {}
 
     def defer(self) -> None:
         """Have the calling thread wait at its `give_way` calls while the loop is busy, and run
         under SCHED_IDLE where it can return to SCHED_OTHER."""
         self._deferring.add(threading.get_ident())
-        if self._lowering and may_return_to_normal():
-            try:
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            except OSError as err:  # a seccomp profile without sched_setscheduler
-                log.info("background threads keep the normal CPU policy: %s", err)
+        if self.lowering and may_return_to_normal():
+            _set_policy(os.SCHED_IDLE)  # fails only under a seccomp profile that denies it
         self._cpu[threading.get_ident()] = cpu_seconds()
 
     def check(self) -> None:
@@ -59,8 +58,8 @@ class Turns:
         ran_before, queued_before = self._cpu.get(ident, now)
         self._cpu[ident] = now
         waited = queued - queued_before
-        if self._lowering and waited > max(STARVED_SECONDS, STARVED_RATIO * (ran - ran_before)):
-            self._lowering = False
+        if self.lowering and waited > max(STARVED_SECONDS, STARVED_RATIO * (ran - ran_before)):
+            self.lowering = False
             restored = restore_normal_policy()
             log.warning(
                 "a background thread waited %.3f s for a CPU in one round of work: %d thread(s) "
@@ -82,6 +81,27 @@ class Turns:
         most MOST_WAIT_SECONDS)."""
         if not self._idle.is_set() and threading.get_ident() in self._deferring:
             self._idle.wait(MOST_WAIT_SECONDS)
+
+
+@contextmanager
+def normal_children() -> Iterator[None]:
+    """Around starting a child process: a thread under SCHED_IDLE, whose policy every child would
+    inherit, is under SCHED_OTHER meanwhile, so commands and helpers run as they always did."""
+    lowered = os.sched_getscheduler(0) == os.SCHED_IDLE
+    if lowered:
+        _set_policy(os.SCHED_OTHER)
+    try:
+        yield
+    finally:
+        if lowered and TURNS.lowering:
+            _set_policy(os.SCHED_IDLE)
+
+
+def _set_policy(policy: int) -> None:
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except OSError as err:
+        log.debug("cannot set the CPU policy of a thread to %d: %s", policy, err)
 
 
 def cpu_seconds() -> tuple[float, float]:

@@ -127,7 +127,7 @@ def test_a_thread_starved_under_sched_idle_brings_every_thread_back_to_the_norma
         t.check()
         stop.set()
         child.join(10)
-        return _policy(), t._lowering
+        return _policy(), t.lowering
 
     with _busy_cpu(cpu):
         policy, lowering = _in_thread(starved)
@@ -150,7 +150,7 @@ def test_a_thread_that_shares_its_cpu_evenly_is_not_starved(monkeypatch):
         _spin(0.15)
         waited = turns.cpu_seconds()[1] - before
         t.check()
-        return _policy(), t._lowering, waited
+        return _policy(), t.lowering, waited
 
     with _busy_cpu(cpu):
         policy, lowering, waited = _in_thread(shared)
@@ -196,3 +196,20 @@ def test_sched_idle_is_taken_only_where_the_thread_can_come_back(capabilities: s
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == expected.split()
+
+
+def test_a_child_started_from_a_thread_under_sched_idle_runs_under_the_normal_policy():
+    """The command, npu-smi, the eBPF loader and the model fit start inside `normal_children`."""
+    t = Turns()
+    policy = [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"]
+
+    def start_children() -> tuple[str, str, int]:
+        t.defer()
+        bare = subprocess.run(policy, capture_output=True, text=True, timeout=60).stdout
+        with turns.normal_children():
+            normal = subprocess.run(policy, capture_output=True, text=True, timeout=60).stdout
+        return bare.strip(), normal.strip(), _policy()
+
+    bare, normal, after = _in_thread(start_children)
+    assert bare == str(os.SCHED_IDLE), "the kernel did not pass SCHED_IDLE on"
+    assert (normal, after) == (str(os.SCHED_OTHER), os.SCHED_IDLE)

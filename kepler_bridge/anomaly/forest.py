@@ -18,6 +18,7 @@ from array import array
 from typing import Any, Mapping, Sequence
 
 from kepler_bridge.anomaly import fit
+from kepler_bridge.turns import normal_children
 
 MIN_ROWS = 30  # fewer rows make no model
 FIT_TIMEOUT = 120.0
@@ -102,14 +103,15 @@ def fit_all(
     )
     env = {"PATH": os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     try:
-        done = subprocess.run(
-            [sys.executable, "-I", fit.__file__],
-            input=request.encode(),
-            capture_output=True,
-            timeout=FIT_TIMEOUT,
-            env=env,
-            check=False,
-        )
+        with normal_children():  # the fit thread inherits SCHED_IDLE from the anomaly thread
+            done = subprocess.run(
+                [sys.executable, "-I", fit.__file__],
+                input=request.encode(),
+                capture_output=True,
+                timeout=FIT_TIMEOUT,
+                env=env,
+                check=False,
+            )
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RuntimeError(f"the model fit did not finish: {err}") from err
     if done.returncode != 0:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kepler_bridge.sources.cgroup import cgroup2_root
+from kepler_bridge.turns import normal_children
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,8 @@ class Run:
             self.process = self._start_in_cgroup(argv, env, popen)
         if self.process is None:
             _become_subreaper()
-            self.process = subprocess.Popen(argv, env=env, **popen)
+            with normal_children():
+                self.process = subprocess.Popen(argv, env=env, **popen)
         with _lock:
             _running.add(self.process.pid)
         return self.process
@@ -84,9 +86,10 @@ class Run:
             # The only code the child runs before exec: one write(2) to a descriptor opened here,
             # which is what makes preexec_fn safe in a threaded agent (it takes no lock another
             # thread could hold).
-            return subprocess.Popen(
-                argv, env=env, preexec_fn=lambda: os.write(procs, b"0"), **popen
-            )
+            with normal_children():
+                return subprocess.Popen(
+                    argv, env=env, preexec_fn=lambda: os.write(procs, b"0"), **popen
+                )
         except subprocess.SubprocessError:
             # The write failed in the child, which then did not run the program.
             self._without_cgroup(f"cannot move a process into {self.cgroup}")

@@ -37,6 +37,7 @@ from kepler_bridge.sources.ebpf.bpf_syscall import BpfMap, read_iterator
 from kepler_bridge.sources.ebpf.btf import BTF_PATH
 from kepler_bridge.sources.ebpf.tasks import TASK, TaskGroups
 from kepler_bridge.sources.process_table import ProcessSource, TrackedProcess
+from kepler_bridge.turns import normal_children
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ def _ask_loader(
     """Send the request to a loader child: its reply, the fds it passed and its output's gist."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with ours, tempfile.TemporaryFile() as output:
-        with theirs:
+        with theirs, normal_children():
             child = subprocess.Popen(
                 [sys.executable, "-I", LOADER, str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
