@@ -41,24 +41,26 @@ class Turns:
         self._deferring: set[int] = set()
         self.lowering = True  # False once a starved thread brought all back: none goes again
         self._cpu: dict[int, tuple[float, float]] = {}
+        self._lowered: set[int] = set()  # the deferring threads SCHED_IDLE was tried for
 
     def defer(self) -> None:
-        """Have the calling thread wait at its `give_way` calls while the loop is busy, and run
-        under SCHED_IDLE where it can return to SCHED_OTHER."""
+        """Have the calling thread wait at its `give_way` calls while the loop is busy."""
         self._deferring.add(threading.get_ident())
-        if self.lowering and may_return_to_normal():
-            _set_policy(os.SCHED_IDLE)  # fails only under a seccomp profile that denies it
         self._cpu[threading.get_ident()] = cpu_seconds()
 
     def check(self) -> None:
-        """Once per round of a deferring thread's work: where it was starved of a CPU since its
-        last check (STARVED_SECONDS, STARVED_RATIO), all threads return to SCHED_OTHER for good."""
+        """Once per round of a deferring thread's work: after its first round (the first sample,
+        which readiness waits for, runs as it always did) it goes under SCHED_IDLE where it can
+        return to SCHED_OTHER; where it was starved of a CPU since its last check
+        (STARVED_SECONDS, STARVED_RATIO), all threads return to SCHED_OTHER for good."""
         ident = threading.get_ident()
         ran, queued = now = cpu_seconds()
         ran_before, queued_before = self._cpu.get(ident, now)
         self._cpu[ident] = now
         waited = queued - queued_before
-        if self.lowering and waited > max(STARVED_SECONDS, STARVED_RATIO * (ran - ran_before)):
+        if not self.lowering:
+            return
+        if waited > max(STARVED_SECONDS, STARVED_RATIO * (ran - ran_before)):
             self.lowering = False
             restored = restore_normal_policy()
             log.warning(
@@ -67,6 +69,10 @@ class Turns:
                 waited,
                 restored,
             )
+        elif ident not in self._lowered:
+            self._lowered.add(ident)
+            if may_return_to_normal():
+                _set_policy(os.SCHED_IDLE)  # fails only under a seccomp profile that denies it
 
     def serving(self) -> None:
         """The event loop woke with events to handle."""

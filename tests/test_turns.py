@@ -99,9 +99,11 @@ def _busy_cpu(cpu: int) -> Iterator[None]:
         hog.wait()
 
 
-def test_a_deferring_thread_runs_under_sched_idle_and_the_others_do_not():
+def test_a_deferring_thread_goes_under_sched_idle_after_its_first_round_and_the_others_do_not():
     t = Turns()
-    assert _in_thread(lambda: (t.defer(), _policy())[1]) == os.SCHED_IDLE
+    first_round = _in_thread(lambda: (t.defer(), _policy())[1])
+    assert first_round == os.SCHED_OTHER, "the first sample, which readiness waits for, was lowered"
+    assert _in_thread(lambda: (t.defer(), t.check(), _policy())[2]) == os.SCHED_IDLE
     assert _in_thread(_policy) == os.SCHED_OTHER
     assert _policy() == os.SCHED_OTHER
 
@@ -117,6 +119,7 @@ def test_a_thread_starved_under_sched_idle_brings_every_thread_back_to_the_norma
     def starved() -> tuple[int, bool]:
         os.sched_setaffinity(0, {cpu})
         t.defer()
+        t.check()
         stop = threading.Event()
         child = threading.Thread(
             target=lambda: (started.set(), stop.wait(60), child_policy.append(_policy()))
@@ -133,7 +136,7 @@ def test_a_thread_starved_under_sched_idle_brings_every_thread_back_to_the_norma
         policy, lowering = _in_thread(starved)
     assert (policy, child_policy, lowering) == (os.SCHED_OTHER, [os.SCHED_OTHER], False)
     assert "leave SCHED_IDLE" in caplog.text
-    assert _in_thread(lambda: (t.defer(), _policy())[1]) == os.SCHED_OTHER
+    assert _in_thread(lambda: (t.defer(), t.check(), _policy())[2]) == os.SCHED_OTHER
 
 
 def test_a_thread_that_shares_its_cpu_evenly_is_not_starved(monkeypatch):
@@ -164,7 +167,9 @@ import os, threading
 from kepler_bridge.turns import Turns, restore_normal_policy
 found = []
 def work():
-    Turns().defer()
+    turns = Turns()
+    turns.defer()
+    turns.check()
     found.append(os.sched_getscheduler(0))
     found.append(restore_normal_policy())
     found.append(os.sched_getscheduler(0))
@@ -205,6 +210,7 @@ def test_a_child_started_from_a_thread_under_sched_idle_runs_under_the_normal_po
 
     def start_children() -> tuple[str, str, int]:
         t.defer()
+        t.check()
         bare = subprocess.run(policy, capture_output=True, text=True, timeout=60).stdout
         with turns.normal_children():
             normal = subprocess.run(policy, capture_output=True, text=True, timeout=60).stdout
