@@ -5,6 +5,7 @@ removed."""
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import os
@@ -319,3 +320,20 @@ def test_a_state_directory_named_after_this_masters_pid_is_a_predecessors(
     other.mkdir()
     carry.remove_stale_dirs(str(tmp_path))
     assert not own.exists() and other.exists()
+
+
+def test_a_master_caught_in_the_middle_of_execve_is_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`serve` execs into the master: read at that moment, its command line is empty. Two agents
+    starting together removed each other's state directory so (a fleet benchmark, CI)."""
+    master = b"\0".join([b"python3", b"-S", b"/x/kepler_bridge/http/supervisor.py", b"/dev/shm/d"])
+    reads = {"execs": [b"", master], "kernel thread": [b""] * carry.CMDLINE_READS}
+
+    def running(what: str) -> bool:
+        lines = iter(reads[what])
+        monkeypatch.setattr(carry, "open", lambda *args: io.BytesIO(next(lines)), raising=False)
+        return carry._agent_running(12345)
+
+    assert running("execs")
+    assert not running("kernel thread")

@@ -22,6 +22,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from itertools import compress, count, repeat
 from operator import is_
 from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar, cast
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 PLACES = ("/dev/shm", None)
 PREFIX = "kepler-bridge-"
 MASTER = b"/kepler_bridge/http/supervisor.py"  # the master's script, in its command line
+# An empty command line is read again this many times, so long apart (see `_agent_running`).
+CMDLINE_READS = 3
+CMDLINE_RETRY_SECONDS = 0.01
 # A state directory: the prefix, the pid of the master that made it, the inode of that master's
 # pid namespace, mkdtemp's suffix.
 DIRECTORY = re.compile(re.escape(PREFIX) + r"([0-9]+)-([0-9]+)-")
@@ -104,11 +108,17 @@ def _namespace_id() -> str:
 def _agent_running(pid: int) -> bool:
     """Whether `pid` is a running kepler-bridge (the script, `python -m kepler_bridge`, or the
     master it becomes: `python -S .../kepler_bridge/http/supervisor.py`)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            argv = file.read().split(b"\0")
-    except OSError:
-        return False
+    for _ in range(CMDLINE_READS):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                argv = file.read().split(b"\0")
+        except OSError:
+            return False
+        if argv != [b""]:
+            break
+        # Empty: a kernel thread, or a process in the middle of execve (`serve` becoming the
+        # master), whose new command line is there a moment later.
+        time.sleep(CMDLINE_RETRY_SECONDS)
     return (
         any(os.path.basename(arg) == b"kepler-bridge" for arg in argv[:2])
         or argv[1:3] == [b"-m", b"kepler_bridge"]
