@@ -221,6 +221,8 @@ def test_no_accelerator_gives_empty_device_list() -> None:
     with Agent(
         "--sources", "nvml", "--nvml-library", "/nonexistent/libnvidia-ml.so.1", ready=False
     ) as running:
+        # /healthz answers as soon as the worker serves; the first sample may still be running.
+        running.wait_for(lambda: running.get("/metrics").ok, timeout=30, what="the first sample")
         body = running.get("/v1/collect").json()
         assert body == {
             "test-node": {

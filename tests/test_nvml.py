@@ -228,6 +228,8 @@ def test_init_failure_leaves_source_down_with_reason_then_recovers(
     )  # NVIDIA GPUs are there, so a driver that does not load is a failure
     fake_nvml.set(init_error=9)
     with nvml_agent(fake_nvml, "--sysfs", str(sysfs.root), ready=False) as agent:
+        # /healthz answers as soon as the worker serves; the first sample may still be running.
+        agent.wait_for(lambda: agent.get("/metrics").ok, timeout=30, what="the first sample")
         assert agent.samples("kepler_bridge_source_up") == {"": 0.0}
         ready = agent.get("/readyz")
         assert ready.status_code == 503 and "driver is not loaded" in ready.json()["reason"]
