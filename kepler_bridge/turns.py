@@ -9,6 +9,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+from kepler_bridge import capabilities
+
 log = logging.getLogger(__name__)
 
 # The longest the sampler waits at one checkpoint: a loop kept busy for ever must not stop samples.
@@ -18,7 +20,6 @@ MOST_WAIT_SECONDS = 0.002
 # 1x, one under SCHED_IDLE beside a busy thread of normal policy some 300x.
 STARVED_SECONDS = 0.05
 STARVED_RATIO = 4.0
-CAP_SYS_NICE = 23
 # RLIMIT_NICE lets a thread lower its nice value to 20 less the limit: 20 allows nice 0, the value
 # a thread under SCHED_IDLE needs to come back to SCHED_OTHER, and nothing below it.
 NICE_ZERO_LIMIT = 20
@@ -126,7 +127,7 @@ def may_return_to_normal() -> bool:
     RLIMIT_NICE that allows nice 0, CAP_SYS_NICE, or a limit raised to nice 0 where the hard limit
     or CAP_SYS_RESOURCE permits."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NICE)
-    if _allows_nice_zero(soft) or _capable(CAP_SYS_NICE):
+    if _allows_nice_zero(soft) or (capabilities.effective() or 0) & capabilities.SYS_NICE:
         return True
     try:
         new_hard = hard if _allows_nice_zero(hard) else NICE_ZERO_LIMIT
@@ -138,18 +139,6 @@ def may_return_to_normal() -> bool:
 
 def _allows_nice_zero(limit: int) -> bool:
     return limit == resource.RLIM_INFINITY or limit >= NICE_ZERO_LIMIT
-
-
-def _capable(capability: int) -> bool:
-    """Whether the process holds `capability` in its effective set (/proc/self/status)."""
-    try:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"CapEff:"):
-                    return bool(int(line.split()[1], 16) >> capability & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
 
 
 def restore_normal_policy() -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
+from kepler_bridge import capabilities
 from kepler_bridge.config import Config
 from kepler_bridge.model import SourceReading
 from kepler_bridge.sources import pid_namespace
@@ -48,8 +49,6 @@ FALLBACK = (
     "; with --sources auto the procfs source counts CPU time instead "
     "(it misses processes that live less than one interval)"
 )
-# Capability bits: CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF.
-_SYS_ADMIN, _PERFMON, _BPF = 1 << 21, 1 << 38, 1 << 39
 
 _EXIT_KEY = struct.Struct("<IIQ")  # struct exit_key
 _EXIT = struct.Struct("<QQ16s")  # struct exit_rec
@@ -177,12 +176,10 @@ def _diagnostics(text: str, limit: int = 8) -> str:
 
 def privilege_problem(procfs: str) -> str:
     """Why this process may not load BPF programs ('' when it may)."""
-    try:
-        with open(f"{procfs}/self/status", encoding="ascii", errors="replace") as file:
-            caps = next(int(line.split()[1], 16) for line in file if line.startswith("CapEff:"))
-    except (OSError, StopIteration, ValueError):
+    caps = capabilities.effective(procfs)
+    if caps is None or caps & capabilities.SYS_ADMIN:
         return ""
-    if caps & _SYS_ADMIN or (caps & _BPF and caps & _PERFMON):
+    if caps & capabilities.BPF and caps & capabilities.PERFMON:
         return ""
     return (
         "loading BPF programs needs root, or CAP_BPF with CAP_PERFMON (kernel 5.8+): "
