@@ -474,9 +474,10 @@ def test_every_failure_is_a_clear_source_error_and_the_agent_keeps_serving(tmp_p
         assert agent.samples("kepler_bridge_source_up") == {"": 1.0}
 
 
-# Eight devices that no run before listed: uuids from a run counter kept in the file "$1".
+# Eight devices that no run before listed: uuids from a run counter kept in the file "$1",
+# replaced whole (a rename), so the test never reads it truncated while a run writes it.
 INVENTING = """\
-n=$(( $(cat "$1") + 1 )); echo $n > "$1"
+n=$(( $(cat "$1") + 1 )); echo $n > "$1.new"; mv "$1.new" "$1"
 printf '{"devices":['
 for i in 1 2 3 4 5 6 7 8; do
   [ $i = 1 ] || printf ,
