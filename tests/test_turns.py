@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import selectors
+import socket
 import subprocess
 import sys
 import threading
@@ -51,6 +53,27 @@ def test_a_loop_that_never_ends_serving_delays_each_step_only_so_long(monkeypatc
     t = Turns()
     t.serving()
     assert _waited_in_thread(t).done.wait(5.0), "give_way waited past MOST_WAIT_SECONDS"
+
+
+def test_events_pending_in_the_watched_selector_make_background_work_wait(monkeypatch):
+    """A loop woken but not yet holding the GIL cannot mark itself busy: its selector tells."""
+    monkeypatch.setattr(turns, "MOST_WAIT_SECONDS", 30.0)
+    t = Turns()
+    loop = selectors.EpollSelector()
+    ours, theirs = socket.socketpair()
+    with loop, ours, theirs:
+        loop.register(ours, selectors.EVENT_READ)
+        t.watch(loop.fileno())
+        assert _waited_in_thread(t).done.wait(5.0), "give_way waited with no event pending"
+        theirs.send(b"GET")
+        thread = _waited_in_thread(t)
+        assert not thread.done.wait(0.2), "give_way returned with an event pending in the loop"
+        assert [key.fileobj for key, _ in loop.select(0)] == [ours], "looking took the event"
+        ours.recv(3)
+        t.serving()
+        t.served()
+        assert thread.done.wait(5.0), "give_way did not return once the loop had served"
+        thread.join()
 
 
 def test_a_thread_that_does_not_defer_never_waits(monkeypatch):

@@ -88,6 +88,7 @@ class SnapshotCollector(Collector):
             if gpu.up
             for proc in gpu.processes
         ]
+        TURNS.give_way()
         mig = _MigFamilies()
         for gpu in self.snapshot.gpus:
             if gpu.up:

@@ -60,7 +60,7 @@ class EventLoopWorker(Worker):
     runs the routes."""
 
     # Made in init_process, after the fork.
-    selector: selectors.BaseSelector
+    selector: selectors.EpollSelector
     pool: ThreadPoolExecutor
     bridge: WsgiBridge
     # Made in run(), once the agent's own files are open.
@@ -86,7 +86,7 @@ class EventLoopWorker(Worker):
 
     def init_process(self) -> None:
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
-        self.selector = selectors.DefaultSelector()
+        self.selector = selectors.EpollSelector()
         self.pool = ThreadPoolExecutor(max_workers=self.cfg.threads, thread_name_prefix="http")
         super().init_process()
 
@@ -114,6 +114,7 @@ class EventLoopWorker(Worker):
         self.cap = connection_cap(self.cfg.worker_connections, self.log)
         self.failures = AcceptFailures(self.log, self.cap)
         self._set_accepting(True)
+        TURNS.watch(self.selector.fileno())
         next_beat = 0.0
         while self.alive or ((self.busy or self.writing) and time.monotonic() < self.stop_by):
             now = time.monotonic()

@@ -223,6 +223,7 @@ class Sampler:
         """The snapshot of one sample: counters made monotonic, owners joined, energy attributed."""
         # Kubernetes owners are joined here, once per sample: every output reads them from the rows.
         increases = self._counters.cpu_increases(reading.processes)
+        TURNS.give_way()
         container_ids = _container_ids(increases, reading.gpus)
         kube = self.environment.view(self.kube.view(), container_ids, increases, reading.gpus)
         node_gpus = tuple(
@@ -241,10 +242,7 @@ class Sampler:
                 owners=_owners(increases, kube.containers),
             )
         )
-        containers = tuple(
-            ContainerCpu(container, seconds, kube.containers.get(container, NO_POD))
-            for container, seconds in self._counters.containers(increases)
-        )
+        containers = self._containers(increases, kube.containers)
         return Snapshot(
             node=self.config.node_name,
             timestamp=time.time(),
@@ -258,6 +256,16 @@ class Sampler:
             containers=containers,
             ebpf_programs_attached=reading.ebpf_programs_attached,
             energy=energy,
+        )
+
+    def _containers(
+        self, increases: Mapping[ProcessLabels, float], pods: Mapping[str, PodRef]
+    ) -> tuple[ContainerCpu, ...]:
+        """Each container's CPU seconds and its pod."""
+        TURNS.give_way()
+        return tuple(
+            ContainerCpu(container, seconds, pods.get(container, NO_POD))
+            for container, seconds in self._counters.containers(increases)
         )
 
 

@@ -37,7 +37,9 @@ def start_error(err: Exception) -> str:
 
 def read_clean(source: Source) -> SourceReading:
     """One read, sanitised: the only way readings enter a snapshot or `doctor`."""
-    return sanitize.reading(source.read())
+    reading = source.read()
+    TURNS.give_way()
+    return sanitize.reading(reading)
 
 
 @dataclass
