@@ -27,6 +27,7 @@ clean traces, better than the baseline on every kind.
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
 import sys
 import time
@@ -43,7 +44,7 @@ import anomaly_traces as traces  # noqa: E402
 
 from kepler_bridge.anomaly import KINDS, UNUSUAL, fit  # noqa: E402
 from kepler_bridge.anomaly.features import Features  # noqa: E402
-from kepler_bridge.anomaly.forest import Forest  # noqa: E402
+from kepler_bridge.anomaly.forest import read_forests  # noqa: E402
 from kepler_bridge.anomaly.watch import DeviceWatch  # noqa: E402
 
 GRACE = 300.0
@@ -108,7 +109,8 @@ def detect(trace: traces.Trace, args: argparse.Namespace, cost: Cost) -> Episode
         flags.append((f.timestamp, set(report.firing)))
         if args.model and f.timestamp >= next_fit and watch.ready():
             started = time.process_time()
-            watch.forest = Forest(fit.fit(list(watch.rows), trace.seed), f.timestamp)
+            fitted = {"trace": fit.fit(list(watch.rows), trace.seed)}
+            watch.forest = read_forests(io.BytesIO(fit.encode(fitted)), f.timestamp)["trace"]
             cost.fit_seconds += time.process_time() - started
             cost.fits += 1
             next_fit = f.timestamp + args.refit

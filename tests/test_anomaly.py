@@ -4,6 +4,7 @@ into /metrics and /api/v1/history, and the agent without scikit-learn."""
 from __future__ import annotations
 
 import gc
+import io
 import random
 import statistics
 import subprocess
@@ -197,3 +198,35 @@ def test_a_device_holds_its_window_and_its_forest_in_compact_arrays() -> None:
     assert isinstance(fitted, forest.Forest)
     nodes = sum(len(tree[0]) for tree in fitted.trees)
     assert held < nodes * 7 * 8 + len(fitted.trees) * 600, f"{held / nodes:.0f} bytes per node"
+
+
+def test_the_child_prints_raw_arrays_and_a_torn_answer_is_refused() -> None:
+    rng = random.Random(SEED)
+    rows = [[rng.gauss(0.0, 1.0) for _ in range(3)] for _ in range(60)]
+    printed = fit.encode({"d": fit.fit(rows, SEED)})
+    ours = forest.read_forests(io.BytesIO(printed), 0.0)["d"]
+    child = forest.fit_all({"d": rows}, SEED, 0.0)["d"]
+    assert [ours.score(row) for row in rows] == [child.score(row) for row in rows]
+    nodes = sum(len(tree[0]) for tree in ours.trees)
+    assert len(printed.partition(b"\n")[2]) == nodes * forest.NODE_BYTES
+    for torn, why in ((printed[:-1], "fewer bytes"), (printed + b"\0", "more bytes")):
+        with pytest.raises(RuntimeError, match=why):
+            forest.read_forests(io.BytesIO(torn), 0.0)
+    with pytest.raises(ValueError, match="not all 3 values wide"):
+        forest.request({"d": rows + [[1.0]]}, SEED)
+
+
+def test_a_fit_that_fails_or_hangs_gives_its_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    rows = {"d": [[float(i), 1.0] for i in range(forest.MIN_ROWS)]}
+    for code, why in (
+        ("raise SystemExit('no sklearn here')", "failed: no sklearn here"),
+        ("import time; time.sleep(60)", "did not finish within 1 s"),
+    ):
+        child = tmp_path / "fit.py"
+        child.write_text(code)
+        monkeypatch.setattr(fit, "__file__", str(child))
+        monkeypatch.setattr(forest, "FIT_TIMEOUT", 1.0)
+        with pytest.raises(RuntimeError, match=why):
+            forest.fit_all(rows, SEED, 0.0)

@@ -14,8 +14,11 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 from array import array
-from typing import Any, Mapping, Sequence
+from itertools import chain
+from typing import IO, Mapping, Sequence
 
 from kepler_bridge.anomaly import fit
 from kepler_bridge.turns import normal_children
@@ -45,15 +48,16 @@ def _path_length(n: float) -> float:
 
 # Per tree: left, right, feature (node indices) and threshold, length, low, high (doubles).
 Tree = tuple[array, array, array, array, array, array, array]
-TYPECODES = "iiidddd"  # arrays, not lists of Python numbers: 49 bytes a node, not 120
+TYPECODES = "iiidddd"  # arrays, not lists of Python numbers: 44 bytes a node, not 120
+NODE_BYTES = sum(array(code).itemsize for code in TYPECODES)
 
 
 class Forest:
-    """A fitted forest: per tree the node lists the child printed, as arrays."""
+    """A fitted forest: per tree the node arrays the child printed."""
 
-    def __init__(self, fitted: Mapping[str, Any], fitted_at: float) -> None:
-        self.trees: list[Tree] = [_tree(nodes) for nodes in fitted["trees"]]
-        self.norm = _path_length(float(fitted["samples"]))
+    def __init__(self, trees: list[Tree], samples: int, fitted_at: float) -> None:
+        self.trees = trees
+        self.norm = _path_length(float(samples))
         self.fitted_at = fitted_at
 
     def score(self, vector: Sequence[float]) -> float:
@@ -66,12 +70,41 @@ class Forest:
         return math.pow(2.0, -mean / self.norm) if self.norm > 0 else 0.5
 
 
-def _tree(nodes: Sequence[Sequence[float]]) -> Tree:
-    """One tree's node lists as printed by the child, each in its array."""
-    left, right, feature, threshold, length, low, high = (
-        array(code, column) for code, column in zip(TYPECODES, nodes, strict=True)
-    )
+def read_forests(printed: IO[bytes], fitted_at: float) -> dict[str, Forest]:
+    """The forests the child prints (fit.py), by device, read a tree at a time: never one buffer
+    of megabytes, whose first touch of fresh pages held the GIL for milliseconds. RuntimeError
+    where the arrays are not as many bytes as the first line announces."""
+    devices = json.loads(printed.readline())["devices"]
+    forests = {}
+    for uuid, samples, nodes in devices:
+        forests[uuid] = Forest([_read_tree(printed, n) for n in nodes], int(samples), fitted_at)
+    if printed.read(1):
+        raise RuntimeError("the model fit printed more bytes of trees than it announced")
+    return forests
+
+
+def _read_tree(printed: IO[bytes], nodes: int) -> Tree:
+    if not isinstance(nodes, int) or nodes < 1:
+        raise RuntimeError(f"the model fit announced a tree of {nodes!r} nodes")
+    columns = [array(code) for code in TYPECODES]
+    for column in columns:
+        data = printed.read(nodes * column.itemsize)
+        if len(data) != nodes * column.itemsize:
+            raise RuntimeError("the model fit printed fewer bytes of trees than it announced")
+        column.frombytes(data)
+    left, right, feature, threshold, length, low, high = columns
     return left, right, feature, threshold, length, low, high
+
+
+def request(rows: Mapping[str, Sequence[Sequence[float]]], seed: int) -> bytes:
+    """What the child reads (fit.py): every row of a device as wide as its first."""
+    devices = [(uuid, len(v), len(v[0]) if v else 0) for uuid, v in rows.items()]
+    data = [array("d", chain.from_iterable(v)) for v in rows.values()]
+    for (uuid, count, width), values in zip(devices, data):
+        if len(values) != count * width:
+            raise ValueError(f"the rows of {uuid} are not all {width} values wide")
+    head = json.dumps({"seed": seed, "devices": devices}).encode()
+    return head + b"\n" + b"".join(values.tobytes() for values in data)
 
 
 def _path(tree: Tree, vector: Sequence[float]) -> float:
@@ -97,25 +130,54 @@ def fit_all(
     rows: Mapping[str, Sequence[Sequence[float]]], seed: int, now: float
 ) -> dict[str, Forest]:
     """A forest per device from its rows, fitted in one child process; raises RuntimeError with
-    the child's reason where it fails."""
-    request = json.dumps(
-        {"seed": seed, "devices": {k: list(map(list, v)) for k, v in rows.items()}}
-    )
+    the child's reason where it fails or takes longer than FIT_TIMEOUT."""
+    asked = request(rows, seed)
     env = {"PATH": os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    with tempfile.TemporaryFile() as errors:
+        try:
+            with normal_children():  # the fit thread inherits SCHED_IDLE from the anomaly thread
+                child = subprocess.Popen(
+                    [sys.executable, "-I", fit.__file__],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=errors,
+                    env=env,
+                )
+        except OSError as err:
+            raise RuntimeError(f"the model fit did not start: {err}") from err
+        timer = threading.Timer(FIT_TIMEOUT, child.kill)
+        timer.start()
+        try:
+            return _answer(child, asked, now, errors)
+        finally:
+            timer.cancel()
+            child.kill()  # a no-op where it has exited; reaped by wait
+            child.wait()
+
+
+def _answer(
+    child: subprocess.Popen, asked: bytes, now: float, errors: IO[bytes]
+) -> dict[str, Forest]:
+    """The forests `child` prints for `asked`, or RuntimeError with its reason."""
+    assert child.stdin is not None and child.stdout is not None
     try:
-        with normal_children():  # the fit thread inherits SCHED_IDLE from the anomaly thread
-            done = subprocess.run(
-                [sys.executable, "-I", fit.__file__],
-                input=request.encode(),
-                capture_output=True,
-                timeout=FIT_TIMEOUT,
-                env=env,
-                check=False,
-            )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise RuntimeError(f"the model fit did not finish: {err}") from err
-    if done.returncode != 0:
-        reason = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
+        with child.stdin:
+            child.stdin.write(asked)
+        with child.stdout:
+            forests = read_forests(child.stdout, now)
+    except (OSError, ValueError, RuntimeError) as err:
+        problem: Exception | None = err
+    else:
+        problem = None
+    status = child.wait()
+    if status < 0:
+        raise RuntimeError(
+            f"the model fit did not finish within {FIT_TIMEOUT:.0f} s (signal {-status})"
+        )
+    if status != 0:
+        errors.seek(0)
+        reason = errors.read().decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
         raise RuntimeError(f"the model fit failed: {reason[0][:300]}")
-    answer = json.loads(done.stdout)
-    return {uuid: Forest(fitted, now) for uuid, fitted in answer.items()}
+    if problem is not None:
+        raise RuntimeError(f"the model fit printed no forests: {problem}") from problem
+    return forests
