@@ -41,6 +41,7 @@ class Turns:
     def __init__(self) -> None:
         self._idle = threading.Event()
         self._idle.set()
+        self._round = threading.Event()  # set at each return to select
         self._deferring: set[int] = set()
         self.lowering = True  # False once a starved thread brought all back: none goes again
         self._cpu: dict[int, tuple[float, float]] = {}
@@ -91,17 +92,22 @@ class Turns:
     def served(self) -> None:
         """The event loop handled them and goes back to select."""
         self._idle.set()
+        if not self._round.is_set():
+            self._round.set()
 
     def give_way(self) -> None:
         """Between two steps of work: in a deferring thread, wait while the event loop is busy or
         has events pending (at most MOST_WAIT_SECONDS)."""
         if threading.get_ident() not in self._deferring:
             return
-        if self._idle.is_set():
-            if self._events is None or not self._events.poll(0):
-                return
-            self._idle.clear()  # the loop marks itself idle once it has handled them
-        self._idle.wait(MOST_WAIT_SECONDS)
+        if not self._idle.is_set():
+            self._idle.wait(MOST_WAIT_SECONDS)
+        elif self._events is not None and self._events.poll(0):
+            self._round.clear()
+            # Still unread after the clear: the loop's return to select after handling them sets
+            # it again. Read meanwhile: the loop is past them, and marked busy if not done.
+            if self._events.poll(0):
+                self._round.wait(MOST_WAIT_SECONDS)
 
 
 @contextmanager

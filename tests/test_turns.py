@@ -76,6 +76,34 @@ def test_events_pending_in_the_watched_selector_make_background_work_wait(monkey
         thread.join()
 
 
+def test_events_the_loop_handles_while_it_is_looked_at_leave_no_wait_behind(monkeypatch):
+    """The poll releases the GIL: the loop may read and serve the events meanwhile. Nothing the
+    looking thread marks then may keep later steps waiting for a loop that is back in select."""
+    monkeypatch.setattr(turns, "MOST_WAIT_SECONDS", 30.0)
+    t = Turns()
+    loop = selectors.EpollSelector()
+    ours, theirs = socket.socketpair()
+    with loop, ours, theirs:
+        loop.register(ours, selectors.EVENT_READ)
+        t.watch(loop.fileno())
+        watched = t._events
+        assert watched is not None
+
+        class HandledWhileLooking:
+            def poll(self, timeout: int) -> list:
+                pending = watched.poll(timeout)
+                if pending:  # the loop, woken, takes the GIL while the poll is in the kernel
+                    t.serving()
+                    ours.recv(3)
+                    t.served()
+                return pending
+
+        monkeypatch.setattr(t, "_events", HandledWhileLooking())
+        theirs.send(b"GET")
+        for _ in range(3):
+            assert _waited_in_thread(t).done.wait(5.0), "a step waited for a loop already idle"
+
+
 def test_a_thread_that_does_not_defer_never_waits(monkeypatch):
     """The loop itself and the HTTP pool's renders go on while the loop serves."""
     monkeypatch.setattr(turns, "MOST_WAIT_SECONDS", 30.0)
