@@ -55,15 +55,24 @@ def test_a_loop_that_never_ends_serving_delays_each_step_only_so_long(monkeypatc
     assert _waited_in_thread(t).done.wait(5.0), "give_way waited past MOST_WAIT_SECONDS"
 
 
-def test_events_pending_in_the_watched_selector_make_background_work_wait(monkeypatch):
-    """A loop woken but not yet holding the GIL cannot mark itself busy: its selector tells."""
-    monkeypatch.setattr(turns, "MOST_WAIT_SECONDS", 30.0)
-    t = Turns()
+@contextmanager
+def _watched_loop(
+    t: Turns,
+) -> Iterator[tuple[selectors.EpollSelector, socket.socket, socket.socket]]:
+    """An epoll selector `t` watches, on one end of a socket pair: the loop's and a client's."""
     loop = selectors.EpollSelector()
     ours, theirs = socket.socketpair()
     with loop, ours, theirs:
         loop.register(ours, selectors.EVENT_READ)
         t.watch(loop.fileno())
+        yield loop, ours, theirs
+
+
+def test_events_pending_in_the_watched_selector_make_background_work_wait(monkeypatch):
+    """A loop woken but not yet holding the GIL cannot mark itself busy: its selector tells."""
+    monkeypatch.setattr(turns, "MOST_WAIT_SECONDS", 30.0)
+    t = Turns()
+    with _watched_loop(t) as (loop, ours, theirs):
         assert _waited_in_thread(t).done.wait(5.0), "give_way waited with no event pending"
         theirs.send(b"GET")
         thread = _waited_in_thread(t)
@@ -81,11 +90,7 @@ def test_events_the_loop_handles_while_it_is_looked_at_leave_no_wait_behind(monk
     looking thread marks then may keep later steps waiting for a loop that is back in select."""
     monkeypatch.setattr(turns, "MOST_WAIT_SECONDS", 30.0)
     t = Turns()
-    loop = selectors.EpollSelector()
-    ours, theirs = socket.socketpair()
-    with loop, ours, theirs:
-        loop.register(ours, selectors.EVENT_READ)
-        t.watch(loop.fileno())
+    with _watched_loop(t) as (_, ours, theirs):
         watched = t._events
         assert watched is not None
 
