@@ -356,6 +356,70 @@ def test_rows_kept_by_the_source_count_as_rows_made_afresh(data: st.DataObject) 
         assert found[0] == found[1], f"sample {step}"
 
 
+SLOW_COUNTERS = (
+    "ecc_corrected_total",
+    "remapped_rows_uncorrectable",
+    "retired_pages_single_bit",
+    "pcie_replays",
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_device_counters_follow_their_raw_values_whether_or_not_they_repeat(
+    data: st.DataObject,
+) -> None:
+    """Each device counter is the sum of its raw value's increases (from zero where it dropped),
+    whether the slow counters come the same as in the device's last reading (as the nvml source
+    gives them between two reads), change, go missing, or the device is down, forgotten, or
+    taken over by a new worker."""
+    draw = data.draw
+    counters = MonotonicCounters()
+    expected: dict[tuple[str, str], tuple[float, float]] = {}  # (uuid, name) -> last raw, value
+
+    def made(uuid: str, name: str, raw: float | None) -> float | None:
+        if raw is None:
+            return None
+        last = expected.get((uuid, name))
+        value = raw if last is None else last[1] + (raw - last[0] if raw >= last[0] else raw)
+        expected[(uuid, name)] = (raw, value)
+        return value
+
+    last_raw: dict[str, dict[str, object]] = {}
+    for step in range(draw(st.integers(2, 16), label="samples")):
+        uuid = draw(st.sampled_from(["GPU-a", "GPU-b"]), label="device")
+        action = draw(st.sampled_from(["same", "new", "down", "forget"]), label="action")
+        if action == "forget":
+            counters.forget([uuid])
+            expected = {key: value for key, value in expected.items() if key[0] != uuid}
+            continue
+        if action == "down":
+            assert counters.gpu(gpu(uuid, up=False, pcie_replays=99)).pcie_replays == 99
+            continue
+        raw = last_raw.get(uuid) if action == "same" else None
+        if raw is None:
+            raw = {
+                name: draw(st.sampled_from([None, 0, 3, 7]), label=name) for name in SLOW_COUNTERS
+            }
+            raw["clock_event_seconds"] = draw(
+                st.sampled_from([(), (("power", 1.5),), (("power", 0.5), ("thermal", 2.0))]),
+                label="clock events",
+            )
+            last_raw[uuid] = raw
+        reading = counters.gpu(gpu(uuid, **raw))
+        for name in SLOW_COUNTERS:
+            assert getattr(reading, name) == made(uuid, name, raw[name]), f"sample {step} {name}"
+        events = raw["clock_event_seconds"]
+        assert isinstance(events, tuple)
+        assert reading.clock_event_seconds == tuple(
+            (reason, made(uuid, f"clock_event:{reason}", seconds)) for reason, seconds in events
+        ), f"sample {step}"
+        if draw(st.booleans(), label="a new worker takes over"):
+            saved = json.loads(carry.encode(counters.state()))
+            counters = MonotonicCounters()
+            counters.restore(saved)
+
+
 def test_saved_rows_follow_every_change_of_their_mapping() -> None:
     """The offsets of the shown series are saved as the rows of their mapping as it is now: a
     value changed, even to an equal one of another type, a key more or less, another order."""

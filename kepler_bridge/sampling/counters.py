@@ -22,6 +22,18 @@ from kepler_bridge.sampling.top import TopCounter
 Number = TypeVar("Number", int, float)
 _SECONDS = attrgetter("cpu_seconds")
 _CONTAINER_ID = itemgetter(2)
+# The device counters a source reads seldom (the nvml source every --nvml-counter-interval), so
+# most samples bring them unchanged; clock_event_seconds, a tuple of named counters, comes last.
+_SLOW_NAMES = (
+    "ecc_corrected_total",
+    "ecc_uncorrected_total",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "retired_pages_single_bit",
+    "retired_pages_double_bit",
+    "pcie_replays",
+)
+_SLOW = attrgetter(*_SLOW_NAMES, "clock_event_seconds")
 
 
 def increase(last: float | None, raw: float, wrap_at: float = 0.0) -> float:
@@ -70,6 +82,8 @@ class MonotonicCounters:
 
     def __init__(self, process_limit: int | None = None) -> None:
         self._gpu: dict[str, dict[str, Monotonic]] = {}  # uuid -> counter name -> state
+        # uuid -> the slow counters' raw values of its last reading and the values made of them
+        self._slow: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self._xid: dict[str, dict[int | str, Monotonic]] = {}
         self._process_seen: dict[ProcessLabels, float] = {}
         self._process_total: dict[ProcessLabels, float] = {}
@@ -96,6 +110,7 @@ class MonotonicCounters:
         for uuid in uuids:
             self._gpu_rows.removed((uuid, name) for name in self._gpu.get(uuid, ()))
             self._gpu.pop(uuid, None)
+            self._slow.pop(uuid, None)
             self._xid.pop(uuid, None)
 
     def _value(self, uuid: str, name: str, raw: float) -> float:
@@ -117,34 +132,25 @@ class MonotonicCounters:
         return replaced(
             reading,
             energy_joules=self._counter(uuid, "energy_joules", reading.energy_joules),
-            ecc_corrected_total=self._counter(
-                uuid, "ecc_corrected_total", reading.ecc_corrected_total
-            ),
-            ecc_uncorrected_total=self._counter(
-                uuid, "ecc_uncorrected_total", reading.ecc_uncorrected_total
-            ),
             xid_errors=self._xids(uuid, xids) if xids else xids,
-            **self._reliability(reading),
+            nvlinks=tuple(self._nvlink(uuid, link) for link in reading.nvlinks),
+            **self._slow_counters(reading),
         )
 
-    def _reliability(self, reading: GpuReading) -> dict[str, Any]:
-        """The reliability and link counters of a reading, made monotonic."""
-        uuid = reading.uuid
-        counters = {
-            name: self._counter(uuid, name, getattr(reading, name))
-            for name in (
-                "remapped_rows_correctable",
-                "remapped_rows_uncorrectable",
-                "retired_pages_single_bit",
-                "retired_pages_double_bit",
-                "pcie_replays",
-            )
+    def _slow_counters(self, reading: GpuReading) -> dict[str, Any]:
+        """The reading's slow counters made monotonic; where their raw values are those of the
+        device's last reading, the values made then (a counter that kept its raw value keeps
+        its value)."""
+        uuid, raw = reading.uuid, _SLOW(reading)
+        last = self._slow.get(uuid)
+        if last is not None and last[0] == raw:
+            return last[1]
+        made: dict[str, Any] = {
+            name: self._counter(uuid, name, value) for name, value in zip(_SLOW_NAMES, raw)
         }
-        return {
-            **counters,
-            "nvlinks": tuple(self._nvlink(uuid, link) for link in reading.nvlinks),
-            "clock_event_seconds": self._named(uuid, "clock_event", reading.clock_event_seconds),
-        }
+        made["clock_event_seconds"] = self._named(uuid, "clock_event", raw[-1])
+        self._slow[uuid] = (raw, made)
+        return made
 
     def _nvlink(self, uuid: str, link: NvLink) -> NvLink:
         name = f"nvlink{link.link}"
@@ -298,6 +304,7 @@ class MonotonicCounters:
     def restore(self, state: object) -> None:
         """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
         self._gpu = _monotonic_states(carry.field(state, "gpu"), text)
+        self._slow.clear()
         if any(
             counter.last_raw is None for device in self._gpu.values() for counter in device.values()
         ):
