@@ -47,6 +47,39 @@ def test_a_worker_that_stops_beating_is_aborted_then_killed(tmp_path: Path) -> N
     assert os.listdir(tmp_path) == [], "the heartbeat file is unlinked"
 
 
+def test_the_master_sleeps_until_the_heartbeat_could_be_stale(tmp_path: Path) -> None:
+    master = supervisor.Supervisor([], str(tmp_path))
+    master.pid = os.getpid()
+    master.heartbeat = supervisor._heartbeat_file(str(tmp_path))
+    try:
+        Heartbeat(master.heartbeat).notify()
+        assert supervisor.TIMEOUT_SECONDS - 1 < master._until_stale() <= supervisor.TIMEOUT_SECONDS
+        old = time.monotonic() - supervisor.TIMEOUT_SECONDS + 10
+        os.utime(master.heartbeat, (old, old))
+        assert 9 < master._until_stale() <= 10
+        stale = time.monotonic() - supervisor.TIMEOUT_SECONDS - 1
+        os.utime(master.heartbeat, (stale, stale))
+        assert master._until_stale() == supervisor.CHECK_SECONDS  # then SIGKILL a second on
+        ahead = time.monotonic() + 3600  # a heartbeat from the future waits no longer than one
+        os.utime(master.heartbeat, (ahead, ahead))
+        assert master._until_stale() == supervisor.TIMEOUT_SECONDS
+    finally:
+        os.close(master.heartbeat)
+
+
+@pytest.mark.e2e
+def test_an_idle_master_is_not_woken_every_second() -> None:
+    """The kernel's count of the master's runs (/proc/PID/schedstat) over 4 s of a running agent
+    that nobody scrapes: it waits for a signal or for the heartbeat to be able to go stale."""
+    with Agent("--simulate", "1", "--sources", "simulated", "--interval", "0.5s") as agent:
+        assert agent.process is not None
+        runs = Path(f"/proc/{agent.process.pid}/schedstat")
+        before = int(runs.read_text().split()[2])
+        time.sleep(4)
+        after = int(runs.read_text().split()[2])
+    assert after - before <= 1
+
+
 def test_a_worker_that_cannot_boot_stops_the_master_with_status_3(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()

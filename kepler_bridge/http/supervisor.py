@@ -26,6 +26,7 @@ else:  # signal's functions without the enum module signal imports: 0.8 MiB more
 
 TIMEOUT_SECONDS = 60  # a worker that has not beaten for this long is killed and started again
 GRACEFUL_SECONDS = 1  # what a stopping worker gets before SIGKILL
+CHECK_SECONDS = 1.0  # the least time between two looks at the heartbeat (SIGABRT, then SIGKILL)
 BOOT_FAILED = 3  # the worker's exit status when it could not start: the master gives up with it
 RESPAWN_SECONDS = 1.0  # the least time between two starts of a worker
 WORKER_MODULE = "kepler_bridge.http.server"
@@ -76,7 +77,7 @@ class Supervisor:
         while True:
             if not self.pid:
                 self._spawn()
-            readable, _, _ = select.select([self.wake_r], [], [], 1.0)
+            readable, _, _ = select.select([self.wake_r], [], [], self._until_stale())
             for signum in os.read(self.wake_r, 64) if readable else b"":
                 if signum == signal.SIGHUP and self.pid:
                     say("INFO", "SIGHUP: the worker re-reads its settings")
@@ -131,6 +132,15 @@ class Supervisor:
                     say("ERROR", f"Worker (pid:{pid}) was killed: {signal.strsignal(-found)}")
                 elif found:
                     say("ERROR", f"Worker (pid:{pid}) exited with code {found}")
+
+    def _until_stale(self) -> float:
+        """Seconds until the worker's heartbeat could be TIMEOUT_SECONDS old, from CHECK_SECONDS
+        to TIMEOUT_SECONDS: the master sleeps that long unless a signal (a worker's exit among
+        them) wakes it, instead of waking every second to look."""
+        if not self.pid:
+            return CHECK_SECONDS
+        age = time.monotonic() - os.fstat(self.heartbeat).st_mtime
+        return min(max(TIMEOUT_SECONDS - age, CHECK_SECONDS), TIMEOUT_SECONDS)
 
     def _check_heartbeat(self) -> None:
         """Kill a worker that stopped beating: SIGABRT first (its stack in the log), then KILL."""
