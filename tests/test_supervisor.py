@@ -1,6 +1,6 @@
 """The master (kepler_bridge/http/supervisor.py): a worker that stops beating is aborted then
 killed, one that cannot boot stops the agent with status 3, and SIGTERM stops both and removes
-the state directory."""
+the state directory; neither wakes every second when idle, and a worker outlives no master."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from agent import Agent
 from kepler_bridge.http import supervisor
 from kepler_bridge.http.server import Heartbeat
+from kepler_bridge.http.worker import HEARTBEAT_SECONDS
 
 # A stand-in worker that outlives SIGABRT, as one stuck in a driver call may.
 STUBBORN = (
@@ -68,16 +69,44 @@ def test_the_master_sleeps_until_the_heartbeat_could_be_stale(tmp_path: Path) ->
 
 
 @pytest.mark.e2e
-def test_an_idle_master_is_not_woken_every_second() -> None:
-    """The kernel's count of the master's runs (/proc/PID/schedstat) over 4 s of a running agent
-    that nobody scrapes: it waits for a signal or for the heartbeat to be able to go stale."""
+def test_an_idle_master_and_event_loop_are_not_woken_every_second() -> None:
+    """The kernel's count of the runs (/proc/PID/task/TID/schedstat) of the master and of the
+    worker's event loop over 4 s of a running agent that nobody scrapes: the master waits for a
+    signal or for the heartbeat to be able to go stale, the loop for an event or its next beat."""
     with Agent("--simulate", "1", "--sources", "simulated", "--interval", "0.5s") as agent:
         assert agent.process is not None
-        runs = Path(f"/proc/{agent.process.pid}/schedstat")
-        before = int(runs.read_text().split()[2])
+        (worker,) = agent.worker_pids()
+        threads = [(agent.process.pid, agent.process.pid), (worker, worker)]
+        stats = [Path(f"/proc/{pid}/task/{tid}/schedstat") for pid, tid in threads]
+        before = [int(stat.read_text().split()[2]) for stat in stats]
         time.sleep(4)
-        after = int(runs.read_text().split()[2])
-    assert after - before <= 1
+        after = [int(stat.read_text().split()[2]) for stat in stats]
+    runs = [b - a for a, b in zip(before, after)]
+    assert max(runs) <= 1, f"runs of the master and of the event loop in 4 s: {runs}"
+
+
+@pytest.mark.e2e
+def test_the_worker_of_a_master_killed_outright_stops_at_once() -> None:
+    """SIGKILL leaves the master no time to stop its worker: the kernel sends the worker SIGTERM
+    (PR_SET_PDEATHSIG), well before its next beat would find its parent gone."""
+    with Agent("--simulate", "1", "--sources", "simulated", "--interval", "0.5s") as agent:
+        assert agent.process is not None
+        (worker,) = agent.worker_pids()
+        os.kill(agent.process.pid, signal.SIGKILL)
+        agent.process.wait(5)
+        deadline = time.monotonic() + HEARTBEAT_SECONDS / 2
+        while running(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(worker), "the worker outlived its master"
+
+
+def running(pid: int) -> bool:
+    """Whether the process runs: neither gone nor a zombie waiting for whoever adopted it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_a_worker_that_cannot_boot_stops_the_master_with_status_3(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import gc
 import logging
 import os
 import pickle
+import signal
 import socket
 import sys
 import time
@@ -41,6 +42,7 @@ THREADS = 4
 # mallopt(3) parameter numbers (glibc malloc.h).
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
+PR_SET_PDEATHSIG = 1  # prctl(2) option, linux/prctl.h
 GRACEFUL_SECONDS = supervisor.GRACEFUL_SECONDS
 # The worker's youngest collection runs after this many container objects more than freed, not
 # CPython's 700: a sample makes and frees some thousands per thousand processes, which set off
@@ -199,6 +201,14 @@ def tune_malloc() -> None:
         libc.mallopt(M_MMAP_THRESHOLD, 128 * 1024)
 
 
+def end_with_master() -> None:
+    """Have the kernel send the worker SIGTERM, as the master stops it, when the master dies
+    (PR_SET_PDEATHSIG); a master gone already is seen by the worker's first beat."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        log.debug("prctl(PR_SET_PDEATHSIG): %s", os.strerror(ctypes.get_errno()))
+
+
 def serve(config: Config, flags: Mapping[str, object] | None = None) -> int:
     """Bind, make the state directory and become the master (supervisor.py, the same pid), which
     runs the worker until SIGTERM/SIGINT; 1 when the address cannot be bound."""
@@ -240,6 +250,7 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument("--state-dir", default="")
     options = parser.parse_args(argv)
     supervisor.name_process()
+    end_with_master()
     tune_malloc()
     log_to_stderr()
     try:
