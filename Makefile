@@ -69,6 +69,8 @@ bench: deps-test $(PEERS_VENV)/.installed
 	$(BIN)/python benchmarks/scaling.py
 	$(BIN)/python benchmarks/remote_write_bytes.py
 	$(BIN)/python benchmarks/fleet.py
+	$(BIN)/pip install -q py-spy
+	$(BIN)/python benchmarks/thread_cpu.py
 	$(BIN)/python benchmarks/peers.py
 
 # On a machine with an NVIDIA GPU: kepler-bridge against nvidia-smi, read-only (README "Check on a
