@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from peers import LIFETIME, agent, gpu_processes  # noqa: E402
+from peers import LIFETIME, agent, gpu_processes, tree  # noqa: E402
 from sleepers import SLEEPERS_C, build, sleepers  # noqa: E402
 
 
@@ -42,19 +42,15 @@ def arguments() -> argparse.Namespace:
 
 
 def schedstat(master: int) -> dict[tuple[int, int], tuple[int, int]]:
-    """(pid, tid) -> (ns on a CPU, runs) of every thread of the master and its children."""
+    """(pid, tid) -> (ns on a CPU, runs) of every thread of the agent's processes (peers.py's
+    `tree`: the master, the worker and any child of theirs running now)."""
     found = {}
-    for pid in [master, *children(master)]:
+    for pid in tree(master):
         for task in Path(f"/proc/{pid}/task").iterdir():
             with contextlib.suppress(OSError):
                 ran, _, runs = task.joinpath("schedstat").read_text().split()[:3]
                 found[(pid, int(task.name))] = (int(ran), int(runs))
     return found
-
-
-def children(pid: int) -> list[int]:
-    """The child processes of a single-threaded process."""
-    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def thread_names(pid: int) -> dict[int, str]:
@@ -82,8 +78,8 @@ def main() -> None:
                 stack.enter_context(sleepers(work / "sleepers", args.extra_processes, LIFETIME))
             running = stack.enter_context(agent(fake, "auto"))
             time.sleep(5)
-            (worker,) = children(running.pid)
-            names = {**thread_names(worker), running.pid: "master"}
+            (worker,) = Path(f"/proc/{running.pid}/task/{running.pid}/children").read_text().split()
+            names = {**thread_names(int(worker)), running.pid: "master"}
             before, started = schedstat(running.pid), time.monotonic()
             end = started + args.seconds
             while time.monotonic() < end:

@@ -139,12 +139,15 @@ class Supervisor:
         them) wakes it, instead of waking every second to look."""
         if not self.pid:
             return CHECK_SECONDS
-        age = time.monotonic() - os.fstat(self.heartbeat).st_mtime
-        return min(max(TIMEOUT_SECONDS - age, CHECK_SECONDS), TIMEOUT_SECONDS)
+        return min(max(TIMEOUT_SECONDS - self._heartbeat_age(), CHECK_SECONDS), TIMEOUT_SECONDS)
+
+    def _heartbeat_age(self) -> float:
+        """Seconds since the worker last beat (it sets the file's time to the monotonic clock)."""
+        return time.monotonic() - os.fstat(self.heartbeat).st_mtime
 
     def _check_heartbeat(self) -> None:
         """Kill a worker that stopped beating: SIGABRT first (its stack in the log), then KILL."""
-        if not self.pid or time.monotonic() - os.fstat(self.heartbeat).st_mtime <= TIMEOUT_SECONDS:
+        if not self.pid or self._heartbeat_age() <= TIMEOUT_SECONDS:
             return
         say("CRITICAL", f"WORKER TIMEOUT (pid:{self.pid})")
         self._kill(signal.SIGKILL if self.aborted else signal.SIGABRT)
