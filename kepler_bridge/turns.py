@@ -131,12 +131,29 @@ def _set_policy(policy: int) -> None:
         log.debug("cannot set the CPU policy of a thread to %d: %s", policy, err)
 
 
+class _Schedstat:
+    """The calling thread's /proc/thread-self/schedstat, opened once and closed when the thread
+    ends and drops it: after a second asleep, opening it took some 150 µs of CPU, reading it again
+    from the start 30."""
+
+    def __init__(self) -> None:
+        self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
+_THREAD = threading.local()
+
+
 def cpu_seconds() -> tuple[float, float]:
     """The calling thread's seconds on a CPU and on a run queue, runnable but not running (its
     /proc/thread-self/schedstat); zeros where the kernel does not tell."""
     try:
-        with open("/proc/thread-self/schedstat", "rb") as stat:
-            ran, queued = stat.read().split()[:2]
+        stat = getattr(_THREAD, "schedstat", None)
+        if stat is None:
+            stat = _THREAD.schedstat = _Schedstat()
+        ran, queued = os.pread(stat.fd, 128, 0).split()[:2]
         return int(ran) / 1e9, int(queued) / 1e9
     except (OSError, ValueError):
         return 0.0, 0.0

@@ -218,6 +218,23 @@ def test_a_thread_that_shares_its_cpu_evenly_is_not_starved(monkeypatch):
     assert lowering, f"starved after waiting {waited:.3f} s for 0.15 s of CPU"
 
 
+def test_cpu_seconds_are_the_calling_threads_and_leave_no_descriptor_behind():
+    """Each thread reads its own schedstat again and again; a thread that ended closed its file."""
+    open_files = len(os.listdir("/proc/self/fd"))
+
+    def spun() -> tuple[float, float]:
+        before = turns.cpu_seconds()[0]
+        _spin(0.05)
+        return before, turns.cpu_seconds()[0]
+
+    for _ in range(20):
+        before, after = _in_thread(spun)
+        assert 0.05 <= after - before < 1.0, (before, after)
+    ran_here = turns.cpu_seconds()[0]
+    assert turns.cpu_seconds()[0] >= ran_here > 0
+    assert len(os.listdir("/proc/self/fd")) <= open_files + 1  # this thread's own, kept
+
+
 PROBE = """
 import os, threading
 from kepler_bridge.turns import Turns, restore_normal_policy
