@@ -70,16 +70,21 @@ def row_of(source: EbpfSource, pid: int):
 def wait_row(source: EbpfSource, pid: int, check=lambda row: True, timeout: float = 5.0):
     """Read until pid's row passes check: an ended group's final runtime lands one RCU grace
     period after its reap."""
-    row = None
+    row, rows = None, ()
 
     def passing():
-        nonlocal row
-        row = row_of(source, pid)
+        nonlocal row, rows
+        rows = source.read().processes
+        row = next((found for found in rows if found.pid == pid), None)
         return row if row is not None and check(row) else None
 
-    return wait_for(
-        passing, timeout, f"the row of pid {pid}", step=0.02, log=lambda: f"last row {row}"
-    )
+    def state() -> str:
+        return (
+            f"last row {row}; {len(rows)} rows, {source.tasks} tasks iterated, "
+            f"{source.exits_lost} exits lost, {len(source.table.evicted)} evicted last read"
+        )
+
+    return wait_for(passing, timeout, f"the row of pid {pid}", step=0.02, log=state)
 
 
 def test_burn_agrees_with_proc_within_1_percent(ebpf: EbpfSource) -> None:
