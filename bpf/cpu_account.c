@@ -4,7 +4,8 @@
 //   bpf_iter__task        a task iterator: each read of an iterator created from its link writes one
 //                         struct task_rec per thread (user space sums them per tgid, once per sample);
 //   sched_process_free    when a thread group's leader is freed, its group's final runtime goes into
-//                         `exits` (drained each sample), so groups that end between samples are counted.
+//                         `exits` (drained in the samples after `exits_added` moved), so groups that end
+//                         between samples are counted.
 // Kernel structs are read only at byte offsets the loader found in the running kernel's BTF
 // (/sys/kernel/btf/vmlinux), never through the (possibly mismatched) headers. The iterator gets its
 // task as a BTF-typed pointer, so it loads the fields directly (the verifier checks each offset
@@ -55,6 +56,9 @@ struct exit_rec {
 
 BPF_HASH(exits, struct exit_key, struct exit_rec, MAP_ENTRIES);
 BPF_ARRAY(exits_lost, u64, 1);
+// Bumped after each insert into `exits`: user space drains `exits` only when it moved, since a
+// drain walks all of the map's buckets, empty or not.
+BPF_ARRAY(exits_added, u64, 1);
 
 static inline u64 read_u64(void *base, u32 offset)
 {
@@ -132,11 +136,9 @@ RAW_TRACEPOINT_PROBE(sched_process_free)
     rec.runtime_ns = read_u64(signal, SIGNAL_RUNTIME);
     rec.cgroup_id = cgroup_id(task);
     bpf_probe_read_kernel(&rec.comm, sizeof(rec.comm), task + TASK_COMM);
-    if (exits.insert(&key, &rec)) {
-        u32 zero = 0;
-        u64 *lost = exits_lost.lookup(&zero);
-        if (lost)
-            __sync_fetch_and_add(lost, 1);
-    }
+    u32 zero = 0;
+    u64 *count = exits.insert(&key, &rec) ? exits_lost.lookup(&zero) : exits_added.lookup(&zero);
+    if (count)
+        __sync_fetch_and_add(count, 1);
     return 0;
 }

@@ -33,7 +33,7 @@ from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.sampling.slots import check_source
 from kepler_bridge.sources.base import SourceUnavailable
 from kepler_bridge.sources.ebpf import kernel_headers
-from kepler_bridge.sources.ebpf.bpf_syscall import prog_stats
+from kepler_bridge.sources.ebpf.bpf_syscall import BpfMap, prog_stats
 from kepler_bridge.sources.ebpf.btf import BTF_PATH, Btf, BtfError
 from kepler_bridge.sources.ebpf.source import (
     EbpfSource,
@@ -165,6 +165,51 @@ def test_ended_groups_drained_without_batch_operations(ebpf: EbpfSource) -> None
     row = wait_row(ebpf, pid)
     assert row.cpu_seconds == pytest.approx(used, rel=0.01, abs=0.0005)
     assert list(ebpf.loaded.maps["exits"].keys()) == []
+
+
+def test_exits_drained_across_batches_each_once_with_its_own_record(
+    ebpf: EbpfSource, tmp_path: Path
+) -> None:
+    """More ended groups than one batch call takes: every key comes once, with its own value
+    (each group ran /bin/true through a link of its own name, its comm)."""
+    for n in range(300):
+        (tmp_path / f"t{n}").symlink_to("/bin/true")
+    ebpf.read()
+    script = f"for n in $(seq 0 299); do {tmp_path}/t$n & echo $! t$n; done; wait"
+    lines = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True).stdout
+    comms = {int(pid): comm.encode() for pid, comm in map(str.split, lines.splitlines())}
+    assert len(comms) == 300
+    exits = ebpf.loaded.maps["exits"]
+    drained: list[tuple[bytes, bytes]] = []
+    wait_for(lambda: drained.extend(exits.drain(chunk=16)) or comms.keys() <= _tgids(drained), 5)
+    assert len(drained) == len({key for key, _ in drained}), "a key drained twice"
+    records = {struct.unpack_from("<I", key)[0]: value for key, value in drained}
+    assert {pid: records[pid][16:].rstrip(b"\0") for pid in comms} == comms
+    assert list(exits.keys()) == []
+
+
+def _tgids(drained: list[tuple[bytes, bytes]]) -> set[int]:
+    return {struct.unpack_from("<I", key)[0] for key, _ in drained}
+
+
+def test_exits_drained_only_when_a_group_ended(ebpf: EbpfSource, monkeypatch) -> None:
+    """The drain walks every bucket of the map: it runs only in reads after exits_added moved,
+    and what ends meanwhile is still counted."""
+    exits = ebpf.loaded.maps["exits"]
+    drains = []
+    monkeypatch.setattr(exits, "drain", lambda: drains.append(1) or iter(BpfMap.drain(exits)))
+    ebpf.read()
+    skipped = 0
+    for _ in range(50):
+        before, count = ebpf.exits_drained, len(drains)
+        ebpf.read()
+        moved = ebpf.exits_drained != before
+        assert len(drains) == count + moved, "drained although no group ended, or not when one did"
+        skipped += not moved
+        time.sleep(0.01)
+    assert skipped, "a group ended between every two reads: nothing to check"
+    pid, _ = short_lived(0.03)
+    assert wait_row(ebpf, pid).comm == "python"
 
 
 def test_short_lived_process_reported_with_its_comm_after_exec(ebpf: EbpfSource) -> None:

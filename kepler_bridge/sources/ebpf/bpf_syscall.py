@@ -229,11 +229,14 @@ class BpfMap:
                 _bpf(MAP_LOOKUP_AND_DELETE_BATCH, attr)
             except FileNotFoundError:
                 done = True
-            size = self.value_size
+            # One copy of each buffer's filled part (`raw` copies all of it at every access).
+            taken_keys = ctypes.string_at(keys, attr.count * self.key_size)
+            taken_values = ctypes.string_at(values, attr.count * self.value_size)
+            key_size, size = self.key_size, self.value_size
             for index in range(attr.count):
                 yield (
-                    keys.raw[index * self.key_size : (index + 1) * self.key_size],
-                    values.raw[index * size : (index + 1) * size],
+                    taken_keys[index * key_size : (index + 1) * key_size],
+                    taken_values[index * size : (index + 1) * size],
                 )
             if done:
                 return

@@ -230,6 +230,7 @@ class EbpfSource(ProcessSource):
         self.loaded: LoadedProgram | None = None
         self.groups = TaskGroups()
         self.tasks = self.exits_lost = 0
+        self.exits_drained = 0  # exits_added when `exits` was last drained
         self.read_seconds = 0.0
 
     def start(self) -> None:
@@ -262,10 +263,14 @@ class EbpfSource(ProcessSource):
         started = time.perf_counter()
         now = time.monotonic()
         # Ended groups first: a pid they free may already belong to a process the iterator sees.
-        for key, value in self.loaded.maps["exits"].drain():
-            tgid, _, start = _EXIT_KEY.unpack(key)
-            runtime_ns, cgroup_id, comm = _EXIT.unpack(value)
-            self._ended(tgid, start, runtime_ns, cgroup_id, comm, now)
+        # A group that ends after `added` is read is drained at the next sample.
+        added = self._counter("exits_added")
+        if added != self.exits_drained:
+            for key, value in self.loaded.maps["exits"].drain():
+                tgid, _, start = _EXIT_KEY.unpack(key)
+                runtime_ns, cgroup_id, comm = _EXIT.unpack(value)
+                self._ended(tgid, start, runtime_ns, cgroup_id, comm, now)
+            self.exits_drained = added
         data = read_iterator(self.loaded.attached["task_iterator"])
         try:
             changed, gone = self.groups.update(data)
@@ -330,9 +335,13 @@ class EbpfSource(ProcessSource):
             entry.raw_comm = comm
         entry.cgroup_id = cgroup_id
 
+    def _counter(self, name: str) -> int:
+        """The value of one of the program's one-number array maps (exits_added, exits_lost)."""
+        raw = self.loaded.maps[name].lookup(_ZERO) if self.loaded else None
+        return _U64.unpack(raw)[0] if raw else 0
+
     def _check_lost(self) -> None:
-        raw = self.loaded.maps["exits_lost"].lookup(_ZERO) if self.loaded else None
-        lost = _U64.unpack(raw)[0] if raw else 0
+        lost = self._counter("exits_lost")
         if lost > self.exits_lost:
             log.warning(
                 "%d thread groups ended uncounted since the last sample: the exits map "
