@@ -382,3 +382,11 @@ def replaced(record: R, **changes: Any) -> R:
     copy = object.__new__(type(record))
     copy.__dict__.update(fields, **changes)
     return copy
+
+
+def made(cls: type[R], fields: dict[str, Any]) -> R:
+    """A record of `cls` (one of the frozen dataclasses above) holding `fields`, a new dict of
+    every one of its fields, which the record takes as its own: no __init__, no copy."""
+    record = object.__new__(cls)
+    object.__setattr__(record, "__dict__", fields)
+    return record

@@ -3,8 +3,11 @@ real agent."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -795,3 +798,44 @@ def test_gpm_given_up_on_a_transient_not_supported_comes_back(fake_nvml: FakeNvm
         )
     calls = fake_nvml.calls()
     assert calls["nvmlGpmSampleAlloc"] == calls["nvmlGpmSampleFree"]
+
+
+def test_a_reading_holds_every_field_of_a_gpu_reading_and_no_other(fake_nvml: FakeNvml) -> None:
+    """The source fills a dict of fields into each reading without __init__: whatever a helper
+    adds (MIG, profiling, slow counters, NVLinks) must be a GpuReading field."""
+    fake_nvml.gpu(0, nvlink_count=2, nvlink_replay=[4, 4], pcie_replay_counter=9)
+    fake_nvml.processes(1, [{"pid": 999001, "used_memory": GIB, "gpu_instance": 1}])
+    fake_nvml.mig(1, [{"gpu_instance": 1, "compute_instance": 0, "profile": "1g.10gb"}])
+    _gpm_rates(fake_nvml, 0)
+    script = textwrap.dedent(
+        """
+        import dataclasses, json, sys, time
+        from kepler_bridge import config
+        from kepler_bridge.model import GpuReading
+        from kepler_bridge.sources.nvml.source import NvmlSource
+
+        source = NvmlSource(config.load({"nvml_library": sys.argv[1]}, {}))
+        source.start()
+        names = {field.name for field in dataclasses.fields(GpuReading)}
+        found = []
+        for _ in range(3):  # the second read has GPM's first interval
+            found = [
+                [gpu.up, sorted(set(vars(gpu)) ^ names), gpu.sm_active is not None,
+                 len(gpu.nvlinks), len(gpu.mig_instances)]
+                for gpu in source.read().gpus
+            ]
+            time.sleep(0.1)
+        source.stop()
+        print(json.dumps(found))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(fake_nvml.library)],
+        env={**os.environ, **fake_nvml.env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    # GPU 0 with profiling and two NVLinks, GPU 1 with a MIG device: every helper ran
+    assert json.loads(done.stdout) == [[True, [], True, 2, 0], [True, [], False, 0, 1]], done.stderr

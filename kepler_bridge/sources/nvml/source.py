@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import time
@@ -9,7 +10,7 @@ from typing import Any
 
 import pynvml
 
-from kepler_bridge.model import GpuReading, SourceReading, replaced
+from kepler_bridge.model import GpuReading, SourceReading, made
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading
 from kepler_bridge.sources.nvml import gpm, library
@@ -32,6 +33,8 @@ NOTHING_ANSWERED = (
     "check it with `nvidia-smi -q -i {index}`"
 )
 
+UINT, ULONGLONG = ctypes.c_uint, ctypes.c_ulonglong
+
 # Bits of nvmlDeviceGetCurrentClocksEventReasons, named as in NVML's header.
 THROTTLE_REASONS = (
     (0x1, "gpu_idle"),
@@ -45,9 +48,8 @@ THROTTLE_REASONS = (
     (0x100, "display_clock_setting"),
 )
 
-# What each up GPU's reading is made from: `replaced` copies it with the values read, some five
-# times cheaper than the frozen dataclass's __init__ of some 60 fields.
-BLANK = GpuReading(index=0, uuid="", vendor="nvidia", model="")
+# The fields each up GPU's reading starts from: the defaults of every field.
+BLANK_FIELDS = vars(GpuReading(index=0, uuid="", vendor="nvidia", model=""))
 
 
 class NvmlSource(Source):
@@ -135,6 +137,7 @@ class NvmlSource(Source):
                 return self._down(device)
             try:
                 _acquire(device)
+                device.blank = {**BLANK_FIELDS, **self._names(device)}
             except pynvml.NVMLError as err:
                 device.fail(str(err), self.config.interval, now)
                 return self._down(device)
@@ -163,41 +166,39 @@ class NvmlSource(Source):
 
     def _values(self, device: Device) -> GpuReading:
         """Every value of one GPU, each checked against its physical range."""
-        utilization, memory_utilization, encoder, decoder = _utilization(device)
-        power, limit, energy = _power(device)
-        sm_clock, memory_clock = _clocks(device)
-        fan = device.query("fan", pynvml.nvmlDeviceGetFanSpeed, device.handle)
-        transmit, receive = _pcie(device)
-        pstate = device.query("pstate", pynvml.nvmlDeviceGetPerformanceState, device.handle)
+        # Filled in a copy of the GPU's blank fields, and the record made of that very dict: the
+        # reading is made anew every sample, and a dict of some 60 fields copied once.
+        fields = device.blank.copy()
+        (
+            fields["utilization"],
+            fields["memory_utilization"],
+            fields["encoder_utilization"],
+            fields["decoder_utilization"],
+        ) = _utilization(device)
+        fields["power_watts"], fields["power_limit_watts"], fields["energy_joules"] = _power(device)
+        fields["sm_clock_hertz"], fields["memory_clock_hertz"] = _clocks(device)
+        fan = device.value("fan", "nvmlDeviceGetFanSpeed", UINT)
+        fields["fan_speed_ratio"] = ranges.ratio_from_percent(fan)
+        (
+            fields["pcie_transmit_bytes_per_second"],
+            fields["pcie_receive_bytes_per_second"],
+        ) = _pcie(device)
+        pstate = device.value("pstate", "nvmlDeviceGetPerformanceState", UINT)
+        if pstate is not None and 0 <= pstate <= 15:
+            fields["performance_state"] = pstate
         xids = self.xids.counter.of(device.index)
-        fields = dict(
-            self._names(device),
-            **_memory(device),
-            utilization=utilization,
-            memory_utilization=memory_utilization,
-            encoder_utilization=encoder,
-            decoder_utilization=decoder,
-            temperature_celsius=_temperature(device),
-            memory_temperature_celsius=_memory_temperature(device),
-            power_watts=power,
-            power_limit_watts=limit,
-            energy_joules=energy,
-            sm_clock_hertz=sm_clock,
-            memory_clock_hertz=memory_clock,
-            fan_speed_ratio=ranges.ratio_from_percent(fan),
-            pcie_transmit_bytes_per_second=transmit,
-            pcie_receive_bytes_per_second=receive,
-            performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
-            throttled=_throttled(device),
-            xid_errors=xids.counts,
-            last_xid_timestamp=xids.last_seen,
-            last_xid_code=xids.last_code,
-            processes=gpu_processes(device, self.config.procfs),
-            **device.profiling(),
-            **reliability(device),
-        )
+        fields["xid_errors"] = xids.counts
+        fields["last_xid_timestamp"] = xids.last_seen
+        fields["last_xid_code"] = xids.last_code
+        fields.update(_memory(device))
+        fields["temperature_celsius"] = _temperature(device)
+        fields["memory_temperature_celsius"] = _memory_temperature(device)
+        fields["throttled"] = _throttled(device)
+        fields["processes"] = gpu_processes(device, self.config.procfs)
+        fields.update(device.profiling())
+        fields.update(reliability(device))
         add_mig(device, fields)
-        return replaced(BLANK, **fields)
+        return made(GpuReading, fields)
 
 
 def _acquire(device: Device) -> None:
@@ -249,10 +250,9 @@ def _memory(device: Device) -> dict[str, int | None]:
 
 def _power(device: Device) -> tuple[float | None, float | None, float | None]:
     """Power and its enforced limit in watts, and the energy counter in joules."""
-    h = device.handle
-    power = device.query("power", pynvml.nvmlDeviceGetPowerUsage, h)
-    limit = device.query("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
-    energy = device.query("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
+    power = device.value("power", "nvmlDeviceGetPowerUsage", UINT)
+    limit = device.value("power_limit", "nvmlDeviceGetEnforcedPowerLimit", UINT)
+    energy = device.value("energy", "nvmlDeviceGetTotalEnergyConsumption", ULONGLONG)
     return (
         ranges.watts(power / 1000 if power is not None else None),
         ranges.watts(limit / 1000 if limit is not None else None),
@@ -262,9 +262,8 @@ def _power(device: Device) -> tuple[float | None, float | None, float | None]:
 
 def _clocks(device: Device) -> tuple[float | None, float | None]:
     """SM and memory clocks in hertz."""
-    h = device.handle
-    sm = device.query("sm_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
-    memory = device.query("mem_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM)
+    sm = device.value("sm_clock", "nvmlDeviceGetClockInfo", UINT, pynvml.NVML_CLOCK_SM)
+    memory = device.value("mem_clock", "nvmlDeviceGetClockInfo", UINT, pynvml.NVML_CLOCK_MEM)
     return (
         ranges.hertz(sm * 1e6 if sm is not None else None),
         ranges.hertz(memory * 1e6 if memory is not None else None),
@@ -273,10 +272,9 @@ def _clocks(device: Device) -> tuple[float | None, float | None]:
 
 def _pcie(device: Device) -> tuple[float | None, float | None]:
     """PCIe transmit and receive throughput in bytes per second."""
-    h = device.handle
-    throughput = pynvml.nvmlDeviceGetPcieThroughput
-    tx = device.query("pcie_tx", throughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-    rx = device.query("pcie_rx", throughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+    throughput = "nvmlDeviceGetPcieThroughput"
+    tx = device.value("pcie_tx", throughput, UINT, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+    rx = device.value("pcie_rx", throughput, UINT, pynvml.NVML_PCIE_UTIL_RX_BYTES)
     return (
         ranges.bounded(tx * 1024 if tx is not None else None, 0, ranges.MAX_BYTES_PER_SECOND),
         ranges.bounded(rx * 1024 if rx is not None else None, 0, ranges.MAX_BYTES_PER_SECOND),
@@ -284,8 +282,8 @@ def _pcie(device: Device) -> tuple[float | None, float | None]:
 
 
 def _temperature(device: Device) -> float | None:
-    celsius = device.query(
-        "temperature", pynvml.nvmlDeviceGetTemperature, device.handle, pynvml.NVML_TEMPERATURE_GPU
+    celsius = device.value(
+        "temperature", "nvmlDeviceGetTemperature", UINT, pynvml.NVML_TEMPERATURE_GPU
     )
     return ranges.celsius(celsius)
 
@@ -307,10 +305,11 @@ def _memory_temperature(device: Device) -> float | None:
 
 
 def _throttled(device: Device) -> tuple[tuple[str, bool], ...]:
-    h = device.handle
-    mask = device.query("clocks_event_reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)
+    mask = device.value("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", ULONGLONG)
     if mask is None:
-        mask = device.query("throttle_reasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        mask = device.value(
+            "throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", ULONGLONG
+        )
     if mask is None or mask >= 1 << 32:
         return ()
     return _reasons(mask)
