@@ -5,15 +5,17 @@ from __future__ import annotations
 import math
 import threading
 from array import array
+from operator import attrgetter
 from typing import Callable, NamedTuple
 
-from kepler_bridge.model import Anomalies, GpuReading, Snapshot, replaced
+from kepler_bridge.model import Anomalies, Snapshot, replaced
 from kepler_bridge.turns import TURNS
 
 MAX_SAMPLES = 300
 MAX_SECONDS = 300.0
 # What the live page charts per device; a sample keeps these and nothing else.
 FIELDS = ("utilization", "memory_used_bytes", "temperature_celsius", "power_watts")
+_FIELDS, _NONE = attrgetter(*FIELDS), (None,) * len(FIELDS)
 
 
 class Sample(NamedTuple):
@@ -39,19 +41,25 @@ class History:
         uuids = tuple([gpu.uuid for gpu in snapshot.gpus])
         if samples and samples[-1].uuids == uuids:
             uuids = samples[-1].uuids
-        values = array("d", [_value(gpu, name) for gpu in snapshot.gpus for name in FIELDS])
+        values = array(
+            "d",
+            [
+                math.nan if value is None else round(float(value), 3)
+                for gpu in snapshot.gpus
+                for value in (_FIELDS(gpu) if gpu.up else _NONE)
+            ],
+        )
         oldest = snapshot.timestamp - MAX_SECONDS
-        kept = tuple(s for s in samples[-(MAX_SAMPLES - 1) :] if s.timestamp > oldest)
-        self._samples = (*kept, Sample(snapshot.timestamp, uuids, values))
+        # Samples come in time order, so the old ones are at the front: a slice, not a walk.
+        # (A wall clock stepped back keeps the samples ahead of it until the count drops them.)
+        start = max(0, len(samples) - (MAX_SAMPLES - 1))
+        while start < len(samples) and samples[start].timestamp <= oldest:
+            start += 1
+        self._samples = (*samples[start:], Sample(snapshot.timestamp, uuids, values))
 
     def samples(self) -> tuple[Sample, ...]:
         """The samples held now, oldest first."""
         return self._samples
-
-
-def _value(gpu: GpuReading, name: str) -> float:
-    value = getattr(gpu, name) if gpu.up else None
-    return math.nan if value is None else round(float(value), 3)
 
 
 class SnapshotStore:
