@@ -102,6 +102,15 @@ class Device:
         """`query` of an NVML getter of one number, `function(handle, *args, &number)`, called
         without pynvml's wrapper (about half the cost of a call): the function looked up once, its
         output kept and read as `kind`."""
+        number = self._get(name, function, kind, args)
+        return None if number is None else number.value
+
+    def record(self, name: str, function: str, make: Callable[[], Any], *args: int) -> Any:
+        """`value` of a getter that fills a structure, `make()` made once: the very structure at
+        every call, to be read before the next."""
+        return self._get(name, function, make, args)
+
+    def _get(self, name: str, function: str, make: Callable[[], Any], args: tuple) -> Any:
         retry = self.unsupported.get(name)
         if retry is not None and not retry.due(self.now):
             return None
@@ -114,9 +123,9 @@ class Device:
                     self.cannot(name)
                     return None
                 raise
-            number = kind()
-            getter = self.getters[name] = (call, (*args, ctypes.byref(number)), number)
-        call, arguments, number = getter
+            output = make()
+            getter = self.getters[name] = (call, (*args, ctypes.byref(output)), output)
+        call, arguments, output = getter
         result = call(self.handle, *arguments)
         if result != pynvml.NVML_SUCCESS:
             if result in UNSUPPORTED:
@@ -126,7 +135,7 @@ class Device:
         if retry is not None:
             del self.unsupported[name]
         self.answered.add(name)
-        return number.value
+        return output
 
     def profiling(self) -> dict[str, Any]:
         """This interval's GPM fields; what GPM said it cannot do is asked again when due."""

@@ -214,7 +214,9 @@ def _acquire(device: Device) -> None:
 def _utilization(device: Device) -> tuple[float | None, float | None, float | None, float | None]:
     """GPU, memory, encoder and decoder utilization as ratios."""
     h = device.handle
-    rates = device.query("utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
+    rates = device.record(
+        "utilization", "nvmlDeviceGetUtilizationRates", pynvml.c_nvmlUtilization_t
+    )
     encoder = device.query("encoder", pynvml.nvmlDeviceGetEncoderUtilization, h)
     decoder = device.query("decoder", pynvml.nvmlDeviceGetDecoderUtilization, h)
     return (
@@ -228,10 +230,9 @@ def _utilization(device: Device) -> tuple[float | None, float | None, float | No
 def _memory(device: Device) -> dict[str, int | None]:
     """GpuReading fields of total, used, free and reserved memory bytes (reserved from the v2 call
     only); each but the total only where it fits in the total."""
-    h = device.handle
-    info = device.query("memory_v2", pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
+    info = device.record("memory_v2", "nvmlDeviceGetMemoryInfo_v2", _memory_v2)
     if info is None:
-        info = device.query("memory", pynvml.nvmlDeviceGetMemoryInfo, h)
+        info = device.query("memory", pynvml.nvmlDeviceGetMemoryInfo, device.handle)
     total = None if info is None else ranges.byte_count(info.total)
     if info is None or total is None:
         return {}
@@ -281,6 +282,18 @@ def _pcie(device: Device) -> tuple[float | None, float | None]:
     )
 
 
+def _memory_v2() -> pynvml.c_nvmlMemory_v2_t:
+    info = pynvml.c_nvmlMemory_v2_t()
+    info.version = pynvml.nvmlMemory_v2
+    return info
+
+
+def _memory_temperature_field() -> pynvml.c_nvmlFieldValue_t:
+    field = pynvml.c_nvmlFieldValue_t()
+    field.fieldId = pynvml.NVML_FI_DEV_MEMORY_TEMP
+    return field
+
+
 def _temperature(device: Device) -> float | None:
     celsius = device.value(
         "temperature", "nvmlDeviceGetTemperature", UINT, pynvml.NVML_TEMPERATURE_GPU
@@ -289,15 +302,11 @@ def _temperature(device: Device) -> float | None:
 
 
 def _memory_temperature(device: Device) -> float | None:
-    values = device.query(
-        "memory_temperature",
-        pynvml.nvmlDeviceGetFieldValues,
-        device.handle,
-        [pynvml.NVML_FI_DEV_MEMORY_TEMP],
+    value = device.record(
+        "memory_temperature", "nvmlDeviceGetFieldValues", _memory_temperature_field, 1
     )
-    if values is None:
+    if value is None:
         return None
-    value = values[0]
     if value.nvmlReturn != pynvml.NVML_SUCCESS:
         device.cannot("memory_temperature")
         return None
