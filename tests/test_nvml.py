@@ -839,3 +839,45 @@ def test_a_reading_holds_every_field_of_a_gpu_reading_and_no_other(fake_nvml: Fa
     )
     # GPU 0 with profiling and two NVLinks, GPU 1 with a MIG device: every helper ran
     assert json.loads(done.stdout) == [[True, [], True, 2, 0], [True, [], False, 0, 1]], done.stderr
+
+
+def test_process_lists_longer_than_their_buffers_are_read_whole(fake_nvml: FakeNvml) -> None:
+    """A list call answers "too small" when the GPU has more processes than the buffer kept for
+    it holds: the buffer grows and the list is read whole, at once; a shorter list later is read
+    into the same buffer without leftovers."""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from pathlib import Path
+        sys.path.insert(0, sys.argv[2])
+        from fakenvml import FakeNvml
+        from kepler_bridge import config
+        from kepler_bridge.sources.nvml.source import NvmlSource
+
+        fake = FakeNvml(Path(sys.argv[1]), Path(sys.argv[3]), gpus=2, processes_per_gpu=2)
+        source = NvmlSource(config.load({"nvml_library": sys.argv[1]}, {}))
+        source.start()
+        counts = []
+        for count in (3, 100, 5, 300):
+            fake.processes(0, [{"pid": 200000 + n, "used_memory": 2**30} for n in range(count)])
+            counts.append([len(gpu.processes) for gpu in source.read().gpus])
+        source.stop()
+        print(json.dumps(counts))
+        """
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            str(fake_nvml.library),
+            str(Path(__file__).parent),
+            str(fake_nvml.config),
+        ],
+        env={**os.environ, **fake_nvml.env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(done.stdout) == [[3, 2], [100, 2], [5, 2], [300, 2]], done.stderr

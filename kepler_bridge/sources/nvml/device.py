@@ -54,7 +54,7 @@ class Device:
     process_inputs: tuple[dict[int, int | None], dict[int, float] | None] | None = None
     gpm: Gpm = field(default_factory=Gpm)
     mig_profiles: dict[int, Any] | None = None  # mig.py's GPU instance profiles, asked once
-    lists: dict[str, Any] = field(default_factory=dict)  # processes.py's buffers, by NVML call
+    lists: dict[str, Any] = field(default_factory=dict)  # processes.py's list calls, by name
     # reliability.py's slow counters (GpuReading fields) as last read, and when; links.py's
     # error counters of each link that was up.
     counters: dict[str, Any] | None = None

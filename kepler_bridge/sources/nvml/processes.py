@@ -1,9 +1,10 @@
 """The processes on one GPU: their memory, SM utilization, comm and container; and whether the
 agent's pid namespace hides those of other pods from NVML.
 
-The process lists are read into buffers kept per GPU and NVML call, with the records unpacked
-straight from them: one NVML call each while the buffer is large enough (pynvml's wrappers ask
-twice, the first time for the count, and convert each record field by field)."""
+The process lists are read into buffers kept per GPU and NVML call (with the function and the
+count), with the records unpacked straight from them: one NVML call each while the buffer is large
+enough (pynvml's wrappers ask twice, the first time for the count, and convert each record field
+by field)."""
 
 from __future__ import annotations
 
@@ -104,19 +105,28 @@ def _listed(
 ) -> list[tuple[Any, ...]]:
     """The records of an NVML list call, asked with `ask(function, count pointer, buffer)`, read
     into the device's buffer for that call, which grows when NVML says it is too small."""
-    # pynvml's own lookup, as its wrappers do: cached, and FunctionNotFound on an older driver.
-    function = pynvml._nvmlGetFunctionPointer(call)
-    buffer = device.lists.get(call) or ctypes.create_string_buffer(record.size * FIRST_CAPACITY)
+    kept = device.lists.get(call)
+    if kept is None:
+        # pynvml's own lookup, as its wrappers do: FunctionNotFound on an older driver.
+        count = ctypes.c_uint()
+        buffer = ctypes.create_string_buffer(record.size * FIRST_CAPACITY)
+        kept = device.lists[call] = (
+            pynvml._nvmlGetFunctionPointer(call),
+            count,
+            ctypes.byref(count),
+            buffer,
+        )
+    function, count, pointer, buffer = kept
     for _ in range(GROW_TRIES):
-        count = ctypes.c_uint(len(buffer) // record.size)
-        result = ask(function, ctypes.byref(count), buffer)
+        count.value = len(buffer) // record.size
+        result = ask(function, pointer, buffer)
         if result != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
             break
         buffer = ctypes.create_string_buffer(record.size * (count.value * 2 + 5))
-    device.lists[call] = buffer
+        device.lists[call] = (function, count, pointer, buffer)
     if result != pynvml.NVML_SUCCESS:
         raise pynvml.NVMLError(result)
-    return list(record.iter_unpack(ctypes.string_at(buffer, count.value * record.size)))
+    return list(record.iter_unpack(memoryview(buffer)[: count.value * record.size]))
 
 
 def _utilization(device: Device) -> dict[int, float] | None:
@@ -140,9 +150,10 @@ def _utilization(device: Device) -> dict[int, float] | None:
         return None
     latest: dict[int, tuple[int, float]] = {}
     for pid, stamp, sm, _, _, _ in samples:
-        util = PERCENTS[sm] if sm <= 100 else None
-        if util is not None and stamp >= latest.get(pid, (0, 0.0))[0]:
-            latest[pid] = (stamp, util)
+        if sm <= 100:
+            last = latest.get(pid)
+            if last is None or stamp >= last[0]:
+                latest[pid] = (stamp, PERCENTS[sm])
     return {pid: util for pid, (_, util) in latest.items()}
 
 
