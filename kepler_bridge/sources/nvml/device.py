@@ -61,7 +61,8 @@ class Device:
     counters_at: float = 0.0
     counters_due: bool = True  # set by begin(): read the slow counters in this sample
     link_errors: dict[int, tuple[tuple[str, int], ...]] = field(default_factory=dict)
-    # value()'s NVML getters by name: the function, its arguments after the handle, its output.
+    # value()'s and record()'s NVML getters by name: the function, its arguments after the handle
+    # and its output.
     getters: dict[str, tuple[Any, tuple[Any, ...], Any]] = field(default_factory=dict)
 
     def fail(self, message: str, interval: float, now: float) -> None:
