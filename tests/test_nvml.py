@@ -881,3 +881,50 @@ def test_process_lists_longer_than_their_buffers_are_read_whole(fake_nvml: FakeN
         check=True,
     )
     assert json.loads(done.stdout) == [[3, 2], [100, 2], [5, 2], [300, 2]], done.stderr
+
+
+def test_a_getter_the_driver_lacks_is_remembered_as_not_supported(fake_nvml: FakeNvml) -> None:
+    """A getter called through its function pointer (Device.value) that an older driver does not
+    export reads as "cannot report", is remembered, and is not looked up again until its
+    re-probe; another error of such a getter raises as query's do."""
+    fake_nvml.gpu(0, errors={"power_usage": pynvml.NVML_ERROR_GPU_IS_LOST})
+    script = textwrap.dedent(
+        """
+        import ctypes, json, sys
+        import pynvml
+        from kepler_bridge import config
+        from kepler_bridge.sources.nvml.source import NvmlSource
+
+        source = NvmlSource(config.load({"nvml_library": sys.argv[1]}, {}))
+        source.start()
+        source.read()
+        gpu1 = source.devices[1]
+        missing = gpu1.value("absent", "nvmlDeviceGetNoSuchValue", ctypes.c_uint)
+        again = gpu1.value("absent", "nvmlDeviceGetNoSuchValue", ctypes.c_uint)
+        try:
+            gpu1.handle = pynvml.nvmlDeviceGetHandleByIndex(0)  # lost, on every call
+            gpu1.value("power", "nvmlDeviceGetPowerUsage", ctypes.c_uint)
+            raised = None
+        except pynvml.NVMLError as err:
+            raised = err.value
+        source.stop()
+        print(json.dumps([missing, again, "absent" in gpu1.unsupported,
+                          "power" in gpu1.unsupported, "absent" in gpu1.getters, raised]))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(fake_nvml.library)],
+        env={**os.environ, **fake_nvml.env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(done.stdout) == [
+        None,
+        None,
+        True,
+        False,
+        False,
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+    ], done.stderr

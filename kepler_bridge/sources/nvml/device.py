@@ -103,39 +103,25 @@ class Device:
         """`query` of an NVML getter of one number, `function(handle, *args, &number)`, called
         without pynvml's wrapper (about half the cost of a call): the function looked up once, its
         output kept and read as `kind`."""
-        number = self._get(name, function, kind, args)
+        number = self.query(name, self._fill, name, function, kind, args)
         return None if number is None else number.value
 
     def record(self, name: str, function: str, make: Callable[[], Any], *args: int) -> Any:
         """`value` of a getter that fills a structure, `make()` made once: the very structure at
         every call, to be read before the next."""
-        return self._get(name, function, make, args)
+        return self.query(name, self._fill, name, function, make, args)
 
-    def _get(self, name: str, function: str, make: Callable[[], Any], args: tuple) -> Any:
-        retry = self.unsupported.get(name)
-        if retry is not None and not retry.due(self.now):
-            return None
+    def _fill(self, name: str, function: str, make: Callable[[], Any], args: tuple) -> Any:
+        """Call the getter kept under `name` (looked up and its output made at the first call:
+        FunctionNotFound on an older driver) and return its output; NVMLError on an error."""
         getter = self.getters.get(name)
         if getter is None:
-            try:
-                call = pynvml._nvmlGetFunctionPointer(function)
-            except pynvml.NVMLError as err:
-                if err.value in UNSUPPORTED:  # FunctionNotFound: an older driver
-                    self.cannot(name)
-                    return None
-                raise
-            output = make()
+            call, output = pynvml._nvmlGetFunctionPointer(function), make()
             getter = self.getters[name] = (call, (*args, ctypes.byref(output)), output)
         call, arguments, output = getter
         result = call(self.handle, *arguments)
         if result != pynvml.NVML_SUCCESS:
-            if result in UNSUPPORTED:
-                self.cannot(name)
-                return None
             raise pynvml.NVMLError(result)
-        if retry is not None:
-            del self.unsupported[name]
-        self.answered.add(name)
         return output
 
     def profiling(self) -> dict[str, Any]:
