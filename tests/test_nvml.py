@@ -800,6 +800,20 @@ def test_gpm_given_up_on_a_transient_not_supported_comes_back(fake_nvml: FakeNvm
     assert calls["nvmlGpmSampleAlloc"] == calls["nvmlGpmSampleFree"]
 
 
+def _printed(fake: FakeNvml, script: str, *args: str) -> tuple[object, str]:
+    """The JSON a Python `script` prints, run with the fake's library (argv[1], then `args`) in
+    a process of its own (pynvml's state is per process); and its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(fake.library), *args],
+        env={**os.environ, **fake.env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout), done.stderr
+
+
 def test_a_reading_holds_every_field_of_a_gpu_reading_and_no_other(fake_nvml: FakeNvml) -> None:
     """The source fills a dict of fields into each reading without __init__: whatever a helper
     adds (MIG, profiling, slow counters, NVLinks) must be a GpuReading field."""
@@ -829,16 +843,9 @@ def test_a_reading_holds_every_field_of_a_gpu_reading_and_no_other(fake_nvml: Fa
         print(json.dumps(found))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(fake_nvml.library)],
-        env={**os.environ, **fake_nvml.env()},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    found, stderr = _printed(fake_nvml, script)
     # GPU 0 with profiling and two NVLinks, GPU 1 with a MIG device: every helper ran
-    assert json.loads(done.stdout) == [[True, [], True, 2, 0], [True, [], False, 0, 1]], done.stderr
+    assert found == [[True, [], True, 2, 0], [True, [], False, 0, 1]], stderr
 
 
 def test_process_lists_longer_than_their_buffers_are_read_whole(fake_nvml: FakeNvml) -> None:
@@ -865,22 +872,8 @@ def test_process_lists_longer_than_their_buffers_are_read_whole(fake_nvml: FakeN
         print(json.dumps(counts))
         """
     )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            script,
-            str(fake_nvml.library),
-            str(Path(__file__).parent),
-            str(fake_nvml.config),
-        ],
-        env={**os.environ, **fake_nvml.env()},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert json.loads(done.stdout) == [[3, 2], [100, 2], [5, 2], [300, 2]], done.stderr
+    found, stderr = _printed(fake_nvml, script, str(Path(__file__).parent), str(fake_nvml.config))
+    assert found == [[3, 2], [100, 2], [5, 2], [300, 2]], stderr
 
 
 def test_a_getter_the_driver_lacks_is_remembered_as_not_supported(fake_nvml: FakeNvml) -> None:
@@ -912,19 +905,12 @@ def test_a_getter_the_driver_lacks_is_remembered_as_not_supported(fake_nvml: Fak
                           "power" in gpu1.unsupported, "absent" in gpu1.getters, raised]))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(fake_nvml.library)],
-        env={**os.environ, **fake_nvml.env()},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert json.loads(done.stdout) == [
+    found, stderr = _printed(fake_nvml, script)
+    assert found == [
         None,
         None,
         True,
         False,
         False,
         pynvml.NVML_ERROR_GPU_IS_LOST,
-    ], done.stderr
+    ], stderr
