@@ -914,3 +914,37 @@ def test_a_getter_the_driver_lacks_is_remembered_as_not_supported(fake_nvml: Fak
         False,
         pynvml.NVML_ERROR_GPU_IS_LOST,
     ], stderr
+
+
+def test_a_sample_takes_the_xids_nvml_holds_and_at_most_its_bound(fake_nvml: FakeNvml) -> None:
+    """The sampler takes XID events without waiting, each read: no event thread. A driver holding
+    more than MAX_EVENTS_PER_SAMPLE gives the rest to the next reads, none lost or counted twice."""
+    script = textwrap.dedent(
+        """
+        import json, sys, threading
+        from pathlib import Path
+        sys.path.insert(0, sys.argv[2])
+        from fakenvml import FakeNvml
+        from kepler_bridge import config
+        from kepler_bridge.sources.nvml.events import MAX_EVENTS_PER_SAMPLE
+        from kepler_bridge.sources.nvml.source import NvmlSource
+
+        fake = FakeNvml(Path(sys.argv[1]), Path(sys.argv[3]), gpus=2, processes_per_gpu=0)
+        source = NvmlSource(config.load({"nvml_library": sys.argv[1]}, {}))
+        source.start()
+        threads = threading.active_count()
+        for n in range(MAX_EVENTS_PER_SAMPLE + 44):
+            fake.add_xid(n % 2, 13 if n % 2 else 79)
+        totals = []
+        for _ in range(3):
+            gpus = source.read().gpus
+            totals.append([sum(count for _, count in gpu.xid_errors) for gpu in gpus])
+        source.stop()
+        print(json.dumps([MAX_EVENTS_PER_SAMPLE, totals, threads]))
+        """
+    )
+    found, stderr = _printed(fake_nvml, script, str(Path(__file__).parent), str(fake_nvml.config))
+    bound, totals, threads = found
+    half = bound // 2
+    assert totals == [[half, half], [half + 22, half + 22], [half + 22, half + 22]], stderr
+    assert threads == 1, "the nvml source started a thread"

@@ -2261,9 +2261,12 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
         c.rc = NVML_ERROR_INVALID_ARGUMENT;
     if (c.rc)
         return leave(&c);
-    cfg_watch watch;
-    watch_config_locked(&watch); /* before the first look: a change after it wakes the wait */
-    leave(&c);                   /* unlock and apply delay_ms */
+    cfg_watch watch = {.fd = -1};
+    /* Before the first look: a change after it wakes the wait.  A wait of 0 ms is one look, as
+     * the driver's is: no watch (closing an inotify instance costs about a millisecond). */
+    if (timeoutms > 0)
+        watch_config_locked(&watch);
+    leave(&c); /* unlock and apply delay_ms */
 
     long long deadline = mono_ms() + (long long)timeoutms;
     for (;;) {

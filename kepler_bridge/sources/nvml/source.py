@@ -90,12 +90,9 @@ class NvmlSource(Source):
             log.warning("nvml: %s", self.pid_namespace)
 
     def stop(self) -> None:
-        # The GPM samples are freed before the wait for the event thread, which may last a whole
-        # event wait: a worker has a second to exit.
         self.xids.stop()
         for device in self.devices:
             device.gpm.close()
-        self.xids.join()
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as err:
@@ -103,6 +100,7 @@ class NvmlSource(Source):
 
     def read(self) -> SourceReading:
         now = time.monotonic()
+        self.xids.drain()
         gpus = tuple(self._read_device(device, now) for device in self.devices)
         return device_reading(gpus, "GPU")
 
