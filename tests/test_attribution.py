@@ -596,6 +596,51 @@ def test_top_n_sums_the_rest_into_other_and_series_start_when_shown() -> None:
     }
 
 
+def test_process_rows_follow_each_change_of_owner_and_joules_and_only_those() -> None:
+    """A process that used nothing keeps its row (the ledger and the counters reuse the last one
+    instead of making it anew); one whose pod changed or that used energy gets a new one."""
+    attribution, counters = Attribution(process_limit=None), MonotonicCounters()
+    zone = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731
+    web, train = PodRef("shop", "web-1", "nginx"), PodRef("ml", "train-0", "main")
+    steps = [  # (CPU seconds of processes 1 and 2, process 2's owner)
+        ({1: 1.0, 2: 1.0}, web),
+        ({1: 1.0, 2: 1.0}, web),
+        ({1: 1.0, 2: 1.0}, train),
+        ({1: 2.0, 2: 1.0}, train),
+    ]
+    seen = []
+    for second, (cpu, owner) in enumerate(steps, start=1):
+        rows = [ProcessCpu(pid, "x", seconds, "c1") for pid, seconds in cpu.items()]
+        increases = counters.cpu_increases(rows)
+        shown, _ = counters.process_seconds(increases)
+        found = {key: PODS["c1"] if key[0] == 1 else owner for key in increases}
+        energy = attribution.update(
+            SampleInputs(
+                float(second),
+                zone(second * 4_000_000),
+                CpuTimes(float(second), float(second)),
+                cpu_increases=increases,
+                owners=found,
+            )
+        )
+        seen.append(
+            ({row.pid: row for row in shown}, {row.pid: row for row in energy.cpu_processes})
+        )
+    owners = [{pid: row.owner.pod for pid, row in joules.items()} for _, joules in seen]
+    assert owners == [{"1": "web-1", "2": "web-1"}] * 2 + [{"1": "web-1", "2": "train-0"}] * 2
+    assert [{pid: row.cpu_seconds for pid, row in cpu.items()} for cpu, _ in seen] == [
+        {1: 1.0, 2: 1.0}
+    ] * 3 + [{1: 2.0, 2: 1.0}]
+    joules = [{pid: row.cpu_joules for pid, row in rows.items()} for _, rows in seen]
+    assert joules[0] == joules[1] == joules[2] and joules[3]["1"] > joules[2]["1"]
+    assert joules[3]["2"] == joules[2]["2"]
+    # Unchanged rows are the very rows of the sample before; changed ones are new.
+    (cpu2, rows2), (cpu3, rows3), (cpu4, rows4) = seen[1], seen[2], seen[3]
+    assert rows2["1"] is seen[0][1]["1"] and rows3["1"] is rows2["1"]
+    assert rows3["2"] is not rows2["2"] and rows4["2"] is rows3["2"]
+    assert cpu2[1] is seen[0][0][1] and cpu4[1] is not cpu3[1] and cpu4[2] is cpu3[2]
+
+
 def test_each_kind_ranks_processes_by_its_own_joules() -> None:
     attribution = Attribution(gpu_idle_watts=0.0, process_limit=1)
     zone = lambda uj: (RaplZone("intel-rapl:0", "package", uj, REAL_MAX_UJ),)  # noqa: E731

@@ -17,7 +17,7 @@ from kepler_bridge.model import (
 )
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import code, integer, number, optional_number, text
-from kepler_bridge.sampling.top import TopCounter
+from kepler_bridge.sampling.top import ShownRows, TopCounter
 
 Number = TypeVar("Number", int, float)
 _SECONDS = attrgetter("cpu_seconds")
@@ -95,6 +95,7 @@ class MonotonicCounters:
         self._seconds: list[float] = []
         self._last_rows: tuple[ProcessCpu, ...] = ()  # the rows `_keys` and `_seconds` came from
         self._total_keys: list[ProcessLabels] | None = []
+        self._shown: ShownRows[ProcessLabels, ProcessLabels, ProcessCpu] = ShownRows()
         # [pid, comm, container id, last CPU seconds, total] of each process of the last sample.
         self._rows = carry.Table(_cells, self._process_numbers)
         # [uuid, counter name, last raw value, value] of each device counter.
@@ -264,8 +265,8 @@ class MonotonicCounters:
             self._total_keys = keys
         self._rows.changed(grew)  # cpu_increases marked the new and the gone
         shown = self._process_family.update(self._process_total, grew)
-        rows = tuple(ProcessCpu(pid, comm, seconds, cid) for (pid, comm, cid), seconds in shown)
-        return rows, self._process_family.other
+        rows = self._shown.rows(shown, _same, _process_row)
+        return tuple(rows), self._process_family.other
 
     def containers(self, increases: Mapping[ProcessLabels, float]) -> tuple[tuple[str, float], ...]:
         """Per-container CPU seconds as sums of process increases, so a process leaving never
@@ -353,3 +354,12 @@ def _process_values(value: object) -> dict[ProcessLabels, float]:
     """Rows [pid, comm, container id, value] as a mapping by process."""
     found = carry.rows(value, integer, text, text, number)
     return {(pid, comm, cid): seconds for pid, comm, cid, seconds in found}
+
+
+def _same(key: ProcessLabels) -> ProcessLabels:
+    return key
+
+
+def _process_row(key: ProcessLabels, seconds: float) -> ProcessCpu:
+    pid, comm, container_id = key
+    return ProcessCpu(pid, comm, seconds, container_id)

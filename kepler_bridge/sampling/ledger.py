@@ -20,7 +20,7 @@ from kepler_bridge.model import Holder, PodRef, ProcessLabels, WorkloadEnergy, r
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import integer, number, optional_number, text
 from kepler_bridge.sampling.presence import ContainerKey, Containers, Presence, container_key
-from kepler_bridge.sampling.top import TopCounter
+from kepler_bridge.sampling.top import ShownRows, TopCounter
 
 KINDS = ("cpu", "gpu")  # the fields of Joules, and the `kind` of each per-process family
 K = TypeVar("K", bound=Hashable)
@@ -85,6 +85,9 @@ class Ledger:
         self._counted = Containers()  # the containers of the processes
         self._rows = carry.Table(self._process_labels, self._process_numbers)
         self._offset_rows = {kind: carry.Rows() for kind in KINDS}
+        self._shown: dict[str, ShownRows[ProcessLabels, WorkloadEnergy, WorkloadEnergy]] = {
+            kind: ShownRows() for kind in KINDS
+        }
 
     def configure(self, *, process_limit: int | None, grace: float, max_processes: int) -> None:
         """Set the settings; called again on reload, when the accumulated joules stay."""
@@ -153,10 +156,11 @@ class Ledger:
             totals = self._gpu
             grew = list(map(_OF_GPU, increments.values()))
             gained = dict(compress(zip(increments, grew), map(gt, grew, repeat(0))))
-        rows = [
-            _with(processes[key].labels, kind, value)
-            for key, value in family.update(totals, gained)
-        ]
+        rows = self._shown[kind].rows(
+            family.update(totals, gained),
+            lambda key: processes[key].labels,
+            lambda labels, joules: _with(labels, kind, joules),
+        )
         if family.other is not None:
             rows.append(_with(WorkloadEnergy(pid="other"), kind, family.other))
         return tuple(rows)

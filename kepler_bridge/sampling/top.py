@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from itertools import compress, filterfalse, repeat
 from operator import ge
-from typing import Generic, Hashable, Mapping, TypeVar
+from typing import Callable, Generic, Hashable, Iterable, Mapping, TypeVar
 
 from kepler_bridge.model import top
 
 K = TypeVar("K", bound=Hashable)
+L = TypeVar("L")
+R = TypeVar("R")
 
 
 class TopCounter(Generic[K]):
@@ -102,3 +104,33 @@ class TopCounter(Generic[K]):
     def restart(self, key: K) -> None:
         """Start the key's series again: its labels changed, so its old series ended."""
         self._offsets.pop(key, None)
+
+
+class ShownRows(Generic[K, L, R]):
+    """The rows of the keys a family showed last: a key shown again with the very same labels
+    object and the same value gets its last row back, not a new record (most processes used
+    nothing since the last sample)."""
+
+    def __init__(self) -> None:
+        self._last: dict[K, tuple[L, float, R]] = {}
+
+    def rows(
+        self,
+        shown: Iterable[tuple[K, float]],
+        labels: Callable[[K], L],
+        make: Callable[[L, float], R],
+    ) -> list[R]:
+        """A row per (key, value) of `shown`, in its order: `make(labels(key), value)` where the
+        key's labels or value changed."""
+        last: dict[K, tuple[L, float, R]] = self._last
+        kept: dict[K, tuple[L, float, R]] = {}
+        rows = []
+        for key, value in shown:
+            label = labels(key)
+            known = last.get(key)
+            if known is None or known[0] is not label or known[1] != value:
+                known = (label, value, make(label, value))
+            kept[key] = known
+            rows.append(known[2])
+        self._last = kept
+        return rows
