@@ -190,7 +190,7 @@ def settle_collector() -> None:
 def tune_malloc() -> None:
     """glibc: two arenas and a fixed 128 KiB mmap threshold, set before any thread or fork.
 
-    The worker runs several threads (sampler, HTTP pool, kube, NVML events) and rebuilds
+    The worker runs several threads (sampler, HTTP pool, kube, anomaly) and rebuilds
     megabyte-sized buffers every sample (counter state, renders): with per-thread arenas and glibc's
     sliding mmap threshold those freed buffers stay resident as fragmented heap. Measured: 44.6 ->
     40.3 MiB worker RSS under process churn.
