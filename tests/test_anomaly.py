@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import anomaly_traces as traces  # noqa: E402
 
-from kepler_bridge.anomaly import KINDS, fit, forest  # noqa: E402
+from kepler_bridge.anomaly import KINDS, detectors, fit, forest  # noqa: E402
 from kepler_bridge.anomaly.monitor import AnomalyMonitor, AnomalySettings  # noqa: E402
 from kepler_bridge.anomaly.watch import DeviceWatch, named, unusual_above  # noqa: E402
 from kepler_bridge.exposition import history, prometheus  # noqa: E402
@@ -60,6 +60,31 @@ def test_each_detector_fires_on_its_fault_and_not_on_the_clean_trace(
     assert faulty.fault.start <= fired[0] <= faulty.fault.start + 600.0, (fired[0], faulty.fault)
     clean = traces.clean_trace(pattern, SEED, INTERVAL, hours=12.0)
     assert not _fired(kind, clean), f"{kind} fired on {clean.name}"
+
+
+def test_the_memory_leak_verdict_follows_each_point_total_and_sensitivity() -> None:
+    """MemoryLeak keeps its verdict between two points of its window (a point every 15 s, a
+    sample every 2 s here): at every sample it is what working it out afresh gives, also right
+    after the sensitivity changed between two points."""
+    trace = traces.fault_trace("memory_leak", "steady", SEED, 2.0)
+    detector = detectors.MemoryLeak()
+    last: float | None = None
+    verdicts = []
+    for f in trace.samples:
+        if f is None:
+            detector.gap()
+            last = None
+            continue
+        detector.update(f, f.timestamp - last if last is not None else 0.0)
+        last = f.timestamp
+        verdict = detector._judge(f.memory_total)
+        assert verdict == detector._leaking(f.memory_total), f.timestamp
+        if verdict and detector.sensitivity == 1.0:
+            detector.sensitivity = 0.05  # twenty times the growth needed: no leak
+            assert detector._judge(f.memory_total) is False
+            detector.sensitivity = 1.0
+        verdicts.append(verdict)
+    assert any(verdicts) and not all(verdicts)
 
 
 def _snapshot(timestamp: float, temperature: float) -> Snapshot:

@@ -63,6 +63,9 @@ class MemoryLeak:
         self.points: deque[tuple[float, float, float]] = deque(maxlen=self.POINTS)  # t, bytes, util
         self.processes: frozenset[int] | None = None
         self.hold = Hold(0.0, 120.0)
+        # `_leaking`'s last verdict and what it depends on: the last point (the very tuple: a new
+        # one comes every STEP seconds or after a clear), the total and the sensitivity.
+        self._judged: tuple[object, float | None, float, bool] | None = None
 
     def update(self, f: Features, elapsed: float) -> bool:
         if f.memory_used is None or f.processes is None or not f.processes:
@@ -73,7 +76,20 @@ class MemoryLeak:
             self.points.clear()
         if not self.points or f.timestamp - self.points[-1][0] >= self.STEP:
             self.points.append((f.timestamp, f.memory_used, f.utilization or 0.0))
-        return self.hold.update(f.timestamp, self._leaking(f.memory_total))
+        return self.hold.update(f.timestamp, self._judge(f.memory_total))
+
+    def _judge(self, total: float | None) -> bool:
+        """`_leaking`, worked out again only when what it depends on changed."""
+        last = self.points[-1] if self.points else None
+        judged = self._judged
+        if (
+            judged is None
+            or judged[0] is not last
+            or judged[1] != total
+            or judged[2] != self.sensitivity
+        ):
+            judged = self._judged = (last, total, self.sensitivity, self._leaking(total))
+        return judged[3]
 
     def _leaking(self, total: float | None) -> bool:
         points = self.points

@@ -4,6 +4,7 @@ baseline."""
 from __future__ import annotations
 
 from collections import deque
+from typing import Sequence
 
 from kepler_bridge.anomaly.features import Features
 from kepler_bridge.anomaly.signals import Ewma, Hold
@@ -13,6 +14,7 @@ WINDOW = 600.0
 # baseline expects in the window make a burst. An uncorrected error or a remapped row is one too
 # many: the memory lost data or a spare row.
 EXCESS = (3.0, 10.0, 1.0, 1.0)
+NONE = (0,) * len(EXCESS)  # the increases of a sample that counted none
 
 
 class ErrorBurst:
@@ -35,8 +37,8 @@ class ErrorBurst:
     def update(self, f: Features, elapsed: float) -> bool:
         now = f.timestamp
         last, self.last = self.last, f.errors
-        increases = [0] * len(EXCESS)
-        if last is not None:
+        increases: Sequence[int] = NONE
+        if last is not None and last != f.errors:
             increases = [max(0, new - old) for new, old in zip(f.errors, last)]
         for counter, increase in enumerate(increases):
             if increase:

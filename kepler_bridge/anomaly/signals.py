@@ -44,7 +44,10 @@ class Ewma:
 
     def update(self, value: float, elapsed: float) -> float:
         """Take in a value that held for `elapsed` seconds."""
-        alpha = 1.0 - 0.5 ** (max(elapsed, 0.0) / self.half_life)
-        self.value = value if self.seen == 0 else self.value + alpha * (value - self.value)
+        # The mean's own value again (an error rate of 0, a state that holds) leaves it as it is,
+        # whatever the weight: most updates, and no power to work out.
+        if value != self.value:
+            alpha = 1.0 - 0.5 ** (max(elapsed, 0.0) / self.half_life)
+            self.value = value if self.seen == 0 else self.value + alpha * (value - self.value)
         self.seen = min(self.seen + elapsed, 4 * self.half_life)
         return self.value
