@@ -12,7 +12,7 @@ import sys
 import textwrap
 import tracemalloc
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import anomaly_traces as traces  # noqa: E402
 
 from kepler_bridge.anomaly import KINDS, detectors, fit, forest  # noqa: E402
+from kepler_bridge.anomaly.features import Features  # noqa: E402
 from kepler_bridge.anomaly.monitor import AnomalyMonitor, AnomalySettings  # noqa: E402
-from kepler_bridge.anomaly.watch import DeviceWatch, named, unusual_above  # noqa: E402
+from kepler_bridge.anomaly.watch import Detector, DeviceWatch, named, unusual_above  # noqa: E402
 from kepler_bridge.exposition import history, prometheus  # noqa: E402
 from kepler_bridge.model import GpuReading, Snapshot  # noqa: E402
 from kepler_bridge.store import SnapshotStore  # noqa: E402
@@ -32,20 +33,23 @@ SEED = 11  # neither a tuning seed (1-3) nor an evaluation seed (101-103, 201-20
 INTERVAL = 5.0
 
 
-def _fired(kind: str, trace: traces.Trace) -> list[float]:
-    """When the detector of `kind` fired over the trace."""
-    detector = next(d for d in named(1.0) if d.kind == kind)
+def _fed(detector: Detector, trace: traces.Trace) -> Iterator[tuple[Features, bool]]:
+    """Feed the trace's samples to the detector in order (a gap where one is missing): each
+    sample, and whether the detector fires after it."""
     last: float | None = None
-    fired = []
     for f in trace.samples:
         if f is None:
             detector.gap()
             last = None
             continue
-        if detector.update(f, f.timestamp - last if last is not None else 0.0):
-            fired.append(f.timestamp)
+        yield f, detector.update(f, f.timestamp - last if last is not None else 0.0)
         last = f.timestamp
-    return fired
+
+
+def _fired(kind: str, trace: traces.Trace) -> list[float]:
+    """When the detector of `kind` fired over the trace."""
+    detector = next(d for d in named(1.0) if d.kind == kind)
+    return [f.timestamp for f, fired in _fed(detector, trace) if fired]
 
 
 @pytest.mark.parametrize("pattern", ["steady", "bursty"])
@@ -68,15 +72,8 @@ def test_the_memory_leak_verdict_follows_each_point_total_and_sensitivity() -> N
     after the sensitivity changed between two points."""
     trace = traces.fault_trace("memory_leak", "steady", SEED, 2.0)
     detector = detectors.MemoryLeak()
-    last: float | None = None
     verdicts = []
-    for f in trace.samples:
-        if f is None:
-            detector.gap()
-            last = None
-            continue
-        detector.update(f, f.timestamp - last if last is not None else 0.0)
-        last = f.timestamp
+    for f, _ in _fed(detector, trace):
         verdict = detector._judge(f.memory_total)
         assert verdict == detector._leaking(f.memory_total), f.timestamp
         if verdict and detector.sensitivity == 1.0:
