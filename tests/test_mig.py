@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -381,3 +382,69 @@ def test_energy_goes_to_gpu_instances_by_sms_in_use_where_gpm_reports_them() -> 
     assert mig_shares(mig_gpu(processes, half_3g, unknown)) == pytest.approx([0.75, 0.25])
     idle = (dataclasses.replace(half_3g, sm_active=0.0), dataclasses.replace(full_1g, sm_active=0))
     assert mig_shares(mig_gpu(processes, *idle)) == pytest.approx([0.75, 0.25])
+
+
+def test_mig_mode_is_asked_with_the_slow_counters_while_off_and_each_sample_while_on(
+    fake_nvml: FakeNvml,
+) -> None:
+    """MIG mode changes only with a GPU reset: a GPU not in it is asked again with the slow
+    counters (--nvml-counter-interval), so one put in MIG mode shows its instances by then; one in
+    it is asked each sample, so one taken out of it shows none at the next."""
+    fake_nvml.mig(0, [mig_device(1, "1g.10gb", GIB)])
+    on = fake_nvml.render()
+    fake_nvml.mig(0, [], mode=False)
+    script = textwrap.dedent(
+        """
+        import ctypes, json, os, sys, time
+        from kepler_bridge import config
+        from kepler_bridge.sources.nvml.source import NvmlSource
+
+        settings = {"nvml_library": sys.argv[1], "interval": "1s", "nvml_counter_interval": "2s"}
+        source = NvmlSource(config.load(settings, {}))
+        source.start()
+        library = ctypes.CDLL(sys.argv[1])
+        library.fakenvml_call_count.restype = ctypes.c_ulonglong
+        path = os.environ["FAKE_NVML_CONFIG"]
+        off = open(path).read()
+
+        def configured(text):
+            with open(path + ".new", "w") as new:
+                new.write(text)
+            os.replace(path + ".new", path)
+
+        found = []
+
+        def read():
+            gpus = source.read().gpus
+            asked = library.fakenvml_call_count(b"nvmlDeviceGetMigMode")
+            found.append([[len(gpu.mig_instances) for gpu in gpus], asked])
+
+        read()
+        read()
+        configured(sys.argv[2])
+        read()
+        time.sleep(1.6)  # the slow counters' period: 2 s less half an interval
+        read()
+        read()
+        configured(off)
+        read()
+        source.stop()
+        print(json.dumps(found))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(fake_nvml.library), on],
+        env={**os.environ, **fake_nvml.env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(done.stdout) == [
+        [[0, 0], 2],  # both asked with the first slow counters
+        [[0, 0], 2],
+        [[0, 0], 2],  # in MIG mode now, not asked yet
+        [[1, 0], 4],  # both asked with the slow counters
+        [[1, 0], 5],  # GPU 0, in MIG mode, asked each sample
+        [[0, 0], 6],  # and out of it at once
+    ], done.stderr

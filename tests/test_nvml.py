@@ -50,12 +50,20 @@ def test_values_arrive_in_contract_units(fake_nvml: FakeNvml) -> None:
             {"pid": 999999, "used_memory": GIB, "sm_util": 20, "mem_util": 5},
         ],
     )
-    fake_nvml.gpu(0, clocks_event_reasons=0x40 | 0x4, ecc_uncorrected_volatile=3)
+    fake_nvml.gpu(
+        0,
+        clocks_event_reasons=0x40 | 0x4,
+        ecc_uncorrected_volatile=3,
+        encoder_utilization=12,
+        decoder_utilization=7,
+    )
     with nvml_agent(fake_nvml) as agent:
         text = agent.metrics()
         assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
         assert agent.samples("gpu_utilization_ratio") == {"0": 0.5, "1": 0.5}
         assert agent.samples("gpu_memory_utilization_ratio")["0"] == 0.3
+        assert agent.samples("gpu_encoder_utilization_ratio") == {"0": 0.12, "1": 0.0}
+        assert agent.samples("gpu_decoder_utilization_ratio") == {"0": 0.07, "1": 0.0}
         assert agent.samples("gpu_memory_total_bytes")["0"] == 80 * GIB
         assert agent.samples("gpu_memory_used_bytes")["0"] == 10 * GIB
         assert agent.samples("gpu_temperature_celsius")["0"] == 60
@@ -113,6 +121,40 @@ def test_a_gpu_process_row_follows_each_change_of_its_values(fake_nvml: FakeNvml
         fake_nvml.processes(0, [{**me, "used_memory": 3 * GIB, "sm_util": 70}])
         seen("gpu_process_utilization_ratio", {str(os.getpid()): 0.7})
         seen("gpu_process_memory_used_bytes", {str(os.getpid()): 3 * GIB})
+
+
+def test_a_process_listed_in_several_utilization_samples_gets_its_latest_valid_one(
+    fake_nvml: FakeNvml,
+) -> None:
+    """NVML may give a pid more than one utilization sample: the latest by time stamp counts (of
+    two with the same stamp, the one listed later), and a sample beyond 100 % counts for nothing."""
+    later = int(time.time() * 1e6) + 3_600_000_000  # after any time the source asks from
+    fake_nvml.processes(
+        0,
+        [
+            {"pid": 999001, "used_memory": GIB, "sm_util": 70, "timestamp": later + 2},
+            {"pid": 999001, "used_memory": GIB, "sm_util": 30, "timestamp": later + 1},
+            {"pid": 999001, "used_memory": GIB, "sm_util": 150, "timestamp": later + 3},
+            {"pid": 999002, "used_memory": GIB, "sm_util": 10, "timestamp": later},
+            {"pid": 999002, "used_memory": GIB, "sm_util": 40, "timestamp": later},
+            {"pid": 999003, "used_memory": GIB, "sm_util": 101, "timestamp": later},
+        ],
+    )
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from kepler_bridge import config
+        from kepler_bridge.sources.nvml.source import NvmlSource
+
+        source = NvmlSource(config.load({"nvml_library": sys.argv[1]}, {}))
+        source.start()
+        rows = source.read().gpus[0].processes
+        source.stop()
+        print(json.dumps({row.pid: row.utilization for row in rows}))
+        """
+    )
+    found, stderr = _printed(fake_nvml, script)
+    assert found == {"999001": 0.7, "999002": 0.4, "999003": 0.0}, stderr
 
 
 def test_memory_falls_back_to_v1(fake_nvml: FakeNvml) -> None:
@@ -877,7 +919,7 @@ def test_process_lists_longer_than_their_buffers_are_read_whole(fake_nvml: FakeN
 
 
 def test_a_getter_the_driver_lacks_is_remembered_as_not_supported(fake_nvml: FakeNvml) -> None:
-    """A getter called through its function pointer (Device.value) that an older driver does not
+    """A getter called through its function pointer (Device.numbers) that an older driver does not
     export reads as "cannot report", is remembered, and is not looked up again until its
     re-probe; another error of such a getter raises as query's do."""
     fake_nvml.gpu(0, errors={"power_usage": pynvml.NVML_ERROR_GPU_IS_LOST})
@@ -892,11 +934,12 @@ def test_a_getter_the_driver_lacks_is_remembered_as_not_supported(fake_nvml: Fak
         source.start()
         source.read()
         gpu1 = source.devices[1]
-        missing = gpu1.value("absent", "nvmlDeviceGetNoSuchValue", ctypes.c_uint)
-        again = gpu1.value("absent", "nvmlDeviceGetNoSuchValue", ctypes.c_uint)
+        absent = (("absent", "nvmlDeviceGetNoSuchValue", ctypes.c_uint, ()),)
+        [missing] = gpu1.numbers(absent)
+        [again] = gpu1.numbers(absent)
         try:
             gpu1.handle = pynvml.nvmlDeviceGetHandleByIndex(0)  # lost, on every call
-            gpu1.value("power", "nvmlDeviceGetPowerUsage", ctypes.c_uint)
+            gpu1.numbers((("power", "nvmlDeviceGetPowerUsage", ctypes.c_uint, ()),))
             raised = None
         except pynvml.NVMLError as err:
             raised = err.value

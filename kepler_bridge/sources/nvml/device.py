@@ -26,6 +26,23 @@ UNSUPPORTED = (
 )
 
 
+# (name, NVML function, output type, arguments after the handle) of getters of one number.
+Getters = tuple[tuple[str, str, type, tuple[int, ...]], ...]
+
+
+class Outputs(ctypes.Structure):
+    """The outputs of a getter that fills several, each given its own pointer, in the order of
+    the fields; the first is named `value`."""
+
+
+def _pointers(output: Any) -> tuple[Any, ...]:
+    """The pointer arguments a getter fills `output` through."""
+    if isinstance(output, Outputs):
+        offsets = (getattr(type(output), field[0]).offset for field in output._fields_)
+        return tuple(ctypes.byref(output, offset) for offset in offsets)
+    return (ctypes.byref(output),)
+
+
 def decoded(value: bytes | str) -> str:
     """An NVML string (bytes in older bindings) as str."""
     return value.decode(errors="replace") if isinstance(value, bytes) else value
@@ -54,6 +71,7 @@ class Device:
     process_inputs: tuple[dict[int, int | None], dict[int, float] | None] | None = None
     gpm: Gpm = field(default_factory=Gpm)
     mig_profiles: dict[int, Any] | None = None  # mig.py's GPU instance profiles, asked once
+    mig_enabled: bool = False  # mig.py's MIG mode as last asked
     lists: dict[str, Any] = field(default_factory=dict)  # processes.py's list calls, by name
     # reliability.py's slow counters (GpuReading fields) as last read, and when; links.py's
     # error counters of each link that was up.
@@ -61,14 +79,14 @@ class Device:
     counters_at: float = 0.0
     counters_due: bool = True  # set by begin(): read the slow counters in this sample
     link_errors: dict[int, tuple[tuple[str, int], ...]] = field(default_factory=dict)
-    # value()'s and record()'s NVML getters by name: the function, its arguments after the handle
+    # numbers()'s and record()'s NVML getters by name: the function, its arguments after the handle
     # and its output.
     getters: dict[str, tuple[Any, tuple[Any, ...], Any]] = field(default_factory=dict)
 
     def fail(self, message: str, interval: float, now: float) -> None:
         self.handle, self.error = None, message
         self.gpm.close()
-        self.counters = None
+        self.counters, self.mig_enabled = None, False
         self.link_errors.clear()
         self.retry.failed(interval, now)
 
@@ -99,16 +117,33 @@ class Device:
         self.answered.add(name)
         return value
 
-    def value(self, name: str, function: str, kind: type, *args: int) -> Any:
-        """`query` of an NVML getter of one number, `function(handle, *args, &number)`, called
-        without pynvml's wrapper (about half the cost of a call): the function looked up once, its
-        output kept and read as `kind`."""
-        number = self.query(name, self._fill, name, function, kind, args)
-        return None if number is None else number.value
+    def numbers(self, getters: Getters) -> list[Any]:
+        """The number of each NVML getter of one number, `function(handle, *args, &number)`, in
+        one loop: None where the device cannot report it (as `query`). Called without pynvml's
+        wrapper (about half the cost of a call), the function looked up once, its output kept."""
+        found: list[Any] = []
+        for name, function, kind, args in getters:
+            retry = self.unsupported.get(name)
+            if retry is not None and not retry.due(self.now):
+                found.append(None)
+                continue
+            try:
+                output = self._fill(name, function, kind, args)
+            except pynvml.NVMLError as err:
+                if err.value not in UNSUPPORTED:
+                    raise
+                self.cannot(name)
+                found.append(None)
+                continue
+            if retry is not None:
+                del self.unsupported[name]
+            self.answered.add(name)
+            found.append(output.value)
+        return found
 
     def record(self, name: str, function: str, make: Callable[[], Any], *args: int) -> Any:
-        """`value` of a getter that fills a structure, `make()` made once: the very structure at
-        every call, to be read before the next."""
+        """`query` of an NVML getter that fills a structure, `make()` made once, called as
+        `numbers` calls: the very structure at every call, to be read before the next."""
         return self.query(name, self._fill, name, function, make, args)
 
     def _fill(self, name: str, function: str, make: Callable[[], Any], args: tuple) -> Any:
@@ -117,7 +152,7 @@ class Device:
         getter = self.getters.get(name)
         if getter is None:
             call, output = pynvml._nvmlGetFunctionPointer(function), make()
-            getter = self.getters[name] = (call, (*args, ctypes.byref(output)), output)
+            getter = self.getters[name] = (call, (*args, *_pointers(output)), output)
         call, arguments, output = getter
         result = call(self.handle, *arguments)
         if result != pynvml.NVML_SUCCESS:

@@ -25,6 +25,9 @@ TRAFFIC = (
 def nvlinks(device: Device) -> tuple[NvLink, ...]:
     """Every NVLink of the GPU; none where it has none. A link that is down has no counters."""
     count = _link_count(device)
+    if not count:
+        device.link_errors.clear()
+        return ()
     states = [(link, _state(device, link)) for link in range(count)]
     up = [link for link, state in states if state]
     traffic = _traffic(device, up)

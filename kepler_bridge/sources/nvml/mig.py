@@ -34,10 +34,14 @@ def add_mig(device: Device, fields: dict[str, Any]) -> None:
     """Add the GPU's MIG devices to its GpuReading fields when it is in MIG mode.
 
     A MIG parent reports no utilization (absent, never zero), and memory summed over its GPU
-    instances where the parent cannot report its own."""
-    mode = device.query("mig_mode", pynvml.nvmlDeviceGetMigMode, device.handle)
-    if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
-        device.gpm.read_instances(device.handle, set(), device.index)  # frees any left
+    instances where the parent cannot report its own. The mode changes only when an administrator
+    resets the GPU: asked each sample while on, with the slow counters while off."""
+    if device.mig_enabled or device.counters_due:
+        mode = device.query("mig_mode", pynvml.nvmlDeviceGetMigMode, device.handle)
+        device.mig_enabled = bool(mode) and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+        if not device.mig_enabled:
+            device.gpm.read_instances(device.handle, set(), device.index)  # frees any left
+    if not device.mig_enabled:
         return
     instances = _profiled(device, _instances(device))
     if fields.get("memory_total_bytes") is None:

@@ -12,6 +12,7 @@ import ctypes
 import os
 import struct
 import time
+from operator import itemgetter
 from typing import Any, Callable
 
 import pynvml
@@ -148,13 +149,9 @@ def _utilization(device: Device) -> dict[int, float] | None:
         raise
     if samples is None:
         return None
-    latest: dict[int, tuple[int, float]] = {}
-    for pid, stamp, sm, _, _, _ in samples:
-        if sm <= 100:
-            last = latest.get(pid)
-            if last is None or stamp >= last[0]:
-                latest[pid] = (stamp, PERCENTS[sm])
-    return {pid: util for pid, (_, util) in latest.items()}
+    # A pid's latest sample last (the sort is stable: of two alike, the one NVML listed later).
+    samples.sort(key=itemgetter(1))
+    return {pid: PERCENTS[sm] for pid, _, sm, _, _, _ in samples if sm <= 100}
 
 
 def _identity(procfs: str, pid: int) -> tuple[str, str]:

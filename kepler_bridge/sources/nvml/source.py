@@ -14,7 +14,13 @@ from kepler_bridge.model import GpuReading, SourceReading, made
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable, device_reading
 from kepler_bridge.sources.nvml import gpm, library
-from kepler_bridge.sources.nvml.device import Device, decoded, unsupported_summary
+from kepler_bridge.sources.nvml.device import (
+    Device,
+    Getters,
+    Outputs,
+    decoded,
+    unsupported_summary,
+)
 from kepler_bridge.sources.nvml.events import XidEvents
 from kepler_bridge.sources.nvml.mig import add_mig
 from kepler_bridge.sources.nvml.processes import gpu_processes, pid_namespace_problem
@@ -46,6 +52,34 @@ THROTTLE_REASONS = (
     (0x40, "hw_thermal_slowdown"),
     (0x80, "hw_power_brake_slowdown"),
     (0x100, "display_clock_setting"),
+)
+
+
+class _Sampled(Outputs):
+    """A utilization NVML gives with the period it was sampled over (encoder, decoder)."""
+
+    _fields_ = (("value", UINT), ("period_us", UINT))
+
+
+# Each sample's getters of one number, read in one loop (Device.numbers).
+NUMBERS: Getters = (
+    ("encoder", "nvmlDeviceGetEncoderUtilization", _Sampled, ()),
+    ("decoder", "nvmlDeviceGetDecoderUtilization", _Sampled, ()),
+    ("power", "nvmlDeviceGetPowerUsage", UINT, ()),
+    ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", UINT, ()),
+    ("energy", "nvmlDeviceGetTotalEnergyConsumption", ULONGLONG, ()),
+    ("sm_clock", "nvmlDeviceGetClockInfo", UINT, (pynvml.NVML_CLOCK_SM,)),
+    ("mem_clock", "nvmlDeviceGetClockInfo", UINT, (pynvml.NVML_CLOCK_MEM,)),
+    ("fan", "nvmlDeviceGetFanSpeed", UINT, ()),
+    ("pcie_tx", "nvmlDeviceGetPcieThroughput", UINT, (pynvml.NVML_PCIE_UTIL_TX_BYTES,)),
+    ("pcie_rx", "nvmlDeviceGetPcieThroughput", UINT, (pynvml.NVML_PCIE_UTIL_RX_BYTES,)),
+    ("pstate", "nvmlDeviceGetPerformanceState", UINT, ()),
+    ("temperature", "nvmlDeviceGetTemperature", UINT, (pynvml.NVML_TEMPERATURE_GPU,)),
+    ("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", ULONGLONG, ()),
+)
+# Drivers before R535 name the clocks event reasons throttle reasons.
+THROTTLE_REASONS_GETTER: Getters = (
+    ("throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", ULONGLONG, ()),
 )
 
 # The fields each up GPU's reading starts from: the defaults of every field.
@@ -167,31 +201,21 @@ class NvmlSource(Source):
         # Filled in a copy of the GPU's blank fields, and the record made of that very dict: the
         # reading is made anew every sample, and a dict of some 60 fields copied once.
         fields = device.blank.copy()
-        (
-            fields["utilization"],
-            fields["memory_utilization"],
-            fields["encoder_utilization"],
-            fields["decoder_utilization"],
-        ) = _utilization(device)
-        fields["power_watts"], fields["power_limit_watts"], fields["energy_joules"] = _power(device)
-        fields["sm_clock_hertz"], fields["memory_clock_hertz"] = _clocks(device)
-        fan = device.value("fan", "nvmlDeviceGetFanSpeed", UINT)
-        fields["fan_speed_ratio"] = ranges.ratio_from_percent(fan)
-        (
-            fields["pcie_transmit_bytes_per_second"],
-            fields["pcie_receive_bytes_per_second"],
-        ) = _pcie(device)
-        pstate = device.value("pstate", "nvmlDeviceGetPerformanceState", UINT)
-        if pstate is not None and 0 <= pstate <= 15:
-            fields["performance_state"] = pstate
+        numbers = device.numbers(NUMBERS)
+        fields.update(_number_fields(numbers))
+        rates = device.record(
+            "utilization", "nvmlDeviceGetUtilizationRates", pynvml.c_nvmlUtilization_t
+        )
+        if rates is not None:
+            fields["utilization"] = ranges.ratio_from_percent(rates.gpu)
+            fields["memory_utilization"] = ranges.ratio_from_percent(rates.memory)
+        fields["throttled"] = _throttled(device, numbers[-1])
         xids = self.xids.counter.of(device.index)
         fields["xid_errors"] = xids.counts
         fields["last_xid_timestamp"] = xids.last_seen
         fields["last_xid_code"] = xids.last_code
         fields.update(_memory(device))
-        fields["temperature_celsius"] = _temperature(device)
         fields["memory_temperature_celsius"] = _memory_temperature(device)
-        fields["throttled"] = _throttled(device)
         fields["processes"] = gpu_processes(device, self.config.procfs)
         fields.update(device.profiling())
         fields.update(reliability(device))
@@ -207,22 +231,6 @@ def _acquire(device: Device) -> None:
     device.unsupported.clear()
     device.gpm.open(handle)
     device.handle = handle
-
-
-def _utilization(device: Device) -> tuple[float | None, float | None, float | None, float | None]:
-    """GPU, memory, encoder and decoder utilization as ratios."""
-    h = device.handle
-    rates = device.record(
-        "utilization", "nvmlDeviceGetUtilizationRates", pynvml.c_nvmlUtilization_t
-    )
-    encoder = device.query("encoder", pynvml.nvmlDeviceGetEncoderUtilization, h)
-    decoder = device.query("decoder", pynvml.nvmlDeviceGetDecoderUtilization, h)
-    return (
-        ranges.ratio_from_percent(rates.gpu if rates else None),
-        ranges.ratio_from_percent(rates.memory if rates else None),
-        ranges.ratio_from_percent(encoder[0] if encoder else None),
-        ranges.ratio_from_percent(decoder[0] if decoder else None),
-    )
 
 
 def _memory(device: Device) -> dict[str, int | None]:
@@ -247,39 +255,6 @@ def _memory(device: Device) -> dict[str, int | None]:
     }
 
 
-def _power(device: Device) -> tuple[float | None, float | None, float | None]:
-    """Power and its enforced limit in watts, and the energy counter in joules."""
-    power = device.value("power", "nvmlDeviceGetPowerUsage", UINT)
-    limit = device.value("power_limit", "nvmlDeviceGetEnforcedPowerLimit", UINT)
-    energy = device.value("energy", "nvmlDeviceGetTotalEnergyConsumption", ULONGLONG)
-    return (
-        ranges.watts(power / 1000 if power is not None else None),
-        ranges.watts(limit / 1000 if limit is not None else None),
-        energy / 1000 if energy is not None and energy < 2**63 else None,
-    )
-
-
-def _clocks(device: Device) -> tuple[float | None, float | None]:
-    """SM and memory clocks in hertz."""
-    sm = device.value("sm_clock", "nvmlDeviceGetClockInfo", UINT, pynvml.NVML_CLOCK_SM)
-    memory = device.value("mem_clock", "nvmlDeviceGetClockInfo", UINT, pynvml.NVML_CLOCK_MEM)
-    return (
-        ranges.hertz(sm * 1e6 if sm is not None else None),
-        ranges.hertz(memory * 1e6 if memory is not None else None),
-    )
-
-
-def _pcie(device: Device) -> tuple[float | None, float | None]:
-    """PCIe transmit and receive throughput in bytes per second."""
-    throughput = "nvmlDeviceGetPcieThroughput"
-    tx = device.value("pcie_tx", throughput, UINT, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-    rx = device.value("pcie_rx", throughput, UINT, pynvml.NVML_PCIE_UTIL_RX_BYTES)
-    return (
-        ranges.bounded(tx * 1024 if tx is not None else None, 0, ranges.MAX_BYTES_PER_SECOND),
-        ranges.bounded(rx * 1024 if rx is not None else None, 0, ranges.MAX_BYTES_PER_SECOND),
-    )
-
-
 def _memory_v2() -> pynvml.c_nvmlMemory_v2_t:
     info = pynvml.c_nvmlMemory_v2_t()
     info.version = pynvml.nvmlMemory_v2
@@ -290,13 +265,6 @@ def _memory_temperature_field() -> pynvml.c_nvmlFieldValue_t:
     field = pynvml.c_nvmlFieldValue_t()
     field.fieldId = pynvml.NVML_FI_DEV_MEMORY_TEMP
     return field
-
-
-def _temperature(device: Device) -> float | None:
-    celsius = device.value(
-        "temperature", "nvmlDeviceGetTemperature", UINT, pynvml.NVML_TEMPERATURE_GPU
-    )
-    return ranges.celsius(celsius)
 
 
 def _memory_temperature(device: Device) -> float | None:
@@ -311,12 +279,36 @@ def _memory_temperature(device: Device) -> float | None:
     return ranges.celsius(float(value.value.uiVal))
 
 
-def _throttled(device: Device) -> tuple[tuple[str, bool], ...]:
-    mask = device.value("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", ULONGLONG)
+def _number_fields(numbers: list[Any]) -> dict[str, Any]:
+    """GpuReading fields of the numbers read by NUMBERS, in its order, in their units and
+    ranges."""
+    encoder, decoder, power, limit, energy, sm, memory, fan, tx, rx, pstate, celsius, _ = numbers
+    return {
+        "encoder_utilization": ranges.ratio_from_percent(encoder),
+        "decoder_utilization": ranges.ratio_from_percent(decoder),
+        "power_watts": ranges.watts(power / 1000 if power is not None else None),
+        "power_limit_watts": ranges.watts(limit / 1000 if limit is not None else None),
+        "energy_joules": energy / 1000 if energy is not None and energy < 2**63 else None,
+        "sm_clock_hertz": ranges.hertz(sm * 1e6 if sm is not None else None),
+        "memory_clock_hertz": ranges.hertz(memory * 1e6 if memory is not None else None),
+        "fan_speed_ratio": ranges.ratio_from_percent(fan),
+        "pcie_transmit_bytes_per_second": _bytes_per_second(tx),
+        "pcie_receive_bytes_per_second": _bytes_per_second(rx),
+        "performance_state": pstate if pstate is not None and 0 <= pstate <= 15 else None,
+        "temperature_celsius": ranges.celsius(celsius),
+    }
+
+
+def _bytes_per_second(kib: int | None) -> float | None:
+    """PCIe throughput, which NVML gives in KiB/s."""
+    return ranges.bounded(kib * 1024 if kib is not None else None, 0, ranges.MAX_BYTES_PER_SECOND)
+
+
+def _throttled(device: Device, mask: int | None) -> tuple[tuple[str, bool], ...]:
+    """The clocks event reasons of `mask` (NUMBERS' last), asked by their old name where the
+    driver lacks the new."""
     if mask is None:
-        mask = device.value(
-            "throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", ULONGLONG
-        )
+        (mask,) = device.numbers(THROTTLE_REASONS_GETTER)
     if mask is None or mask >= 1 << 32:
         return ()
     return _reasons(mask)
