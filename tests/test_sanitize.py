@@ -12,6 +12,7 @@ import math
 import operator
 import os
 import shlex
+import sys
 import weakref
 from pathlib import Path
 from typing import Any
@@ -428,6 +429,37 @@ def test_the_sanitiser_holds_no_row_older_than_the_last_reading() -> None:
     gc.collect()
     alive = sum(row() is not None for row in earlier[:-200])
     assert alive == 0, f"{alive} rows of earlier readings still held"
+
+
+def test_tuples_known_clean_do_not_let_a_new_bad_tuple_through() -> None:
+    """The tuple fields a source hands again (the same clocks event reasons, slow counters carried
+    between reads) are known clean by identity; a new tuple, even one in the memory of a freed
+    known one, is checked; and a known tuple is let go once a later reading brings new ones."""
+    reasons = (("gpu_idle", True), ("hw_slowdown", False))
+    gpu = GpuReading(index=0, uuid="u", vendor="acme", model="x", throttled=reasons)
+    for _ in range(3):
+        assert sanitize.reading(SourceReading(gpus=(gpu,))).gpus[0] is gpu
+    for count in range(20):  # new tuples in the memory of freed ones, their ids too
+        clean = tuple((f"reason{n}", True) for n in range(count % 4 + 1))
+        events = tuple((f"policy{n}", float(n)) for n in range(count % 3 + 1))
+        read = sanitize.reading(
+            SourceReading(gpus=(replaced(gpu, throttled=clean, clock_event_seconds=events),))
+        )
+        assert read.gpus[0].throttled is clean and read.gpus[0].clock_event_seconds is events
+        del clean, events, read
+        dirty = tuple((f"reason{n}\x1b[2J", n) for n in range(count % 4 + 1))
+        nan = tuple((f"policy{n}", math.nan) for n in range(count % 3 + 1))
+        read = sanitize.reading(
+            SourceReading(gpus=(replaced(gpu, throttled=dirty, clock_event_seconds=nan),))
+        )
+        assert read.gpus[0].throttled == tuple(
+            (f"reason{n}", bool(n)) for n in range(count % 4 + 1)
+        )
+        assert read.gpus[0].clock_event_seconds == ()
+    sanitize.reading(SourceReading(gpus=(gpu,)))
+    held = sys.getrefcount(reasons)
+    sanitize.reading(SourceReading(gpus=(replaced(gpu, throttled=(("hw_slowdown", True),)),)))
+    assert sys.getrefcount(reasons) == held - 1
 
 
 # JSON number tokens a collector may print, Python's NaN and Infinity extensions included.
