@@ -4,7 +4,7 @@
 //   bpf_iter__task        a task iterator: each read of an iterator created from its link writes one
 //                         struct task_rec per thread (user space sums them per tgid, once per sample);
 //   sched_process_free    when a thread group's leader is freed, its group's final runtime goes into
-//                         `exits` (drained in the samples after `exits_added` moved), so groups that end
+//                         `exits` (drained in the samples after `exit_counts.added` moved), so groups that end
 //                         between samples are counted.
 // Kernel structs are read only at byte offsets the loader found in the running kernel's BTF
 // (/sys/kernel/btf/vmlinux), never through the (possibly mismatched) headers. The iterator gets its
@@ -54,11 +54,16 @@ struct exit_rec {
     char comm[COMM_LEN];
 };
 
+// Thread groups put into `exits`, and those it had no room for: one entry, read in one lookup.
+// User space drains `exits` only when `added` moved, since a drain walks all of the map's buckets,
+// empty or not.
+struct exit_counts {
+    u64 added;
+    u64 lost;
+};
+
 BPF_HASH(exits, struct exit_key, struct exit_rec, MAP_ENTRIES);
-BPF_ARRAY(exits_lost, u64, 1);
-// Bumped after each insert into `exits`: user space drains `exits` only when it moved, since a
-// drain walks all of the map's buckets, empty or not.
-BPF_ARRAY(exits_added, u64, 1);
+BPF_ARRAY(exit_counts, struct exit_counts, 1);
 
 static inline u64 read_u64(void *base, u32 offset)
 {
@@ -137,8 +142,9 @@ RAW_TRACEPOINT_PROBE(sched_process_free)
     rec.cgroup_id = cgroup_id(task);
     bpf_probe_read_kernel(&rec.comm, sizeof(rec.comm), task + TASK_COMM);
     u32 zero = 0;
-    u64 *count = exits.insert(&key, &rec) ? exits_lost.lookup(&zero) : exits_added.lookup(&zero);
-    if (count)
-        __sync_fetch_and_add(count, 1);
+    int full = exits.insert(&key, &rec);
+    struct exit_counts *counts = exit_counts.lookup(&zero);
+    if (counts)
+        __sync_fetch_and_add(full ? &counts->lost : &counts->added, 1);
     return 0;
 }

@@ -9,6 +9,7 @@ CI runs them as root and never skips them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import subprocess
@@ -193,7 +194,7 @@ def _tgids(drained: list[tuple[bytes, bytes]]) -> set[int]:
 
 
 def test_exits_drained_only_when_a_group_ended(ebpf: EbpfSource, monkeypatch) -> None:
-    """The drain walks every bucket of the map: it runs only in reads after exits_added moved,
+    """The drain walks every bucket of the map: it runs only in reads after exit_counts.added moved,
     and what ends meanwhile is still counted."""
     exits = ebpf.loaded.maps["exits"]
     drains = []
@@ -210,6 +211,32 @@ def test_exits_drained_only_when_a_group_ended(ebpf: EbpfSource, monkeypatch) ->
     assert skipped, "a group ended between every two reads: nothing to check"
     pid, _ = short_lived(0.03)
     assert wait_row(ebpf, pid).comm == "python"
+
+
+def test_groups_that_end_beyond_the_exits_map_are_counted_lost_and_told(
+    bpf_host: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """More thread groups ending within one interval than --ebpf-map-entries holds: those without
+    room are counted lost and the next read says how many, and that the map needs to be larger;
+    those that fit are still read."""
+    source = EbpfSource(make_config(ebpf_map_entries="64"))
+    source.start()
+    try:
+        source.read()
+        ended = [subprocess.Popen(["/bin/true"]) for _ in range(200)]
+        for child in ended:
+            child.wait()
+        time.sleep(0.5)  # each group's record is made one RCU grace period after its reap
+        with caplog.at_level(logging.WARNING):
+            rows = {row.pid for row in source.read().processes}
+        lost = source.exits_lost
+        assert lost >= 200 - 64, f"only {lost} lost of 200 groups ended into 64 entries"
+        assert f"{lost} thread groups ended uncounted" in caplog.text
+        assert "--ebpf-map-entries 64" in caplog.text
+        counted = sum(child.pid in rows for child in ended)
+        assert 0 < counted <= 64
+    finally:
+        source.stop()
 
 
 def test_short_lived_process_reported_with_its_comm_after_exec(ebpf: EbpfSource) -> None:

@@ -31,7 +31,7 @@ BCC_DIRS = (
     "/usr/lib/python3/site-packages",
     *sorted(glob.glob("/usr/lib*/python3*/site-packages")),
 )
-MAPS = ("exits", "exits_lost", "exits_added")
+MAPS = ("exits", "exit_counts")
 ITERATOR = "bpf_iter__task"
 BPF_TRACE_ITER = 28  # enum bpf_attach_type
 # Macro -> struct and member paths (alternatives, newest kernel first) and the size the program

@@ -52,7 +52,7 @@ FALLBACK = (
 
 _EXIT_KEY = struct.Struct("<IIQ")  # struct exit_key
 _EXIT = struct.Struct("<QQ16s")  # struct exit_rec
-_U64 = struct.Struct("<Q")
+_EXIT_COUNTS = struct.Struct("<QQ")  # struct exit_counts
 _ZERO = struct.pack("<I", 0)
 
 
@@ -230,7 +230,7 @@ class EbpfSource(ProcessSource):
         self.loaded: LoadedProgram | None = None
         self.groups = TaskGroups()
         self.tasks = self.exits_lost = 0
-        self.exits_drained = 0  # exits_added when `exits` was last drained
+        self.exits_drained = 0  # exit_counts' added when `exits` was last drained
         self.read_seconds = 0.0
 
     def start(self) -> None:
@@ -264,7 +264,7 @@ class EbpfSource(ProcessSource):
         now = time.monotonic()
         # Ended groups first: a pid they free may already belong to a process the iterator sees.
         # A group that ends after `added` is read is drained at the next sample.
-        added = self._counter("exits_added")
+        added, lost = self._exit_counts()
         if added != self.exits_drained:
             for key, value in self.loaded.maps["exits"].drain():
                 tgid, _, start = _EXIT_KEY.unpack(key)
@@ -283,7 +283,7 @@ class EbpfSource(ProcessSource):
             entry = self.table.current(tgid)
             if entry is not None:
                 self.table.end(entry)
-        self._check_lost()
+        self._check_lost(lost)
         self.tasks = len(data) // TASK.size
         rows = self.table.rows()
         self.groups.retry.update(self.table.evicted)  # as procfs would, it comes back if it runs
@@ -335,13 +335,12 @@ class EbpfSource(ProcessSource):
             entry.raw_comm = comm
         entry.cgroup_id = cgroup_id
 
-    def _counter(self, name: str) -> int:
-        """The value of one of the program's one-number array maps (exits_added, exits_lost)."""
-        raw = self.loaded.maps[name].lookup(_ZERO) if self.loaded else None
-        return _U64.unpack(raw)[0] if raw else 0
+    def _exit_counts(self) -> tuple[int, int]:
+        """The thread groups the program put into `exits` and those it had no room for."""
+        raw = self.loaded.maps["exit_counts"].lookup(_ZERO) if self.loaded else None
+        return _EXIT_COUNTS.unpack(raw) if raw else (0, 0)
 
-    def _check_lost(self) -> None:
-        lost = self._counter("exits_lost")
+    def _check_lost(self, lost: int) -> None:
         if lost > self.exits_lost:
             log.warning(
                 "%d thread groups ended uncounted since the last sample: the exits map "
