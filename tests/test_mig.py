@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -307,16 +306,10 @@ def test_gpm_mig_samples_through_pynvml_per_gpu_instance(fake_nvml: FakeNvml) ->
         print(json.dumps(out))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(fake_nvml.library)],
-        capture_output=True,
-        text=True,
-        env={**fake_nvml.env(), "PATH": "/usr/bin:/bin"},
-        check=True,
-    )
+    found, _ = fake_nvml.printed(script)
     # Its own rate; samples of two GPU instances do not pair; no such instance: NOT_FOUND (6);
     # a GPU with GPM but not in MIG mode: NOT_SUPPORTED (3).
-    assert json.loads(done.stdout) == {
+    assert found == {
         "instance": 50.0,
         "mixed": pynvml.NVML_ERROR_INVALID_ARGUMENT,
         "5": 6,
@@ -432,19 +425,12 @@ def test_mig_mode_is_asked_with_the_slow_counters_while_off_and_each_sample_whil
         print(json.dumps(found))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(fake_nvml.library), on],
-        env={**os.environ, **fake_nvml.env()},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert json.loads(done.stdout) == [
+    found, stderr = fake_nvml.printed(script, on)
+    assert found == [
         [[0, 0], 2],  # both asked with the first slow counters
         [[0, 0], 2],
         [[0, 0], 2],  # in MIG mode now, not asked yet
         [[1, 0], 4],  # both asked with the slow counters
         [[1, 0], 5],  # GPU 0, in MIG mode, asked each sample
         [[0, 0], 6],  # and out of it at once
-    ], done.stderr
+    ], stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -153,7 +152,7 @@ def test_a_process_listed_in_several_utilization_samples_gets_its_latest_valid_o
         print(json.dumps({row.pid: row.utilization for row in rows}))
         """
     )
-    found, stderr = _printed(fake_nvml, script)
+    found, stderr = fake_nvml.printed(script)
     assert found == {"999001": 0.7, "999002": 0.4, "999003": 0.0}, stderr
 
 
@@ -385,7 +384,6 @@ def test_collect_and_doctor_commands(fake_nvml: FakeNvml) -> None:
         timeout=30,
     )
     assert collect.returncode == 0, collect.stderr
-    import json
 
     node = json.loads(collect.stdout)["edge-1"]
     assert node["deviceNum"] == 2 and node["devices"][0]["totalMemory"] == 80 * GIB
@@ -842,20 +840,6 @@ def test_gpm_given_up_on_a_transient_not_supported_comes_back(fake_nvml: FakeNvm
     assert calls["nvmlGpmSampleAlloc"] == calls["nvmlGpmSampleFree"]
 
 
-def _printed(fake: FakeNvml, script: str, *args: str) -> tuple[object, str]:
-    """The JSON a Python `script` prints, run with the fake's library (argv[1], then `args`) in
-    a process of its own (pynvml's state is per process); and its stderr."""
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(fake.library), *args],
-        env={**os.environ, **fake.env()},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return json.loads(done.stdout), done.stderr
-
-
 def test_a_reading_holds_every_field_of_a_gpu_reading_and_no_other(fake_nvml: FakeNvml) -> None:
     """The source fills a dict of fields into each reading without __init__: whatever a helper
     adds (MIG, profiling, slow counters, NVLinks) must be a GpuReading field."""
@@ -885,7 +869,7 @@ def test_a_reading_holds_every_field_of_a_gpu_reading_and_no_other(fake_nvml: Fa
         print(json.dumps(found))
         """
     )
-    found, stderr = _printed(fake_nvml, script)
+    found, stderr = fake_nvml.printed(script)
     # GPU 0 with profiling and two NVLinks, GPU 1 with a MIG device: every helper ran
     assert found == [[True, [], True, 2, 0], [True, [], False, 0, 1]], stderr
 
@@ -914,7 +898,7 @@ def test_process_lists_longer_than_their_buffers_are_read_whole(fake_nvml: FakeN
         print(json.dumps(counts))
         """
     )
-    found, stderr = _printed(fake_nvml, script, str(Path(__file__).parent), str(fake_nvml.config))
+    found, stderr = fake_nvml.printed(script, str(Path(__file__).parent), str(fake_nvml.config))
     assert found == [[3, 2], [100, 2], [5, 2], [300, 2]], stderr
 
 
@@ -948,7 +932,7 @@ def test_a_getter_the_driver_lacks_is_remembered_as_not_supported(fake_nvml: Fak
                           "power" in gpu1.unsupported, "absent" in gpu1.getters, raised]))
         """
     )
-    found, stderr = _printed(fake_nvml, script)
+    found, stderr = fake_nvml.printed(script)
     assert found == [
         None,
         None,
@@ -986,7 +970,7 @@ def test_a_sample_takes_the_xids_nvml_holds_and_at_most_its_bound(fake_nvml: Fak
         print(json.dumps([MAX_EVENTS_PER_SAMPLE, totals, threads]))
         """
     )
-    found, stderr = _printed(fake_nvml, script, str(Path(__file__).parent), str(fake_nvml.config))
+    found, stderr = fake_nvml.printed(script, str(Path(__file__).parent), str(fake_nvml.config))
     bound, totals, threads = found
     half = bound // 2
     assert totals == [[half, half], [half + 22, half + 22], [half + 22, half + 22]], stderr

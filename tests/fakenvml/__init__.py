@@ -30,9 +30,11 @@ See README.md for every key, its unit and the fault knobs.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -481,6 +483,19 @@ class FakeNvml:
         with self._lock:
             self.xids.append((int(index), int(xid)))
             self._write()
+
+    def printed(self, script: str, *args: str) -> tuple[Any, str]:
+        """The JSON a Python ``script`` prints, run with this library (argv[1], then ``args``)
+        in a process of its own (pynvml's state is per process); and its stderr."""
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(self.library), *args],
+            env={**os.environ, **self.env()},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return json.loads(done.stdout), done.stderr
 
     # -- stats -----------------------------------------------------------
 
