@@ -314,6 +314,30 @@ def test_xid_events_are_counted(fake_nvml: FakeNvml) -> None:
         assert "0" in agent.samples("gpu_last_xid_timestamp_seconds")
 
 
+def test_an_event_wait_that_fails_leaves_the_xids_for_a_later_sample(fake_nvml: FakeNvml) -> None:
+    """nvmlEventSetWait failing with an error other than its timeout ends that sample's drain
+    without a count or a GPU down; the events pending are counted once the wait works again."""
+    with nvml_agent(fake_nvml) as agent:
+        fake_nvml.set(errors={"nvmlEventSetWait_v2": pynvml.NVML_ERROR_UNKNOWN})
+        fake_nvml.add_xid(1, 79)
+        fake_nvml.add_xid(0, 48)
+        started = agent.samples("kepler_bridge_last_sample_timestamp_seconds")[""]
+        agent.wait_for(
+            lambda: agent.samples("kepler_bridge_last_sample_timestamp_seconds")[""] > started + 2,
+            what="samples two seconds on",
+        )
+        assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
+        assert _xids(agent.metrics(), "1") == {} and _xids(agent.metrics(), "0") == {}
+        fake_nvml.set(errors={})
+        agent.wait_for(
+            lambda: (
+                _xids(agent.metrics(), "1") == {"79": 1.0}
+                and _xids(agent.metrics(), "0") == {"48": 1.0}
+            ),
+            what="XID 79 on GPU 1 and 48 on GPU 0 once the wait works",
+        )
+
+
 def test_xid_codes_beyond_the_64_most_recent_are_summed_as_other(fake_nvml: FakeNvml) -> None:
     def counts(total: int) -> dict[str, float]:
         found = _xids(agent.metrics(), "0")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import pynvml
 
@@ -65,10 +65,15 @@ class XidEvents:
         self.counter = XidCounter()
         self._set: object | None = None
         self._by_handle: dict[int | None, int] = {}
+        # nvmlEventSetWait_v2 called as pynvml would, without its wrapper: no record made and no
+        # exception raised per call (it times out at almost every one).
+        self._wait: Any = None
+        self._data = pynvml.c_nvmlEventData_t()
 
     def start(self, indexes: Sequence[int]) -> None:
         """Register the GPUs of these NVML indexes for XID events."""
         try:
+            self._wait = pynvml._nvmlGetFunctionPointer("nvmlEventSetWait_v2")
             event_set = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as err:
             log.info("XID events unavailable: %s", err)
@@ -90,13 +95,13 @@ class XidEvents:
         rest wait for the next sample), waiting for none."""
         if self._set is None:
             return
+        data, wait = self._data, self._wait
+        pointer = ctypes.byref(data)
         for _ in range(MAX_EVENTS_PER_SAMPLE):
-            try:
-                data = pynvml.nvmlEventSetWait(self._set, 0)
-            except pynvml.NVMLError_Timeout:
-                return
-            except pynvml.NVMLError as err:
-                log.debug("nvmlEventSetWait: %s", err)
+            result = wait(self._set, pointer, 0)
+            if result != pynvml.NVML_SUCCESS:
+                if result != pynvml.NVML_ERROR_TIMEOUT:
+                    log.debug("nvmlEventSetWait: %s", pynvml.NVMLError(result))
                 return
             index = self._by_handle.get(ctypes.cast(data.device, ctypes.c_void_p).value)
             if index is not None and data.eventType == pynvml.nvmlEventTypeXidCriticalError:
