@@ -3,7 +3,9 @@
 A Sampler reads the fake NVML (--gpus x --processes, those processes real sleeping children) and
 the CPU source of --sources (procfs, or ebpf as root), with --extra-processes more sleeping
 processes on the host. It prints, per block of --samples samples, the median of the blocks: wall
-and thread CPU ms per `Sampler.sample` (what kepler_bridge_sample_duration_seconds reports) and
+and thread CPU ms per `Sampler.sample` (what kepler_bridge_sample_duration_seconds reports), the
+part of its wall time the thread waited, runnable, for a CPU (schedstat; the rest of the gap to
+its CPU time it was blocked, or, on a VM, its virtual CPU was taken by the hypervisor: steal), and
 per state save, how much of a sample went to reading the sources and to sanitising what they
 gave (the rest is counters, owners, attribution and the snapshot), and how many processes the CPU
 source reported. Targets (issue 18): a sample at most 3 ms at 8 GPUs x 16 processes and 10 ms with
@@ -86,6 +88,12 @@ class Stage:
             self.seconds += time.perf_counter() - started
 
 
+def run_delay() -> float:
+    """Seconds the calling thread has waited, runnable, for a CPU (schedstat's second field)."""
+    with open("/proc/thread-self/schedstat") as stat:
+        return int(stat.read().split()[1]) / 1e9
+
+
 def blocks(sampler: Sampler, args: argparse.Namespace) -> dict[str, list[float]]:
     """Per block, the mean ms of each measure; the blocks' list per measure."""
     from kepler_bridge.sampling import sanitize, slots
@@ -93,10 +101,12 @@ def blocks(sampler: Sampler, args: argparse.Namespace) -> dict[str, list[float]]
     found: dict[str, list[float]] = {}
     reads, cleaning = Stage(slots, "read_clean"), Stage(sanitize, "reading")
     for _ in range(args.blocks):
-        totals = dict.fromkeys(("sample", "sample CPU", "save", "save CPU"), 0.0)
+        totals = dict.fromkeys(("sample", "sample CPU", "sample runnable", "save", "save CPU"), 0.0)
         reads.seconds = cleaning.seconds = 0.0
         for _ in range(args.samples):
+            waited = run_delay()
             wall, cpu = timed(sampler.sample)
+            totals["sample runnable"] += run_delay() - waited
             totals["sample"] += wall
             totals["sample CPU"] += cpu
             wall, cpu = timed(sampler._save)
