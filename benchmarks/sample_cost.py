@@ -88,15 +88,10 @@ class Stage:
             self.seconds += time.perf_counter() - started
 
 
-def run_delay() -> float:
-    """Seconds the calling thread has waited, runnable, for a CPU (schedstat's second field)."""
-    with open("/proc/thread-self/schedstat") as stat:
-        return int(stat.read().split()[1]) / 1e9
-
-
 def blocks(sampler: Sampler, args: argparse.Namespace) -> dict[str, list[float]]:
     """Per block, the mean ms of each measure; the blocks' list per measure."""
     from kepler_bridge.sampling import sanitize, slots
+    from kepler_bridge.turns import cpu_seconds
 
     found: dict[str, list[float]] = {}
     reads, cleaning = Stage(slots, "read_clean"), Stage(sanitize, "reading")
@@ -104,9 +99,9 @@ def blocks(sampler: Sampler, args: argparse.Namespace) -> dict[str, list[float]]
         totals = dict.fromkeys(("sample", "sample CPU", "sample runnable", "save", "save CPU"), 0.0)
         reads.seconds = cleaning.seconds = 0.0
         for _ in range(args.samples):
-            waited = run_delay()
+            waited = cpu_seconds()[1]
             wall, cpu = timed(sampler.sample)
-            totals["sample runnable"] += run_delay() - waited
+            totals["sample runnable"] += cpu_seconds()[1] - waited
             totals["sample"] += wall
             totals["sample CPU"] += cpu
             wall, cpu = timed(sampler._save)
