@@ -1,14 +1,15 @@
 """kepler-bridge beside nvitop-exporter and node_exporter on the same fake NVML and host (issue 18).
 
-Starts the three on loopback ports, the GPUs' processes real sleeping children whose pids the
-fake NVML reports, and prints one table per host: 8 GPUs x 16 processes, then with 3000 more
-sleeping processes. Per exporter: scrape p50/p99 (sequential, the exporters interleaved round by
-round so drift hits all alike), req/s with 8 `wrk` clients, CPU (utime + stime of every process
-of the exporter, reaped children included) over --duration s at a 1 s interval while scraped
-with gzip every 15 s, PSS and RSS summed over its processes, bytes per scrape plain and gzip,
-and the ratios kepler-bridge/peer; at the end one line with the issue's targets. Needs wrk,
-prometheus-node-exporter (Debian) and nvitop-exporter in .venv-peers (`make bench` installs
-them); root for the agent's eBPF source (else it counts CPU from procfs).
+Starts the three on loopback ports, the GPUs' processes real sleeping children whose pids the fake
+NVML reports (its PCIe throughput call measuring for 20 ms, as NVML's), and prints one table per
+host: 8 GPUs x 16 processes, then with 3000 more sleeping processes. Per exporter: scrape p50/p99
+(sequential, the exporters interleaved round by round so drift hits all alike), req/s with 8 `wrk`
+clients, CPU (utime + stime of every process of the exporter, reaped children included) over
+--duration s at a 1 s interval while scraped with gzip every 15 s, PSS and RSS summed over its
+processes, bytes per scrape plain and gzip, and the ratios kepler-bridge/peer; at the end one line
+with the issue's targets. Needs wrk, prometheus-node-exporter (Debian) and nvitop-exporter in
+.venv-peers (`make bench` installs them); root for the agent's eBPF source (else it counts CPU from
+procfs).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from peers_report import AGENT, NODE, NVITOP, Reading, Run, table, targets_line 
 from sleepers import SLEEPERS_C, build, sleepers  # noqa: E402
 
 from agent import Agent  # noqa: E402
-from fakenvml import FakeNvml, default_process  # noqa: E402
+from fakenvml import NVML_PCIE_THROUGHPUT_MS, FakeNvml, default_process  # noqa: E402
 from fakenvml import build as build_fakenvml  # noqa: E402
 from scaffold import free_port, values, wait_for  # noqa: E402
 
@@ -293,6 +294,7 @@ def peer(
 def gpu_processes(work: Path, args: argparse.Namespace, pids: list[int]) -> FakeNvml:
     """The fake NVML with `args.processes` of these pids on each of `args.gpus` GPUs."""
     fake = FakeNvml(build_fakenvml(work), work / "nvml.conf", gpus=args.gpus)
+    fake.set(pcie_throughput_ms=NVML_PCIE_THROUGHPUT_MS)
     for gpu in range(args.gpus):
         mine = pids[gpu * args.processes : (gpu + 1) * args.processes]
         fake.processes(gpu, [default_process(pid, n) for n, pid in enumerate(mine)])

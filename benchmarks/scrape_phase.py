@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from agent_http import percentile  # noqa: E402
 
 from agent import Agent  # noqa: E402
-from fakenvml import FakeNvml, build  # noqa: E402
+from fakenvml import NVML_PCIE_THROUGHPUT_MS, FakeNvml, build  # noqa: E402
 from scaffold import wait_for  # noqa: E402
 
 TIMESTAMP = b"\nkepler_bridge_last_sample_timestamp_seconds{"
@@ -169,6 +169,7 @@ def fake_nvml_agent(gpus: int, processes: int, sources: str = "auto") -> Iterato
     past its first samples and renders."""
     work = Path(tempfile.mkdtemp(prefix="kb-phase-"))
     fake = FakeNvml(build(work), work / "nvml.conf", gpus=gpus, processes_per_gpu=processes)
+    fake.set(pcie_throughput_ms=NVML_PCIE_THROUGHPUT_MS)
     env = {"FAKE_NVML_CONFIG": str(fake.config)}  # no call statistics: they cost the fake
     flags = ("--sources", sources, "--nvml-library", str(fake.library), "--interval", "1s")
     with Agent(*flags, env=env, timeout=120) as agent:

@@ -626,6 +626,19 @@ def test_delay_ms(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     assert nvml.last_elapsed >= 2.0
 
 
+def test_pcie_throughput_ms(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
+    """The PCIe throughput call alone measures for its window, as NVML's does; a failing one
+    answers at once."""
+    nvml.call("nvmlDeviceGetUUID", H(0))
+    fake_nvml.set(pcie_throughput_ms=300)
+    nvml.call("nvmlDeviceGetPcieThroughput", H(0), pynvml.NVML_PCIE_UTIL_TX_BYTES)
+    assert nvml.last_elapsed >= 0.3
+    nvml.call("nvmlDeviceGetPowerUsage", H(0))
+    assert nvml.last_elapsed < 0.3
+    raises(nvml, "NVMLError_InvalidArgument", "nvmlDeviceGetPcieThroughput", H(0), 7)
+    assert nvml.last_elapsed < 0.3
+
+
 def test_delay_does_not_block_other_threads(fake_nvml: FakeNvml, nvml: NvmlProcess) -> None:
     """A slow call in one thread must not serialise the others (the lock is not held
     while sleeping)."""

@@ -46,6 +46,7 @@ __all__ = [
     "SOURCE",
     "LIBRARY_NAME",
     "GLOBAL_FIELDS",
+    "NVML_PCIE_THROUGHPUT_MS",
     "GPU_FIELDS",
     "PROCESS_FIELDS",
     "MIG_FIELDS",
@@ -106,6 +107,11 @@ def build(outdir: Path) -> Path:
 # Field names (Python keyword == config key). Units are NVML's.
 # --------------------------------------------------------------------------
 
+#: how long NVML's nvmlDeviceGetPcieThroughput measures the link before it answers (its
+#: documentation): benchmarks give the fake this `pcie_throughput_ms`, so a reader that asks it
+#: each sample pays what it would on a GPU
+NVML_PCIE_THROUGHPUT_MS = 20
+
 #: global settings accepted by FakeNvml.set()
 GLOBAL_FIELDS = {
     "driver_version": "str, nvmlSystemGetDriverVersion",
@@ -116,6 +122,7 @@ GLOBAL_FIELDS = {
         "NVML return code returned by every call except init/shutdown/errorString (0 = off)"
     ),
     "delay_ms": "every call sleeps this many ms (slow driver)",
+    "pcie_throughput_ms": "nvmlDeviceGetPcieThroughput measures this many ms (NVML: 20)",
     "errors": "dict {nvml function name: return code} injected for every call of that function",
 }
 
@@ -366,6 +373,7 @@ class FakeNvml:
             "init_error": 0,
             "fail_all": 0,
             "delay_ms": 0,
+            "pcie_throughput_ms": 0,
             "errors": {},
         }
         self.gpus: list[dict[str, Any]] = [default_gpu(i) for i in range(gpus)]

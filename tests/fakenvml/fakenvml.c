@@ -522,6 +522,7 @@ typedef struct {
     nvmlReturn_t init_error;
     nvmlReturn_t fail_all;
     unsigned long long delay_ms;
+    unsigned long long pcie_throughput_ms; /* the window each PCIe throughput call measures */
     char errors[LIST_LEN];
     gpu_cfg gpus[MAX_GPUS];
     proc_cfg *procs;
@@ -797,6 +798,8 @@ static config_t *config_parse(char *text)
             c->fail_all = (nvmlReturn_t)parse_u64(val);
         } else if (!strcmp(key, "delay_ms")) {
             c->delay_ms = parse_u64(val);
+        } else if (!strcmp(key, "pcie_throughput_ms")) {
+            c->pcie_throughput_ms = parse_u64(val);
         } else if (!strcmp(key, "errors")) {
             copy_str(c->errors, sizeof(c->errors), val);
         }
@@ -1621,6 +1624,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, unsigned in
         else
             *value = (unsigned int)(counter == 0 ? c.gpu->pcie_tx : c.gpu->pcie_rx);
     }
+    if (!c.rc)
+        c.delay_ms += c.cfg->pcie_throughput_ms; /* NVML answers once its window has passed */
     return leave(&c);
 }
 
