@@ -125,8 +125,9 @@ class SettingsTable:
             "10s",
             "expected a duration from 0 to 1h, such as 10s or 1m",
             "how often NVML's slow counters are read (ECC errors, remapped rows, retired pages, "
-            "PCIe replays, NVLink errors, clock-event time) and the MIG mode of a GPU out of "
-            "it, their last values exported in between; 0 = every sample",
+            "PCIe replays, NVLink errors, clock-event time), PCIe throughput (20 ms of waiting "
+            "a call) and the MIG mode of a GPU out of it, their last values exported in "
+            "between; 0 = every sample",
         )
     )
     simulate: int = field(

@@ -777,6 +777,30 @@ def test_slow_counters_read_once_per_counter_interval_and_kept_between(
         assert _errors(back)[("1", "replay")] == 6
 
 
+def test_pcie_throughput_is_read_with_the_slow_counters(fake_nvml: FakeNvml) -> None:
+    """NVML's PCIe throughput call measures the link for 20 ms before it answers: it is asked once
+    per --nvml-counter-interval, not each sample, and every scrape between carries its values."""
+    fake_nvml.set(pcie_throughput_ms=20)
+    with nvml_agent(fake_nvml, "--nvml-counter-interval", "3s") as agent:
+        before = fake_nvml.calls()
+        fake_nvml.gpu(0, pcie_tx=3000)
+        seen = []
+        deadline = time.monotonic() + 8
+        while 3000 * 1024 not in seen and time.monotonic() < deadline:
+            seen.append(agent.samples("gpu_pcie_transmit_bytes_per_second")["0"])
+            assert agent.samples("gpu_pcie_receive_bytes_per_second") == {
+                "0": 2000 * 1024,
+                "1": 2000 * 1024,
+            }
+            time.sleep(0.1)
+        assert seen[0] == 1000 * 1024 and seen[-1] == 3000 * 1024, seen
+        assert set(seen) == {1000 * 1024, 3000 * 1024}, seen
+        calls = fake_nvml.calls()
+        power = calls["nvmlDeviceGetPowerUsage"] - before["nvmlDeviceGetPowerUsage"]
+        pcie = calls["nvmlDeviceGetPcieThroughput"] - before["nvmlDeviceGetPcieThroughput"]
+        assert 0 < pcie * 2 <= power  # two calls a read; 0.25 s samples, 3 s between reads
+
+
 def _errors(text: str) -> dict[tuple[str, ...], float]:
     return _by_labels(text, "gpu_nvlink_errors_total", "link", "kind")
 

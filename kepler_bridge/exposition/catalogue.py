@@ -67,11 +67,11 @@ GPU_GAUGES: dict[str, tuple[str, str]] = {
     "gpu_fan_speed_ratio": ("fan_speed_ratio", "Fan speed as a fraction of its maximum (0..1)."),
     "gpu_pcie_transmit_bytes_per_second": (
         "pcie_transmit_bytes_per_second",
-        "PCIe transmit throughput.",
+        "PCIe transmit throughput over 20 ms, measured once per --nvml-counter-interval.",
     ),
     "gpu_pcie_receive_bytes_per_second": (
         "pcie_receive_bytes_per_second",
-        "PCIe receive throughput.",
+        "PCIe receive throughput over 20 ms, measured once per --nvml-counter-interval.",
     ),
     "gpu_performance_state": ("performance_state", "Performance state P0 (max) .. P15 (min)."),
     "gpu_last_xid_timestamp_seconds": ("last_xid_timestamp", "Unix time of the last XID error."),

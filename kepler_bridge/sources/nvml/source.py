@@ -71,11 +71,15 @@ NUMBERS: Getters = (
     ("sm_clock", "nvmlDeviceGetClockInfo", UINT, (pynvml.NVML_CLOCK_SM,)),
     ("mem_clock", "nvmlDeviceGetClockInfo", UINT, (pynvml.NVML_CLOCK_MEM,)),
     ("fan", "nvmlDeviceGetFanSpeed", UINT, ()),
-    ("pcie_tx", "nvmlDeviceGetPcieThroughput", UINT, (pynvml.NVML_PCIE_UTIL_TX_BYTES,)),
-    ("pcie_rx", "nvmlDeviceGetPcieThroughput", UINT, (pynvml.NVML_PCIE_UTIL_RX_BYTES,)),
     ("pstate", "nvmlDeviceGetPerformanceState", UINT, ()),
     ("temperature", "nvmlDeviceGetTemperature", UINT, (pynvml.NVML_TEMPERATURE_GPU,)),
     ("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", ULONGLONG, ()),
+)
+# Each call measures the link for 20 ms and returns only then (NVML's documentation), 40 ms a GPU
+# for both directions: read with the slow counters, not each sample.
+PCIE: Getters = (
+    ("pcie_tx", "nvmlDeviceGetPcieThroughput", UINT, (pynvml.NVML_PCIE_UTIL_TX_BYTES,)),
+    ("pcie_rx", "nvmlDeviceGetPcieThroughput", UINT, (pynvml.NVML_PCIE_UTIL_RX_BYTES,)),
 )
 # Drivers before R535 name the clocks event reasons throttle reasons.
 THROTTLE_REASONS_GETTER: Getters = (
@@ -215,6 +219,7 @@ class NvmlSource(Source):
         fields["last_xid_timestamp"] = xids.last_seen
         fields["last_xid_code"] = xids.last_code
         fields.update(_memory(device))
+        fields.update(_pcie(device))
         fields["memory_temperature_celsius"] = _memory_temperature(device)
         fields["processes"] = gpu_processes(device, self.config.procfs)
         fields.update(device.profiling())
@@ -282,7 +287,7 @@ def _memory_temperature(device: Device) -> float | None:
 def _number_fields(numbers: list[Any]) -> dict[str, Any]:
     """GpuReading fields of the numbers read by NUMBERS, in its order, in their units and
     ranges."""
-    encoder, decoder, power, limit, energy, sm, memory, fan, tx, rx, pstate, celsius, _ = numbers
+    encoder, decoder, power, limit, energy, sm, memory, fan, pstate, celsius, _ = numbers
     return {
         "encoder_utilization": ranges.ratio_from_percent(encoder),
         "decoder_utilization": ranges.ratio_from_percent(decoder),
@@ -292,11 +297,21 @@ def _number_fields(numbers: list[Any]) -> dict[str, Any]:
         "sm_clock_hertz": ranges.hertz(sm * 1e6 if sm is not None else None),
         "memory_clock_hertz": ranges.hertz(memory * 1e6 if memory is not None else None),
         "fan_speed_ratio": ranges.ratio_from_percent(fan),
-        "pcie_transmit_bytes_per_second": _bytes_per_second(tx),
-        "pcie_receive_bytes_per_second": _bytes_per_second(rx),
         "performance_state": pstate if pstate is not None and 0 <= pstate <= 15 else None,
         "temperature_celsius": ranges.celsius(celsius),
     }
+
+
+def _pcie(device: Device) -> dict[str, Any]:
+    """PCIe throughput, read in the samples `Device.begin` marks due for the slow counters, its
+    last values in between."""
+    if device.counters_due or device.pcie is None:
+        tx, rx = device.numbers(PCIE)
+        device.pcie = {
+            "pcie_transmit_bytes_per_second": _bytes_per_second(tx),
+            "pcie_receive_bytes_per_second": _bytes_per_second(rx),
+        }
+    return device.pcie
 
 
 def _bytes_per_second(kib: int | None) -> float | None:
