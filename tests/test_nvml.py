@@ -801,6 +801,26 @@ def test_pcie_throughput_is_read_with_the_slow_counters(fake_nvml: FakeNvml) -> 
         assert 0 < pcie * 2 <= power  # two calls a read; 0.25 s samples, 3 s between reads
 
 
+def test_a_pcie_measurement_never_holds_a_sample(fake_nvml: FakeNvml) -> None:
+    """The PCIe throughput of the GPUs due is measured beside the samples: while each PCIe call
+    takes NVML 1.5 s, samples go on at their interval, and the new values arrive after."""
+    with nvml_agent(fake_nvml, "--nvml-counter-interval", "1s") as agent:
+        fake_nvml.set(pcie_throughput_ms=1500)  # the next round takes 6 s: 2 GPUs, 2 calls each
+        fake_nvml.gpu(0, pcie_tx=3000)
+        made = set()
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            made.add(agent.samples("kepler_bridge_last_sample_timestamp_seconds")[""])
+            time.sleep(0.1)
+        # 0.25 s samples: some 16; a sampler that waited in the calls would make at most 5
+        assert len(made) >= 8, made
+        fake_nvml.set(pcie_throughput_ms=0)
+        agent.wait_for(
+            lambda: agent.samples("gpu_pcie_transmit_bytes_per_second")["0"] == 3000 * 1024,
+            what="the new PCIe throughput",
+        )
+
+
 def _errors(text: str) -> dict[tuple[str, ...], float]:
     return _by_labels(text, "gpu_nvlink_errors_total", "link", "kind")
 

@@ -78,7 +78,6 @@ class Device:
     counters: dict[str, Any] | None = None
     counters_at: float = 0.0
     counters_due: bool = True  # set by begin(): read the slow counters in this sample
-    pcie: dict[str, Any] | None = None  # source.py's PCIe throughput, read with the slow counters
     link_errors: dict[int, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     # numbers()'s and record()'s NVML getters by name: the function, its arguments after the handle
     # and its output.
@@ -87,7 +86,7 @@ class Device:
     def fail(self, message: str, interval: float, now: float) -> None:
         self.handle, self.error = None, message
         self.gpm.close()
-        self.counters, self.pcie, self.mig_enabled = None, None, False
+        self.counters, self.mig_enabled = None, False
         self.link_errors.clear()
         self.retry.failed(interval, now)
 

@@ -23,6 +23,7 @@ from kepler_bridge.sources.nvml.device import (
 )
 from kepler_bridge.sources.nvml.events import XidEvents
 from kepler_bridge.sources.nvml.mig import add_mig
+from kepler_bridge.sources.nvml.pcie import PcieThroughput
 from kepler_bridge.sources.nvml.processes import gpu_processes, pid_namespace_problem
 from kepler_bridge.sources.nvml.reliability import reliability
 from kepler_bridge.sources.sysfs import on_pci_bus
@@ -75,12 +76,6 @@ NUMBERS: Getters = (
     ("temperature", "nvmlDeviceGetTemperature", UINT, (pynvml.NVML_TEMPERATURE_GPU,)),
     ("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", ULONGLONG, ()),
 )
-# Each call measures the link for 20 ms and returns only then (NVML's documentation), 40 ms a GPU
-# for both directions: read with the slow counters, not each sample.
-PCIE: Getters = (
-    ("pcie_tx", "nvmlDeviceGetPcieThroughput", UINT, (pynvml.NVML_PCIE_UTIL_TX_BYTES,)),
-    ("pcie_rx", "nvmlDeviceGetPcieThroughput", UINT, (pynvml.NVML_PCIE_UTIL_RX_BYTES,)),
-)
 # Drivers before R535 name the clocks event reasons throttle reasons.
 THROTTLE_REASONS_GETTER: Getters = (
     ("throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", ULONGLONG, ()),
@@ -101,6 +96,7 @@ class NvmlSource(Source):
         self.driver_version = ""
         self.pid_namespace = ""
         self.xids = XidEvents()
+        self.pcie = PcieThroughput()
 
     def start(self) -> None:
         try:
@@ -129,6 +125,7 @@ class NvmlSource(Source):
 
     def stop(self) -> None:
         self.xids.stop()
+        self.pcie.stop()
         for device in self.devices:
             device.gpm.close()
         try:
@@ -140,6 +137,7 @@ class NvmlSource(Source):
         now = time.monotonic()
         self.xids.drain()
         gpus = tuple(self._read_device(device, now) for device in self.devices)
+        self.pcie.start_round()
         return device_reading(gpus, "GPU")
 
     def describe(self, reading: SourceReading) -> str:
@@ -198,6 +196,7 @@ class NvmlSource(Source):
             "GPU %d: %s; retrying in %.0fs", device.index, error, max(device.retry.delay * 2, 1)
         )
         device.fail(error, self.config.interval, now)
+        self.pcie.forget(device.index)
         return self._down(device)
 
     def _values(self, device: Device) -> GpuReading:
@@ -219,7 +218,7 @@ class NvmlSource(Source):
         fields["last_xid_timestamp"] = xids.last_seen
         fields["last_xid_code"] = xids.last_code
         fields.update(_memory(device))
-        fields.update(_pcie(device))
+        fields.update(self.pcie.reading(device.index, device.handle, device.counters_due))
         fields["memory_temperature_celsius"] = _memory_temperature(device)
         fields["processes"] = gpu_processes(device, self.config.procfs)
         fields.update(device.profiling())
@@ -300,23 +299,6 @@ def _number_fields(numbers: list[Any]) -> dict[str, Any]:
         "performance_state": pstate if pstate is not None and 0 <= pstate <= 15 else None,
         "temperature_celsius": ranges.celsius(celsius),
     }
-
-
-def _pcie(device: Device) -> dict[str, Any]:
-    """PCIe throughput, read in the samples `Device.begin` marks due for the slow counters, its
-    last values in between."""
-    if device.counters_due or device.pcie is None:
-        tx, rx = device.numbers(PCIE)
-        device.pcie = {
-            "pcie_transmit_bytes_per_second": _bytes_per_second(tx),
-            "pcie_receive_bytes_per_second": _bytes_per_second(rx),
-        }
-    return device.pcie
-
-
-def _bytes_per_second(kib: int | None) -> float | None:
-    """PCIe throughput, which NVML gives in KiB/s."""
-    return ranges.bounded(kib * 1024 if kib is not None else None, 0, ranges.MAX_BYTES_PER_SECOND)
 
 
 def _throttled(device: Device, mask: int | None) -> tuple[tuple[str, bool], ...]:
