@@ -18,7 +18,7 @@ from agent import KEPLER_BRIDGE, Agent
 from fakenvml import FakeNvml
 from fixtures.sysfs import FakeSysfs
 from kepler_bridge.sources.nvml import gpm
-from scaffold import samples
+from scaffold import samples, values
 
 GIB = 1024**3
 SENTINELS = ("4294967295", "4.294967295e+09", "1.8446744073709552e+19", "-1.0")
@@ -819,6 +819,22 @@ def test_a_pcie_measurement_never_holds_a_sample(fake_nvml: FakeNvml) -> None:
             lambda: agent.samples("gpu_pcie_transmit_bytes_per_second")["0"] == 3000 * 1024,
             what="the new PCIe throughput",
         )
+
+
+def test_a_gpu_back_from_a_failure_shows_its_pcie_throughput_at_once(fake_nvml: FakeNvml) -> None:
+    """A GPU's PCIe throughput from before it went down is not shown once it is back: it is
+    measured in its first reading back, not at the next read of the slow counters (10 s)."""
+    with nvml_agent(fake_nvml) as agent:
+        assert agent.samples("gpu_pcie_transmit_bytes_per_second")["1"] == 1000 * 1024
+        fake_nvml.gpu(1, lost=True)
+        agent.wait_for(lambda: agent.samples("gpu_up")["1"] == 0.0, what="GPU 1 down")
+        fake_nvml.gpu(1, lost=False, pcie_tx=5000)
+        up = agent.wait_for(
+            lambda: (text := agent.metrics()) and values(text, "gpu_up", "gpu")["1"] and text,
+            timeout=15,
+            what="GPU 1 back",
+        )
+        assert values(up, "gpu_pcie_transmit_bytes_per_second", "gpu")["1"] == 5000 * 1024
 
 
 def _errors(text: str) -> dict[tuple[str, ...], float]:
