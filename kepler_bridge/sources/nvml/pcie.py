@@ -76,7 +76,8 @@ class PcieThroughput:
         for index, handle in gpus:
             values: dict[str, float | None] = {}
             for name, counter in DIRECTIONS:
-                ok = call is not None and call(handle, counter, ctypes.byref(kib)) == 0
+                result = call(handle, counter, ctypes.byref(kib)) if call is not None else None
+                ok = result == pynvml.NVML_SUCCESS
                 values[name] = _bytes_per_second(kib.value) if ok else None
             if new or index in self._values:
                 self._values[index] = values
