@@ -5,13 +5,13 @@ the CPU source of --sources (procfs, or ebpf as root), with --extra-processes mo
 processes on the host. The fake's PCIe throughput call measures for 20 ms before it answers, as
 NVML's does. It prints, per block of --samples samples, the median of the blocks: wall and thread
 CPU ms per `Sampler.sample` (what kepler_bridge_sample_duration_seconds reports; the mean, and the
-block's median, which leaves out the samples that read the slow counters), the part of its wall
-time the thread waited, runnable, for a CPU (schedstat; the rest of the gap to its CPU time it was
-blocked, or, on a VM, its virtual CPU was taken by the hypervisor: steal), and per state save, how
-much of a sample went to reading the sources and to sanitising what they gave (the rest is
-counters, owners, attribution and the snapshot), and how many processes the CPU source reported.
-Targets (issue 18): a sample at most 3 ms at 8 GPUs x 16 processes and 10 ms with 3000 more
-processes on eBPF, a save at most 1 ms.
+block's median, which leaves out a block's few slow samples), the part of its wall time the thread
+waited, runnable, for a CPU (schedstat; the rest of the gap to its CPU time it was blocked, or, on
+a VM, its virtual CPU was taken by the hypervisor: steal), and per state save, how much of a sample
+went to reading the sources and to sanitising what they gave (the rest is counters, owners,
+attribution and the snapshot), and how many processes the CPU source reported. Targets (issue 18):
+a sample at most 3 ms at 8 GPUs x 16 processes and 10 ms with 3000 more processes on eBPF, a save
+at most 1 ms.
 
 The CPU source sees every process of the host, so other work on the machine changes the figure;
 run it in a pid namespace of its own for procfs (`unshare --pid --fork --mount-proc`), which eBPF
