@@ -534,7 +534,7 @@ def test_gpm_samples_follow_the_gpu_through_loss_and_failures(fake_nvml: FakeNvm
 
 def test_doctor_says_why_a_gpu_has_no_profiling_metrics(fake_nvml: FakeNvml) -> None:
     _gpm_rates(fake_nvml, 0)
-    fake_nvml.gpu(1, not_supported=["fan_speed", "memory_temperature"])
+    fake_nvml.gpu(1, not_supported=["fan_speed", "memory_temperature", "pcie_throughput"])
     doctor = subprocess.run(
         [KEPLER_BRIDGE, "doctor", "--sources", "nvml", "--nvml-library", str(fake_nvml.library)],
         env={**os.environ, **fake_nvml.env()},
@@ -545,9 +545,11 @@ def test_doctor_says_why_a_gpu_has_no_profiling_metrics(fake_nvml: FakeNvml) -> 
     (line,) = [line for line in doctor.stdout.splitlines() if "nvml" in line]
     assert line.startswith("ok") and "GPM profiling on GPU 0" in line, doctor.stdout
     assert "GPU 1: GPM not supported (needs Hopper or newer)" in line, line
-    # The fake's GPUs have no NVLink unless configured; GPU 1 also lacks two sensors.
+    # The fake's GPUs have no NVLink unless configured; GPU 1 also lacks two sensors and PCIe
+    # throughput (measured apart from the samples, named all the same).
     assert "GPU 0 cannot report nvlink (not supported: absent)" in line, line
-    assert "GPU 1 cannot report fan, memory_temperature, nvlink (not supported" in line, line
+    lacks = "fan, memory_temperature, nvlink, pcie_rx, pcie_tx"
+    assert f"GPU 1 cannot report {lacks} (not supported" in line, line
     calls = fake_nvml.calls()
     assert calls["nvmlGpmSampleAlloc"] == calls["nvmlGpmSampleFree"] == 2
 

@@ -172,13 +172,17 @@ class Device:
         retry.failed(self.reprobe, self.now)
 
 
-def unsupported_summary(devices: Iterable[Device]) -> str:
+def unsupported_summary(
+    devices: Iterable[Device], measured: Callable[[int], Iterable[str]] = lambda index: ()
+) -> str:
     """For `doctor`: what each GPU cannot report (NVML says not supported), so its series are
-    absent; GPUs that lack the same values are named together."""
+    absent; GPUs that lack the same values are named together. `measured`: what a GPU cannot
+    report among the values measured outside its samples (PCIe throughput)."""
     groups: dict[tuple[str, ...], list[str]] = {}
     for device in devices:
-        if device.unsupported:
-            groups.setdefault(tuple(sorted(device.unsupported)), []).append(str(device.index))
+        names = tuple(sorted({*device.unsupported, *measured(device.index)}))
+        if names:
+            groups.setdefault(names, []).append(str(device.index))
     return "".join(
         f"; GPU {', '.join(ids)} cannot report {', '.join(names)} (not supported: absent)"
         for names, ids in groups.items()

@@ -11,12 +11,14 @@ from typing import Any
 import pynvml
 
 from kepler_bridge.sources import ranges
+from kepler_bridge.sources.nvml.device import UNSUPPORTED
 
 log = logging.getLogger(__name__)
 
+# (name in `doctor`'s "cannot report", GpuReading field, NVML counter) of each direction.
 DIRECTIONS = (
-    ("pcie_transmit_bytes_per_second", pynvml.NVML_PCIE_UTIL_TX_BYTES),
-    ("pcie_receive_bytes_per_second", pynvml.NVML_PCIE_UTIL_RX_BYTES),
+    ("pcie_tx", "pcie_transmit_bytes_per_second", pynvml.NVML_PCIE_UTIL_TX_BYTES),
+    ("pcie_rx", "pcie_receive_bytes_per_second", pynvml.NVML_PCIE_UTIL_RX_BYTES),
 )
 # How long `stop` waits for a round to end before NVML is shut down under it: a round takes
 # 40 ms a GPU on a working driver.
@@ -30,6 +32,8 @@ class PcieThroughput:
 
     def __init__(self) -> None:
         self._values: dict[int, dict[str, float | None]] = {}  # GPU index -> GpuReading fields
+        # GPU index -> the directions its last measurement said it cannot report.
+        self._unsupported: dict[int, tuple[str, ...]] = {}
         self._due: list[tuple[int, Any]] = []
         self._round: threading.Thread | None = None
 
@@ -52,9 +56,14 @@ class PcieThroughput:
             )
             self._round.start()
 
+    def unsupported(self, index: int) -> tuple[str, ...]:
+        """The directions the GPU's last measurement said it cannot report (for `doctor`)."""
+        return self._unsupported.get(index, ())
+
     def forget(self, index: int) -> None:
         """Drop a GPU's values (it went down): measured again at its first reading back."""
         self._values.pop(index, None)
+        self._unsupported.pop(index, None)
 
     def stop(self) -> None:
         """Wait for a round in progress, so NVML is not shut down under its call."""
@@ -75,12 +84,16 @@ class PcieThroughput:
         kib = ctypes.c_uint()
         for index, handle in gpus:
             values: dict[str, float | None] = {}
-            for name, counter in DIRECTIONS:
+            unsupported = []
+            for name, field, counter in DIRECTIONS:
                 result = call(handle, counter, ctypes.byref(kib)) if call is not None else None
                 ok = result == pynvml.NVML_SUCCESS
-                values[name] = _bytes_per_second(kib.value) if ok else None
+                values[field] = _bytes_per_second(kib.value) if ok else None
+                if result is None or result in UNSUPPORTED:
+                    unsupported.append(name)
             if new or index in self._values:
                 self._values[index] = values
+                self._unsupported[index] = tuple(unsupported)
 
 
 def _bytes_per_second(kib: int) -> float | None:

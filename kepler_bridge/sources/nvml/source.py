@@ -146,7 +146,7 @@ class NvmlSource(Source):
         return (
             f"{len(reading.gpus)} GPU(s) {', '.join(models)}; driver {self.driver_version}"
             + profiling
-            + unsupported_summary(self.devices)
+            + unsupported_summary(self.devices, self.pcie.unsupported)
             + (f"; {self.pid_namespace}" if self.pid_namespace else "")
         )
 
