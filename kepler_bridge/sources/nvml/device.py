@@ -172,9 +172,7 @@ class Device:
         retry.failed(self.reprobe, self.now)
 
 
-def unsupported_summary(
-    devices: Iterable[Device], measured: Callable[[int], Iterable[str]] = lambda index: ()
-) -> str:
+def unsupported_summary(devices: Iterable[Device], measured: Callable[[int], Iterable[str]]) -> str:
     """For `doctor`: what each GPU cannot report (NVML says not supported), so its series are
     absent; GPUs that lack the same values are named together. `measured`: what a GPU cannot
     report among the values measured outside its samples (PCIe throughput)."""
