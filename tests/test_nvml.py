@@ -1061,3 +1061,42 @@ def test_a_sample_takes_the_xids_nvml_holds_and_at_most_its_bound(fake_nvml: Fak
     half = bound // 2
     assert totals == [[half, half], [half + 22, half + 22], [half + 22, half + 22]], stderr
     assert threads == 1, "the nvml source started a thread"
+
+
+def test_a_gpu_lost_and_back_is_named_for_the_pcie_it_cannot_report_now(
+    fake_nvml: FakeNvml,
+) -> None:
+    """The PCIe directions a GPU could not report leave `doctor`'s list with the GPU when it goes
+    down, and its first reading back names them again only if it still cannot report them."""
+    script = textwrap.dedent(
+        """
+        import json, sys, time
+        from pathlib import Path
+        sys.path.insert(0, sys.argv[2])
+        from fakenvml import FakeNvml
+        from kepler_bridge import config
+        from kepler_bridge.sources.nvml.source import NvmlSource
+
+        fake = FakeNvml(Path(sys.argv[1]), Path(sys.argv[3]), gpus=2, processes_per_gpu=0)
+        fake.gpu(1, not_supported=["pcie_throughput"])
+        settings = {"nvml_library": sys.argv[1], "interval": "0.2s"}
+        source = NvmlSource(config.load(settings, {}))
+        source.start()
+        said = []
+        for change in ({"lost": True}, {"lost": False, "not_supported": []},
+                       {"lost": True}, {"lost": False, "not_supported": ["pcie_throughput"]}):
+            reading = source.read()
+            said.append([[gpu.up for gpu in reading.gpus], source.describe(reading)])
+            fake.gpu(1, **change)
+            time.sleep(0.3)  # a GPU that failed is acquired again an interval later
+        reading = source.read()
+        said.append([[gpu.up for gpu in reading.gpus], source.describe(reading)])
+        source.stop()
+        print(json.dumps(said))
+        """
+    )
+    found, stderr = fake_nvml.printed(script, str(Path(__file__).parent), str(fake_nvml.config))
+    ups = [up for up, _ in found]
+    assert ups == [[True, True], [True, False], [True, True], [True, False], [True, True]], stderr
+    named = ["GPU 1 cannot report nvlink, pcie_rx, pcie_tx (" in said for _, said in found]
+    assert named == [True, False, False, False, True], found
