@@ -56,8 +56,8 @@ class StandIn:
             sources="nvml,ebpf", nvml_library=library, kube_source="off", pod_resources_socket=""
         )
         self.store = SnapshotStore()
-        state = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        self.sampler = Sampler(config, self.store, state_dir=state)
+        self.state = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.sampler = Sampler(config, self.store, state_dir=self.state)
         self.monitor = AnomalyMonitor(self.store, lambda: AnomalySettings.of(config))
         settle_collector()
 
@@ -84,13 +84,17 @@ class StandIn:
                 deadline += 1.0
                 time.sleep(max(0.0, deadline - time.monotonic()))
 
+    def close(self) -> None:
+        self.sampler.stop()
+        shutil.rmtree(self.state, ignore_errors=True)
+
 
 def stand_in(library: str, log: Path, seconds: float) -> None:
     """The stand-in sampler process: under SCHED_IDLE, as the agent's sampler runs."""
     sampling = StandIn(library)
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     sampling.run(seconds, log)
-    sampling.sampler.stop()
+    sampling.close()
 
 
 def memory_probe(forked: bool, library: str) -> None:
@@ -107,7 +111,7 @@ def memory_probe(forked: bool, library: str) -> None:
         child = os.fork()
         if child == 0:
             sampling.run(40)
-            os._exit(0)
+            os._exit(0)  # the parent closes
     else:
         thread = threading.Thread(target=sampling.run, args=(40,))
         thread.start()
@@ -118,6 +122,7 @@ def memory_probe(forked: bool, library: str) -> None:
         os.waitpid(child, 0)
     else:
         thread.join()
+    sampling.close()
 
 
 def memory(fake: FakeNvml, rounds: int) -> None:
