@@ -32,11 +32,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from agent_http import percentile  # noqa: E402
 from peers import tree_memory_mb  # noqa: E402
-from scrape_phase import busy_windows, classify, scrapes  # noqa: E402
+from scrape_phase import agent_on, busy_windows, classify, pcie_fake, scrapes  # noqa: E402
 
-from agent import Agent  # noqa: E402
-from fakenvml import NVML_PCIE_THROUGHPUT_MS, FakeNvml, build  # noqa: E402
-from scaffold import make_config, wait_for  # noqa: E402
+from fakenvml import FakeNvml  # noqa: E402
+from scaffold import make_config  # noqa: E402
 
 PAUSE = 0.004  # most seconds between two scrapes, as scrape_phase.py's default
 SETTLE = 6.0  # seconds the stand-in runs before the scrapes start
@@ -137,20 +136,18 @@ def memory(fake: FakeNvml, rounds: int) -> None:
 
 def phase(fake: FakeNvml, apart: bool, seconds: float, log: Path) -> tuple[list, list, float]:
     """Latencies during a busy window and outside, and the windows' median ms, of one phase."""
-    flags = ("--sources", "auto", "--nvml-library", str(fake.library))
-    env = {"FAKE_NVML_CONFIG": str(fake.config)}  # no call statistics: they cost the fake
-    with Agent(*flags, "--interval", "1h" if apart else "1s", env=env, timeout=120) as agent:
-        wait_for(
-            lambda: agent.source_states().get("nvml") == "up", 120, "nvml up", ignore=(OSError,)
-        )
-        time.sleep(3.0)
+    with agent_on(fake, interval="1h" if apart else "1s") as agent:
         if not apart:
             found = scrapes(agent.port, seconds, PAUSE, "/metrics")
             windows = busy_windows(found)
         else:
             child = subprocess.Popen(
                 [sys.executable, __file__, "--stand-in", str(fake.library), str(log)],
-                env={**os.environ, **env, "STAND_IN_SECONDS": str(seconds + SETTLE + 2)},
+                env={
+                    **os.environ,
+                    "FAKE_NVML_CONFIG": str(fake.config),
+                    "STAND_IN_SECONDS": str(seconds + SETTLE + 2),
+                },
             )
             time.sleep(SETTLE)
             found = scrapes(agent.port, seconds, PAUSE, "/metrics")
@@ -188,8 +185,7 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="PSS in and apart, no scrapes")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kb-apart-"))
-    fake = FakeNvml(build(work), work / "nvml.conf", gpus=8, processes_per_gpu=16)
-    fake.set(pcie_throughput_ms=NVML_PCIE_THROUGHPUT_MS)
+    fake = pcie_fake(work, 8, 16)
     if args.memory:
         try:
             memory(fake, args.rounds)

@@ -163,15 +163,18 @@ def arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-@contextmanager
-def fake_nvml_agent(gpus: int, processes: int, sources: str = "auto") -> Iterator[Agent]:
-    """The agent at a 1 s interval on a fake NVML of `gpus` x `processes`, its NVML source up and
-    past its first samples and renders."""
-    work = Path(tempfile.mkdtemp(prefix="kb-phase-"))
+def pcie_fake(work: Path, gpus: int, processes: int) -> FakeNvml:
+    """A fake NVML of `gpus` x `processes` in `work`, its PCIe call measuring as NVML's does."""
     fake = FakeNvml(build(work), work / "nvml.conf", gpus=gpus, processes_per_gpu=processes)
     fake.set(pcie_throughput_ms=NVML_PCIE_THROUGHPUT_MS)
+    return fake
+
+
+@contextmanager
+def agent_on(fake: FakeNvml, sources: str = "auto", interval: str = "1s") -> Iterator[Agent]:
+    """The agent on `fake`, its NVML source up and past its first samples and renders."""
     env = {"FAKE_NVML_CONFIG": str(fake.config)}  # no call statistics: they cost the fake
-    flags = ("--sources", sources, "--nvml-library", str(fake.library), "--interval", "1s")
+    flags = ("--sources", sources, "--nvml-library", str(fake.library), "--interval", interval)
     with Agent(*flags, env=env, timeout=120) as agent:
         wait_for(
             lambda: agent.source_states().get("nvml") == "up",
@@ -180,9 +183,18 @@ def fake_nvml_agent(gpus: int, processes: int, sources: str = "auto") -> Iterato
             ignore=(OSError,),
             log=agent.output,
         )
+        time.sleep(3.0)
+        yield agent
+
+
+@contextmanager
+def fake_nvml_agent(gpus: int, processes: int, sources: str = "auto") -> Iterator[Agent]:
+    """The agent at a 1 s interval on a fake NVML of `gpus` x `processes`, its NVML source up and
+    past its first samples and renders."""
+    fake = pcie_fake(Path(tempfile.mkdtemp(prefix="kb-phase-")), gpus, processes)
+    with agent_on(fake, sources) as agent:
         up = sorted(name for name, state in agent.source_states().items() if state == "up")
         print(f"sources up: {', '.join(up)}; {gpus} GPUs x {processes} processes")
-        time.sleep(3.0)
         yield agent
 
 
