@@ -21,13 +21,6 @@ RUN python3 -m venv --system-site-packages /opt/kepler-bridge \
  && /opt/kepler-bridge/bin/pip install --no-cache-dir . \
  && /opt/kepler-bridge/bin/pip uninstall -y pip setuptools
 
-# Stage 1b: the same venv plus the `anomaly` extra (scikit-learn, for the anomaly detectors'
-# IsolationForest, fitted in a short-lived child) for the default target; slim goes without it.
-FROM build AS build-anomaly
-RUN /opt/kepler-bridge/bin/python -m ensurepip \
- && /opt/kepler-bridge/bin/python -m pip install --no-cache-dir '.[anomaly]' \
- && /opt/kepler-bridge/bin/python -m pip uninstall -y pip setuptools
-
 # Stage 2, target `slim`: the runtime only (no pip, no compiler, no bcc).
 FROM debian:bookworm-slim AS slim
 ARG VERSION=0.1.0
@@ -53,7 +46,6 @@ CMD ["serve"]
 
 # Stage 3, the default target: slim plus bcc, which compiles the eBPF programs with the host's kernel headers.
 FROM slim AS full
-COPY --from=build-anomaly /opt/kepler-bridge /opt/kepler-bridge
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3-bpfcc \

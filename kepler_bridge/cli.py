@@ -143,11 +143,6 @@ def _doctor(config: Config) -> int:
 
 def _anomaly_line(config: Config) -> str:
     """Whether the anomaly detectors and their IsolationForest run here."""
-    from kepler_bridge.anomaly.forest import missing
-
     if not config.anomaly:
         return "--  anomaly    off (anomaly: false)"
-    model = missing()
-    if model:
-        return f"--  anomaly    named detectors on; IsolationForest {model}"
     return "ok  anomaly    named detectors and IsolationForest on"

@@ -326,12 +326,10 @@ class DeviceAnomaly:
 
 @dataclass(frozen=True)
 class Anomalies:
-    """The anomaly thread's latest findings, per device in `gpu` order; `model` is "on" or why the
-    IsolationForest is off."""
+    """The anomaly thread's latest findings, per device in `gpu` order."""
 
     kinds: tuple[str, ...]
     devices: tuple[DeviceAnomaly, ...] = ()
-    model: str = "on"
     cpu_seconds: float = 0.0  # the anomaly thread's CPU time since it started
 
 

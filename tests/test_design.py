@@ -339,7 +339,7 @@ def full_snapshot() -> Snapshot:
             pods=(row,),
         ),
         anomalies=Anomalies(
-            ("stuck", "unusual"), (DeviceAnomaly("GPU-0", ("stuck",), 0.7, 1.0),), "on", 0.1
+            ("stuck", "unusual"), (DeviceAnomaly("GPU-0", ("stuck",), 0.7, 1.0),), 0.1
         ),
     )
 

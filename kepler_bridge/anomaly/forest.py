@@ -1,6 +1,6 @@
-"""The IsolationForest of one device: fitted in a short-lived child with scikit-learn (an optional
-extra, never imported by the worker), scored here in plain Python: as scikit-learn scores the rows
-it saw, and higher than it does for a sample beyond the range a node's rows spanned.
+"""The IsolationForest of one device: fitted in a short-lived child (fit.py), scored here in plain
+Python: as scikit-learn scores the rows it saw, and higher than it does for a sample beyond the
+range a node's rows spanned.
 
 Scoring one sample walks 50 trees of at most 8 levels, about 0.1 ms, where scikit-learn's
 `score_samples` costs milliseconds a call and its import 100 MiB of the worker's memory.
@@ -8,7 +8,6 @@ Scoring one sample walks 50 trees of at most 8 levels, about 0.1 ms, where sciki
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -26,30 +25,9 @@ from kepler_bridge.turns import normal_children
 MIN_ROWS = 30  # fewer rows make no model
 FIT_TIMEOUT = 120.0
 
-
-def missing() -> str:
-    """Why the model is off here, or '' where scikit-learn is installed (found, not imported)."""
-    try:
-        found = all(importlib.util.find_spec(name) is not None for name in ("sklearn", "numpy"))
-    except (ImportError, ValueError):  # hidden (sys.modules[name] = None) or half installed
-        found = False
-    return (
-        "" if found else "off: scikit-learn is not installed; pip install 'kepler-bridge[anomaly]'"
-    )
-
-
-def _path_length(n: float) -> float:
-    if n <= 1:
-        return 0.0
-    if n == 2:
-        return 1.0
-    return 2.0 * (math.log(n - 1.0) + 0.5772156649015329) - 2.0 * (n - 1.0) / n
-
-
 # Per tree: left, right, feature (node indices) and threshold, length, low, high (doubles).
 Tree = tuple[array, array, array, array, array, array, array]
-TYPECODES = "iiidddd"  # arrays, not lists of Python numbers: 44 bytes a node, not 120
-NODE_BYTES = sum(array(code).itemsize for code in TYPECODES)
+NODE_BYTES = sum(array(code).itemsize for code in fit.TYPECODES)
 
 
 class Forest:
@@ -57,7 +35,7 @@ class Forest:
 
     def __init__(self, trees: list[Tree], samples: int, fitted_at: float) -> None:
         self.trees = trees
-        self.norm = _path_length(float(samples))
+        self.norm = fit.path_length(float(samples))
         self.fitted_at = fitted_at
 
     def score(self, vector: Sequence[float]) -> float:
@@ -86,7 +64,7 @@ def read_forests(printed: IO[bytes], fitted_at: float) -> dict[str, Forest]:
 def _read_tree(printed: IO[bytes], nodes: int) -> Tree:
     if not isinstance(nodes, int) or nodes < 1:
         raise RuntimeError(f"the model fit announced a tree of {nodes!r} nodes")
-    columns = [array(code) for code in TYPECODES]
+    columns = [array(code) for code in fit.TYPECODES]
     for column in columns:
         data = printed.read(nodes * column.itemsize)
         if len(data) != nodes * column.itemsize:

@@ -47,7 +47,6 @@ class AnomalyMonitor:
     def __init__(self, store: SnapshotStore, settings: Callable[[], AnomalySettings]) -> None:
         self.store = store
         self.settings = settings
-        self.model = forest.missing() or "on"
         self.watches: dict[str, DeviceWatch] = {}
         self.cpu_seconds = 0.0
         self._stop = threading.Event()
@@ -57,8 +56,6 @@ class AnomalyMonitor:
         self._thread = threading.Thread(target=self._run, name="kepler-bridge-anomaly", daemon=True)
 
     def start(self) -> None:
-        if self.model != "on":
-            log.info("anomaly model %s; the named detectors still run", self.model)
         self._thread.start()
 
     def stop(self, timeout: float = 1.0) -> None:
@@ -104,12 +101,11 @@ class AnomalyMonitor:
                 watch.gap()
         self.watches = watches  # a device gone from the snapshot is forgotten
         self._maybe_fit(settings, snapshot.timestamp)
-        kinds = KINDS + ((UNUSUAL,) if self.model == "on" else ())
         devices = tuple(w.report() for w in watches.values())
-        return Anomalies(kinds, devices, self.model, self.cpu_seconds + self._fit_cpu)
+        return Anomalies((*KINDS, UNUSUAL), devices, self.cpu_seconds + self._fit_cpu)
 
     def _maybe_fit(self, settings: AnomalySettings, now: float) -> None:
-        if self.model != "on" or (self._fitting is not None and self._fitting.is_alive()):
+        if self._fitting is not None and self._fitting.is_alive():
             return
         ready = {u: list(w.rows) for u, w in self.watches.items() if w.ready()}
         unfitted = any(self.watches[uuid].forest is None for uuid in ready)
