@@ -156,6 +156,25 @@ def test_the_model_scores_a_fault_that_breaks_the_physics_as_unusual(
     assert sum(score >= unusual_above(1.0) for score in normal) / len(normal) < 0.2
 
 
+def test_the_model_scores_a_sample_once_a_row_step_and_its_score_holds_between() -> None:
+    """At a 1 s interval the hour's model (a row every 5 s) scores one sample in five: what it
+    learned the device at; every sample between carries the last score."""
+    trace = traces.clean_trace("steady", SEED, 1.0, hours=0.5)
+    watch = DeviceWatch("trace", 1.0, 3600.0)
+    samples = [f for f in trace.samples if f is not None]
+    for f in samples[:600]:
+        watch.update(f)
+    model = forest.fit_all({"trace": list(watch.rows)}, SEED, 0.0)["trace"]
+    scored: list[float] = []
+    watch.forest = model
+    score = model.score
+    model.score = lambda vector: scored.append(1.0) or score(vector)  # type: ignore[method-assign]
+    held = [watch.update(f).score for f in samples[600:900]]
+    assert None not in held
+    assert 55 <= len(scored) <= 65, len(scored)
+    assert len(set(held)) <= len(scored)
+
+
 def _rank(values: list[float]) -> list[int]:
     order = sorted(range(len(values)), key=values.__getitem__)
     ranks = [0] * len(values)
