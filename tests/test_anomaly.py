@@ -283,6 +283,17 @@ def test_the_child_prints_raw_arrays_and_a_torn_answer_is_refused() -> None:
         forest.request({"d": rows + [[1.0]]}, SEED)
 
 
+def test_the_fit_child_refuses_rows_that_are_not_the_ones_announced() -> None:
+    rows = [[float(i), 1.0] for i in range(forest.MIN_ROWS)]
+    asked = forest.request({"d": rows}, SEED)
+    for torn in (asked[:-8], asked + b"\0" * 8):
+        done = subprocess.run(
+            [sys.executable, "-I", fit.__file__], input=torn, capture_output=True, timeout=60
+        )
+        assert done.returncode != 0 and not done.stdout
+        assert b"not the rows the request announces" in done.stderr, done.stderr
+
+
 def test_a_fit_that_fails_or_hangs_gives_its_reason(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
