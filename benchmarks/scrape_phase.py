@@ -8,7 +8,9 @@ until the first scrape showing it has been answered (so the state save, the publ
 first render of the new snapshot count as the sample's). A scrape whose time overlaps a busy window
 is "during a sample". Prints the latency percentiles of scrapes during a sample and outside, and a
 text histogram of latency by phase: the scrape's start after the last sample's start, in tenths of
-the interval. Target: the p99 during a sample about that outside.
+the interval; then, within the busy windows, the scrapes answered before the sample's snapshot was
+published by their start after the sample's start, in steps of half a millisecond. Target: the p99
+during a sample about that outside.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from scaffold import wait_for  # noqa: E402
 TIMESTAMP = b"\nkepler_bridge_last_sample_timestamp_seconds{"
 DURATION = b"\nkepler_bridge_sample_duration_seconds{"
 BUCKETS = 10
+STEP = 0.0005  # seconds a row of the histogram within the busy windows spans
+STEPS = 20  # its rows; the last holds the scrapes that started later still
 COLLECT_EVERY = 100  # scrapes between two collections of the client's youngest objects
 BAR = 40
 
@@ -119,6 +123,26 @@ def classify(
     return during, outside, by_phase
 
 
+def before_publication(
+    found: list[Scrape], windows: list[tuple[float, float]]
+) -> list[list[float]]:
+    """Latencies of the scrapes that started in a busy window and were answered from the snapshot
+    before its sample's, by their start after the sample's start (STEP steps, STEPS rows)."""
+    samples = sorted(
+        (end - seconds, end) for end, seconds in {(s.sample_end, s.sample_seconds) for s in found}
+    )
+    starts = [start for start, _ in samples]
+    by_offset: list[list[float]] = [[] for _ in range(STEPS)]
+    for scrape in found[1:]:
+        last = bisect.bisect(starts, scrape.started) - 1
+        if last < 0 or scrape.sample_end >= samples[last][1]:
+            continue  # before any sample seen, or answered from this sample's snapshot already
+        start, seen = windows[last]
+        if scrape.started < seen:
+            by_offset[min(STEPS - 1, int((scrape.started - start) / STEP))].append(scrape.latency)
+    return by_offset
+
+
 def figures(latencies: list[float]) -> str:
     """Count, p50, p90, p99 and max in ms, in columns."""
     if not latencies:
@@ -144,11 +168,25 @@ def report(found: list[Scrape], interval: float) -> None:
     if during and outside:
         ratio = percentile(during, 0.99) / percentile(outside, 0.99)
         print(f"p99 during / outside: {ratio:.2f} (target: about 1)")
+        ratio = percentile(during, 0.5) / percentile(outside, 0.5)
+        print(f"p50 during / outside: {ratio:.2f}")
     print("\nby phase: the scrape's start after the sample's start, in % of the interval; bar: p99")
     top = max((percentile(b, 0.99) for b in by_phase if b), default=1.0) or 1.0
     for bucket, latencies in enumerate(by_phase):
         span = f"{bucket * 100 // BUCKETS}-{(bucket + 1) * 100 // BUCKETS}%"
         bar = "#" * max(1, round(BAR * percentile(latencies, 0.99) / top)) if latencies else ""
+        print(f"{span:<16} {figures(latencies)}  {bar}")
+    print(
+        "\nin the busy windows, answered before the sample's snapshot was published: the scrape's "
+        "start after the sample's start; bar: p50"
+    )
+    by_offset = before_publication(found, windows)
+    top = max((percentile(b, 0.5) for b in by_offset if b), default=1.0) or 1.0
+    for step, latencies in enumerate(by_offset):
+        span = f"{step * STEP * 1e3:.1f}-" + (
+            f"{(step + 1) * STEP * 1e3:.1f} ms" if step < STEPS - 1 else " ms"
+        )
+        bar = "#" * max(1, round(BAR * percentile(latencies, 0.5) / top)) if latencies else ""
         print(f"{span:<16} {figures(latencies)}  {bar}")
 
 
