@@ -28,10 +28,11 @@ class Agent:
         timeout: float = 20.0,
         ca: str = "",
         client_cert: tuple[str, str] | None = None,
+        cwd: str | None = None,
     ) -> None:
         """`ca`: the agent serves HTTPS with a certificate this CA file verifies.
 
-        `client_cert`: (cert, key) to present."""
+        `client_cert`: (cert, key) to present. `cwd`: the working directory it starts in."""
         self.port = free_port()
         self.url = f"{'https' if ca else 'http'}://127.0.0.1:{self.port}"
         self.verify: str | bool = ca or True
@@ -47,6 +48,7 @@ class Agent:
         self.env = {**os.environ, **(env or {})}
         self.ready = ready
         self.timeout = timeout
+        self.cwd = cwd
         self.process: subprocess.Popen | None = None
         self.log = tempfile.TemporaryFile(mode="w+")
 
@@ -55,6 +57,7 @@ class Agent:
         self.process = subprocess.Popen(
             [KEPLER_BRIDGE, *self.args],
             env=self.env,
+            cwd=self.cwd,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             text=True,

@@ -128,6 +128,24 @@ def test_a_worker_that_cannot_boot_stops_the_master_with_status_3(tmp_path: Path
 
 
 @pytest.mark.e2e
+def test_the_worker_runs_the_agent_installed_not_a_package_in_its_working_directory(
+    tmp_path: Path,
+) -> None:
+    # A root agent started in a directory others can write (/tmp) must not run their code.
+    planted = tmp_path / "kepler_bridge"
+    planted.mkdir()
+    marker = tmp_path / "planted-code-ran"
+    (planted / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise SystemExit('planted kepler_bridge imported')\n"
+    )
+    with Agent("--sources", "procfs", cwd=str(tmp_path)) as agent:
+        (worker,) = agent.worker_pids()
+        assert Path(f"/proc/{worker}/cwd").resolve() == tmp_path.resolve()
+        assert agent.get("/healthz").status_code == 200
+    assert not marker.exists(), "the worker imported kepler_bridge from its working directory"
+
+
+@pytest.mark.e2e
 def test_sigterm_stops_the_worker_and_the_master_and_removes_the_state() -> None:
     with Agent("--simulate", "1", "--sources", "simulated", "--interval", "0.5s") as agent:
         assert agent.process is not None

@@ -101,7 +101,9 @@ class Supervisor:
         self.heartbeat = _heartbeat_file(self.state_dir)
         os.utime(self.heartbeat, (time.monotonic(), time.monotonic()))
         self.aborted = False
-        args = [sys.executable, "-m", WORKER_MODULE, *self.worker_args]
+        # -P: `-m` would put the working directory first on the worker's path, and a root agent
+        # started in one others write (/tmp) would run their kepler_bridge.
+        args = [sys.executable, "-P", "-m", WORKER_MODULE, *self.worker_args]
         args += ["--heartbeat-fd", str(self.heartbeat), "--state-dir", self.state_dir]
         pid = os.fork()
         if pid == 0:
