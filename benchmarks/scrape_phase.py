@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -126,19 +126,17 @@ def classify(
 def before_publication(
     found: list[Scrape], windows: list[tuple[float, float]]
 ) -> list[list[float]]:
-    """Latencies of the scrapes that started in a busy window and were answered from the snapshot
-    before its sample's, by their start after the sample's start (STEP steps, STEPS rows)."""
-    samples = sorted(
-        (end - seconds, end) for end, seconds in {(s.sample_end, s.sample_seconds) for s in found}
-    )
-    starts = [start for start, _ in samples]
+    """Latencies of the scrapes that started in a busy window and were answered from an older
+    snapshot (one of a sample that ended before this one started), by their start after the
+    sample's start (STEP steps, STEPS rows)."""
+    starts = [start for start, _ in windows]
     by_offset: list[list[float]] = [[] for _ in range(STEPS)]
     for scrape in found[1:]:
         last = bisect.bisect(starts, scrape.started) - 1
-        if last < 0 or scrape.sample_end >= samples[last][1]:
-            continue  # before any sample seen, or answered from this sample's snapshot already
+        if last < 0:
+            continue
         start, seen = windows[last]
-        if scrape.started < seen:
+        if scrape.sample_end < start and scrape.started < seen:
             by_offset[min(STEPS - 1, int((scrape.started - start) / STEP))].append(scrape.latency)
     return by_offset
 
@@ -170,23 +168,24 @@ def report(found: list[Scrape], interval: float) -> None:
         print(f"p99 during / outside: {ratio:.2f} (target: about 1)")
         ratio = percentile(during, 0.5) / percentile(outside, 0.5)
         print(f"p50 during / outside: {ratio:.2f}")
+    spans = [f"{b * 100 // BUCKETS}-{(b + 1) * 100 // BUCKETS}%" for b in range(BUCKETS)]
     print("\nby phase: the scrape's start after the sample's start, in % of the interval; bar: p99")
-    top = max((percentile(b, 0.99) for b in by_phase if b), default=1.0) or 1.0
-    for bucket, latencies in enumerate(by_phase):
-        span = f"{bucket * 100 // BUCKETS}-{(bucket + 1) * 100 // BUCKETS}%"
-        bar = "#" * max(1, round(BAR * percentile(latencies, 0.99) / top)) if latencies else ""
-        print(f"{span:<16} {figures(latencies)}  {bar}")
+    histogram(zip(spans, by_phase), 0.99)
+    spans = [f"{step * STEP * 1e3:.1f}-{(step + 1) * STEP * 1e3:.1f} ms" for step in range(STEPS)]
+    spans[-1] = f"{(STEPS - 1) * STEP * 1e3:.1f}- ms"
     print(
         "\nin the busy windows, answered before the sample's snapshot was published: the scrape's "
         "start after the sample's start; bar: p50"
     )
-    by_offset = before_publication(found, windows)
-    top = max((percentile(b, 0.5) for b in by_offset if b), default=1.0) or 1.0
-    for step, latencies in enumerate(by_offset):
-        span = f"{step * STEP * 1e3:.1f}-" + (
-            f"{(step + 1) * STEP * 1e3:.1f} ms" if step < STEPS - 1 else " ms"
-        )
-        bar = "#" * max(1, round(BAR * percentile(latencies, 0.5) / top)) if latencies else ""
+    histogram(zip(spans, before_publication(found, windows)), 0.5)
+
+
+def histogram(rows: Iterable[tuple[str, list[float]]], quantile: float) -> None:
+    """A row of figures per (label, latencies), with a bar as long as its `quantile`."""
+    table = list(rows)
+    top = max((percentile(b, quantile) for _, b in table if b), default=1.0) or 1.0
+    for span, latencies in table:
+        bar = "#" * max(1, round(BAR * percentile(latencies, quantile) / top)) if latencies else ""
         print(f"{span:<16} {figures(latencies)}  {bar}")
 
 
