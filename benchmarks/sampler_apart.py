@@ -10,7 +10,8 @@ Both phases scrape /metrics sequentially on one keep-alive connection for --seco
 phase, the latency of scrapes during a busy window and outside it, and their ratios.
 
 --memory prices the other side: PSS and RSS of a worker-like process (the stand-in's work and the
-app's imports, no HTTP) with the work in a thread, as now, and in a child forked from it.
+app's imports, no HTTP) with the work in a thread, as now; in a child forked from it once the work
+ran 10 s (apart); and in a child forked before the sampler is made, its modules imported (early).
 
     python benchmarks/sampler_apart.py [--seconds 60] [--rounds 3] [--memory]
 """
@@ -96,32 +97,48 @@ def stand_in(library: str, log: Path, seconds: float) -> None:
     sampling.close()
 
 
-def memory_probe(forked: bool, library: str) -> None:
-    """A worker without HTTP: the sampler's work and the app's imports; after 10 s, the work goes
-    on for 40 s in a thread (as now) or in a child forked from it (apart), the parent idle. Prints
-    PSS and RSS of the process and its child at 35 s."""
+def memory_probe(mode: str, library: str) -> None:
+    """A worker without HTTP: the sampler's work and the app's imports, PSS and RSS of the process
+    and its child printed 45 s after the start. `in`: the work runs 10 s, then 40 s more in a thread
+    (as now); `apart`: those 40 s in a child forked then, the parent idle; `early`: the work in a
+    child forked before the sampler is made (its modules imported first, so shared), the parent
+    idle."""
+    from kepler_bridge.anomaly import monitor  # noqa: F401 (the stand-in's imports, shared)
+    from kepler_bridge.exposition import prometheus  # noqa: F401
     from kepler_bridge.http import app  # noqa: F401 (the serving side's imports)
-    from kepler_bridge.http.server import tune_malloc
+    from kepler_bridge.http.server import settle_collector, tune_malloc
+    from kepler_bridge.sampling import sampler  # noqa: F401
 
     tune_malloc()
-    sampling = StandIn(library)
-    sampling.run(10)
-    if forked:
+    child = None
+    if mode == "early":
+        settle_collector()
         child = os.fork()
         if child == 0:
-            sampling.run(40)
-            os._exit(0)  # the parent closes
+            sampling = StandIn(library)
+            sampling.run(50)
+            sampling.close()
+            os._exit(0)
     else:
-        thread = threading.Thread(target=sampling.run, args=(40,))
-        thread.start()
-    time.sleep(35)
+        sampling = StandIn(library)
+        sampling.run(10)
+        if mode == "apart":
+            child = os.fork()
+            if child == 0:
+                sampling.run(40)
+                os._exit(0)  # the parent closes
+        else:
+            thread = threading.Thread(target=sampling.run, args=(40,))
+            thread.start()
+    time.sleep(45 if mode == "early" else 35)
     pss, rss = tree_memory_mb(os.getpid())
-    print(f"{'apart' if forked else 'in':<8} {pss:7.1f}  {rss:7.1f}", flush=True)
-    if forked:
+    print(f"{mode:<8} {pss:7.1f}  {rss:7.1f}", flush=True)
+    if child is not None:
         os.waitpid(child, 0)
     else:
         thread.join()
-    sampling.close()
+    if mode != "early":
+        sampling.close()
 
 
 def memory(fake: FakeNvml, rounds: int) -> None:
@@ -129,7 +146,7 @@ def memory(fake: FakeNvml, rounds: int) -> None:
     print("sampler  PSS MB   RSS MB  (a worker without HTTP, 8 fake GPUs x 16 processes)")
     env = {**os.environ, "FAKE_NVML_CONFIG": str(fake.config)}
     for _ in range(rounds):
-        for mode in ("in", "apart"):
+        for mode in ("in", "apart", "early"):
             probe = [sys.executable, __file__, "--memory-probe", mode, str(fake.library)]
             subprocess.run(probe, env=env, check=True, timeout=120)
 
@@ -177,12 +194,12 @@ def main() -> None:
         stand_in(sys.argv[2], Path(sys.argv[3]), float(os.environ["STAND_IN_SECONDS"]))
         return
     if sys.argv[1:2] == ["--memory-probe"]:
-        memory_probe(sys.argv[2] == "apart", sys.argv[3])
+        memory_probe(sys.argv[2], sys.argv[3])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--memory", action="store_true", help="PSS in and apart, no scrapes")
+    parser.add_argument("--memory", action="store_true", help="PSS in, apart and early: no scrapes")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kb-apart-"))
     fake = pcie_fake(work, 8, 16)
