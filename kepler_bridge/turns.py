@@ -47,6 +47,10 @@ class Turns:
         self._cpu: dict[int, tuple[float, float]] = {}
         self._lowered: set[int] = set()  # the deferring threads SCHED_IDLE was tried for
         self._events: select.poll | None = None
+        # Held while looking at _events: a poll releases the GIL, and a select.poll object polled
+        # from a second thread meanwhile raises RuntimeError (the sampler and the anomaly thread
+        # both give way).
+        self._looking = threading.Lock()
 
     def watch(self, selector_fd: int) -> None:
         """Tell deferring threads of the events pending in the loop's epoll selector `selector_fd`
@@ -102,12 +106,20 @@ class Turns:
             return
         if not self._idle.is_set():
             self._idle.wait(MOST_WAIT_SECONDS)
-        elif self._events is not None and self._events.poll(0):
+        elif self._pending():
             self._round.clear()
             # Still unread after the clear: the loop's return to select after handling them sets
             # it again. Read meanwhile: the loop is past them, and marked busy if not done.
-            if self._events.poll(0):
+            if self._pending():
                 self._round.wait(MOST_WAIT_SECONDS)
+
+    def _pending(self) -> bool:
+        """Whether the watched selector has events the loop has not read (False unwatched)."""
+        events = self._events
+        if events is None:
+            return False
+        with self._looking:
+            return bool(events.poll(0))
 
 
 @contextmanager

@@ -109,6 +109,32 @@ def test_events_the_loop_handles_while_it_is_looked_at_leave_no_wait_behind(monk
             assert _waited_in_thread(t).done.wait(5.0), "a step waited for a loop already idle"
 
 
+def test_two_deferring_threads_may_look_at_the_loop_at_the_same_time(monkeypatch):
+    """The sampler and the anomaly thread both give way. A poll releases the GIL, so the other may
+    look meanwhile; one select.poll object polled by two threads at once raises RuntimeError,
+    which in the sampler ended the sample (or the thread) and in the anomaly thread a detection."""
+    monkeypatch.setattr(turns, "MOST_WAIT_SECONDS", 0.0)
+    t = Turns()
+    failed: list[BaseException] = []
+
+    def steps() -> None:
+        t.defer()
+        try:
+            for _ in range(20_000):
+                t.give_way()
+        except Exception as err:  # noqa: BLE001 - the assertion below shows it
+            failed.append(err)
+
+    with _watched_loop(t) as (_, _, theirs):
+        theirs.send(b"GET")  # pending and never read: each step looks at the selector twice
+        threads = [threading.Thread(target=steps) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert not failed, f"give_way failed while another thread gave way: {failed[0]!r}"
+
+
 def test_a_thread_that_does_not_defer_never_waits(monkeypatch):
     """The loop itself and the HTTP pool's renders go on while the loop serves."""
     monkeypatch.setattr(turns, "MOST_WAIT_SECONDS", 30.0)
