@@ -208,11 +208,15 @@ def pcie_fake(work: Path, gpus: int, processes: int) -> FakeNvml:
 
 
 @contextmanager
-def agent_on(fake: FakeNvml, sources: str = "auto", interval: str = "1s") -> Iterator[Agent]:
-    """The agent on `fake`, its NVML source up and past its first samples and renders."""
-    env = {"FAKE_NVML_CONFIG": str(fake.config)}  # no call statistics: they cost the fake
+def agent_on(
+    fake: FakeNvml, sources: str = "auto", interval: str = "1s", env: dict[str, str] | None = None
+) -> Iterator[Agent]:
+    """The agent on `fake`, its NVML source up and past its first samples and renders; `env`:
+    more of the agent's environment."""
+    # No call statistics: they cost the fake.
+    environment = {"FAKE_NVML_CONFIG": str(fake.config), **(env or {})}
     flags = ("--sources", sources, "--nvml-library", str(fake.library), "--interval", interval)
-    with Agent(*flags, env=env, timeout=120) as agent:
+    with Agent(*flags, env=environment, timeout=120) as agent:
         wait_for(
             lambda: agent.source_states().get("nvml") == "up",
             120,
