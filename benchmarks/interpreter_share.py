@@ -109,6 +109,12 @@ def phase(work: Path, fake: FakeNvml, kind: str, args: argparse.Namespace) -> st
     }
     with agent_on(fake, interval="1h", env=env) as agent:
         found = scrapes(agent.port, args.seconds, PAUSE, "/metrics")
+    if not log.exists():
+        raise SystemExit(
+            f"{kind}: the stand-in thread never started (no {log}): the worker did not import "
+            f"{work / 'site' / 'sitecustomize.py'}; check that it runs without -S and honours "
+            "PYTHONPATH"
+        )
     windows = [(float(a), float(b)) for a, b in (line.split() for line in log.open())]
     during, outside, _ = classify(found, windows, 1.0)
     if not during:
