@@ -32,10 +32,11 @@ class DeviceIndexes:
     def number(self, gpus: Iterable[GpuReading], now: float) -> tuple[GpuReading, ...]:
         """The readings with their node-wide index, in index order.
 
-        A device listed twice is kept once (the first)."""
+        A device listed twice is kept once (the first). A device without a uuid (down before its
+        source could ask it) is told apart by its place in its source's list."""
         numbered: dict[Identity, GpuReading] = {}
         for gpu in gpus:
-            identity = (gpu.vendor, gpu.uuid)
+            identity = (gpu.vendor, gpu.uuid or f"#{gpu.index}")
             if (
                 identity in numbered
             ):  # two sources reading one chip: its series would be exported twice

@@ -598,7 +598,7 @@ class FakeNvml:
             tmp = self.config.with_name(
                 f".{self.config.name}.{os.getpid()}.{threading.get_ident()}.tmp"
             )
-            tmp.write_text(text)
+            tmp.write_text(text, errors="surrogateescape")  # "\udcff" writes the byte 0xff
             os.replace(tmp, self.config)
 
     def __repr__(self) -> str:

@@ -48,6 +48,13 @@ def decoded(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
+def text(getter: Callable[..., Any], *args: Any) -> str:
+    """What a pynvml string getter answers, as str, its bytes that are not UTF-8 replaced: the
+    binding's own wrapper decodes strictly, and one GPU with a garbled name would fail the read
+    of every GPU."""
+    return decoded(getattr(getter, "__wrapped__", getter)(*args))
+
+
 @dataclass
 class Device:
     """One GPU by its NVML index: its handle and identity once acquired, and its health."""

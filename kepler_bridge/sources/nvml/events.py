@@ -71,29 +71,45 @@ class XidEvents:
         self._data = pynvml.c_nvmlEventData_t()
 
     def start(self, indexes: Sequence[int]) -> None:
-        """Register the GPUs of these NVML indexes for XID events."""
+        """Make the event set and register the GPUs of these NVML indexes that have a handle now;
+        the others join when acquired (`watch`)."""
         try:
             self._wait = pynvml._nvmlGetFunctionPointer("nvmlEventSetWait_v2")
-            event_set = pynvml.nvmlEventSetCreate()
+            self._set = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as err:
             log.info("XID events unavailable: %s", err)
             return
-        self._by_handle = _register(event_set, tuple(indexes))
-        if self._by_handle:
-            self._set = event_set
-        else:
-            _free(event_set)
+        for index in indexes:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except pynvml.NVMLError:
+                continue  # down now: registered when acquired
+            self.watch(index, handle)
+
+    def watch(self, index: int, handle: Any) -> None:
+        """Register the GPU of this NVML index, just acquired, for XID events: once per handle,
+        so a GPU that was down at the start, or came back with a new handle, is counted too."""
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+        if self._set is None or address in self._by_handle:
+            return
+        try:
+            pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self._set)
+        except pynvml.NVMLError as err:
+            log.info("GPU %d: XID events unavailable: %s", index, err)
+            return
+        self._by_handle[address] = index
 
     def stop(self) -> None:
         """Free the event set; before nvmlShutdown."""
         if self._set is not None:
             _free(self._set)
             self._set = None
+        self._by_handle.clear()
 
     def drain(self) -> None:
         """Count the XIDs of watched GPUs the driver holds now (at most MAX_EVENTS_PER_SAMPLE: the
         rest wait for the next sample), waiting for none."""
-        if self._set is None:
+        if not self._by_handle:
             return
         data, wait = self._data, self._wait
         pointer = ctypes.byref(data)
@@ -106,19 +122,6 @@ class XidEvents:
             index = self._by_handle.get(ctypes.cast(data.device, ctypes.c_void_p).value)
             if index is not None and data.eventType == pynvml.nvmlEventTypeXidCriticalError:
                 self.counter.add(index, int(data.eventData))
-
-
-def _register(event_set: object, indexes: tuple[int, ...]) -> dict[int | None, int]:
-    """Register the GPUs for XID events: handle address -> NVML index of each that could be."""
-    by_handle: dict[int | None, int] = {}
-    for index in indexes:
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
-            by_handle[ctypes.cast(handle, ctypes.c_void_p).value] = index
-        except pynvml.NVMLError as err:
-            log.info("GPU %d: XID events unavailable: %s", index, err)
-    return by_handle
 
 
 def _free(event_set: object) -> None:

@@ -16,8 +16,12 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 UNSUPPORTED_REASON = "GPM not supported (needs Hopper or newer)"
-# Answers meaning this GPU or driver has no GPM at all.
-NO_GPM = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+# Answers meaning this GPU or driver has no GPM at all, or gives it to administrators only.
+NO_GPM = (
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    pynvml.NVML_ERROR_NO_PERMISSION,
+)
 # Answers of nvmlGpmMigSampleGet for a GPU instance destroyed since it was listed.
 GONE = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
@@ -137,7 +141,8 @@ class Gpm:
     def open(self, handle: Any) -> None:
         """At GPU acquire: ask whether the GPU has GPM and allocate the two samples it needs.
 
-        No GPM sets `reason`; other NVML errors raise, and the GPU is acquired again later."""
+        No GPM, or any failure but a lost GPU's, sets `reason` (profiling is an extra: the GPU is
+        read without it, and asked again when due); a lost GPU raises."""
         self.close()
         self.reason = ""
         try:
@@ -148,7 +153,7 @@ class Gpm:
             self.retry.succeeded()
         except pynvml.NVMLError as err:
             self.close()
-            if err.value not in NO_GPM:
+            if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise
             self.reason = _no_gpm(err)
 
@@ -234,7 +239,14 @@ def _no_gpm(err: pynvml.NVMLError) -> str:
     """Why a GPU has no GPM, from NVML's answer."""
     if err.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
         return "GPM missing from this driver's NVML: update the NVIDIA driver"
-    return UNSUPPORTED_REASON
+    if err.value == pynvml.NVML_ERROR_NO_PERMISSION:
+        return (
+            "GPM refused (no permission): the driver gives profiling to administrators only; run "
+            "the agent as root, or load nvidia with NVreg_RestrictProfilingToAdminUsers=0"
+        )
+    if err.value in NO_GPM:
+        return UNSUPPORTED_REASON
+    return f"GPM failed: {err}; asked again later"
 
 
 def _metrics(first: Any, second: Any, ids: tuple[int, ...], what: str) -> dict[int, float]:

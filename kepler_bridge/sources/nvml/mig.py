@@ -10,17 +10,21 @@ instance id, sampled by gpm.py).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import pynvml
 
 from kepler_bridge.model import MigInstance
 from kepler_bridge.sources import ranges
-from kepler_bridge.sources.nvml.device import UNSUPPORTED, Device, decoded
+from kepler_bridge.sources.nvml.device import UNSUPPORTED, Device, decoded, text
 from kepler_bridge.sources.nvml.processes import COMPUTE, running_processes
 
 # A MIG slot that holds no device, or a device destroyed since its handle was taken.
 GONE = (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+# What a MIG device's call answers where NVML will not tell (GONE told apart: destroyed meanwhile).
+CANNOT = tuple(code for code in UNSUPPORTED if code not in GONE)
+# The name doctor gives the MIG devices NVML would not name (their ids or uuid: CANNOT).
+UNNAMED = "mig_devices"
 
 
 class Profile(NamedTuple):
@@ -66,34 +70,42 @@ def _profiled(device: Device, instances: tuple[MigInstance, ...]) -> tuple[MigIn
 def _instances(device: Device) -> tuple[MigInstance, ...]:
     h = device.handle
     count = device.query("mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
-    found = []
+    found, unnamed = [], False
     for index in range(count):
         try:
             found.append(_instance(device, pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index)))
         except pynvml.NVMLError as err:
-            if err.value not in GONE:
+            unnamed = unnamed or err.value in CANNOT  # left out, its GPU read as ever
+            if err.value not in CANNOT + GONE:
                 raise
+    if unnamed:
+        device.cannot(UNNAMED)  # for doctor
+    else:
+        device.unsupported.pop(UNNAMED, None)
     return tuple(found)
 
 
 def _instance(device: Device, mig: Any) -> MigInstance:
-    """One MIG device by its handle; raises NVMLError (GONE) when it was destroyed meanwhile."""
+    """One MIG device by its handle; raises NVMLError (GONE) when it was destroyed meanwhile, or
+    when NVML cannot tell its ids or uuid (CANNOT). Its memory, profile and processes are
+    absent where NVML cannot report them."""
     gpu_instance = pynvml.nvmlDeviceGetGpuInstanceId(mig)
-    memory = pynvml.nvmlDeviceGetMemoryInfo(mig)
-    total = ranges.byte_count(memory.total)
-    used = ranges.byte_count(memory.used)
+    memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, mig)
+    total = None if memory is None else ranges.byte_count(memory.total)
+    used = None if memory is None else ranges.byte_count(memory.used)
     if used is not None and (total is None or used > total):
         used = None
     profile = _profile(device, gpu_instance)
+    processes = _optional(running_processes, device, COMPUTE, mig) or ()
     return MigInstance(
         gpu_instance=gpu_instance,
         compute_instance=pynvml.nvmlDeviceGetComputeInstanceId(mig),
-        uuid=decoded(pynvml.nvmlDeviceGetUUID(mig)),
+        uuid=text(pynvml.nvmlDeviceGetUUID, mig),
         profile=profile.name,
         slices=profile.slices,
         memory_used_bytes=used,
         memory_total_bytes=total,
-        pids=tuple(sorted({pid for pid, _ in running_processes(device, COMPUTE, mig)})),
+        pids=tuple(sorted({pid for pid, _ in processes})),
     )
 
 
@@ -103,10 +115,20 @@ def _profile(device: Device, gpu_instance: int) -> Profile:
     instance = device.query(
         "mig_gpu_instance", pynvml.nvmlDeviceGetGpuInstanceById, h, gpu_instance
     )
-    if instance is None:
+    info = None if instance is None else _optional(pynvml.nvmlGpuInstanceGetInfo, instance)
+    if info is None:
         return Profile("", None)
-    info = pynvml.nvmlGpuInstanceGetInfo(instance)
     return _profiles(device).get(info.profileId, Profile("", None))
+
+
+def _optional(call: Callable[..., Any], *args: Any) -> Any:
+    """`call(*args)`, or None where NVML cannot tell (CANNOT); GONE and other errors raise."""
+    try:
+        return call(*args)
+    except pynvml.NVMLError as err:
+        if err.value in CANNOT:
+            return None
+        raise
 
 
 def _profiles(device: Device) -> dict[int, Profile]:

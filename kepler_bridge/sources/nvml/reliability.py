@@ -19,6 +19,9 @@ CLOCK_EVENT_REASONS = (
     (pynvml.NVML_PERF_POLICY_LOW_UTILIZATION, "low_utilization"),
     (pynvml.NVML_PERF_POLICY_RELIABILITY, "reliability"),
 )
+# What NVML gives in an unsigned int it cannot fill (N/A), not a count; in an unsigned long long
+# that is 2**64 - 1, beyond the 2**63 no count of NVML's reaches.
+NOT_AVAILABLE_UINT = 2**32 - 1
 RETIREMENT_CAUSES = (
     pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
     pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
@@ -48,8 +51,8 @@ def _memory_errors(device: Device) -> dict[str, Any]:
     return {
         "ecc_corrected_total": _ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
         "ecc_uncorrected_total": _ecc(device, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
-        "remapped_rows_correctable": rows[0] if rows else None,
-        "remapped_rows_uncorrectable": rows[1] if rows else None,
+        "remapped_rows_correctable": _count(rows[0]) if rows else None,
+        "remapped_rows_uncorrectable": _count(rows[1]) if rows else None,
         "row_remap_pending": bool(rows[2]) if rows else None,
         "row_remap_failed": bool(rows[3]) if rows else None,
         "retired_pages_single_bit": None if single is None else len(single),
@@ -71,6 +74,11 @@ def _ecc(device: Device, kind: int) -> int | None:
     return count if count is not None and count < 2**63 else None
 
 
+def _count(value: int | None) -> int | None:
+    """An unsigned int counter of NVML's; None for its N/A."""
+    return None if value is None or value >= NOT_AVAILABLE_UINT else value
+
+
 def _pcie_and_clocks(device: Device) -> dict[str, Any]:
     """PCIe replays, and the seconds the clocks were held down for each reason since the driver
     loaded."""
@@ -84,10 +92,12 @@ def _pcie_and_clocks(device: Device) -> dict[str, Any]:
         for policy, reason in CLOCK_EVENT_REASONS
     )
     return {
-        "pcie_replays": device.query(
-            "pcie_replays", pynvml.nvmlDeviceGetPcieReplayCounter, device.handle
+        "pcie_replays": _count(
+            device.query("pcie_replays", pynvml.nvmlDeviceGetPcieReplayCounter, device.handle)
         ),
         "clock_event_seconds": tuple(
-            (reason, time.violationTime / 1e9) for reason, time in times if time is not None
+            (reason, time.violationTime / 1e9)
+            for reason, time in times
+            if time is not None and time.violationTime < 2**63
         ),
     }

@@ -19,6 +19,7 @@ from kepler_bridge.sources.nvml.device import (
     Getters,
     Outputs,
     decoded,
+    text,
     unsupported_summary,
 )
 from kepler_bridge.sources.nvml.events import XidEvents
@@ -111,7 +112,7 @@ class NvmlSource(Source):
                 f"no NVIDIA GPU on the PCI bus ({self.config.sysfs}/bus/pci/devices); NVML: {err}"
             ) from None
         try:
-            self.driver_version = decoded(pynvml.nvmlSystemGetDriverVersion())
+            self.driver_version = text(pynvml.nvmlSystemGetDriverVersion)
             self.devices = [Device(i) for i in range(pynvml.nvmlDeviceGetCount())]
         except pynvml.NVMLError as err:
             pynvml.nvmlShutdown()
@@ -172,6 +173,7 @@ class NvmlSource(Source):
             try:
                 _acquire(device)
                 device.blank = {**BLANK_FIELDS, **self._names(device)}
+                self.xids.watch(device.index, device.handle)
             except pynvml.NVMLError as err:
                 device.fail(str(err), self.config.interval, now)
                 return self._down(device)
@@ -229,8 +231,8 @@ class NvmlSource(Source):
 
 def _acquire(device: Device) -> None:
     handle = pynvml.nvmlDeviceGetHandleByIndex(device.index)
-    device.uuid = decoded(pynvml.nvmlDeviceGetUUID(handle))
-    device.model = decoded(pynvml.nvmlDeviceGetName(handle))
+    device.uuid = text(pynvml.nvmlDeviceGetUUID, handle)
+    device.model = text(pynvml.nvmlDeviceGetName, handle)
     device.pci_bus_id = decoded(pynvml.nvmlDeviceGetPciInfo(handle).busId)
     device.unsupported.clear()
     device.gpm.open(handle)
