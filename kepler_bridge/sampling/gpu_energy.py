@@ -113,6 +113,7 @@ class GpuEnergy:
     def __init__(self, idle_watts: float | None = None) -> None:
         self.configure(idle_watts)
         self._last_joules: dict[str, float] = {}
+        self._by_power: set[str] = set()  # whose last interval was booked by power
         self._lowest_watts: dict[str, float] = {}
         self._idle: dict[str, float] = {}
         self._unattributed: dict[tuple[str, str], float] = {}  # (uuid, reason) -> joules
@@ -123,6 +124,7 @@ class GpuEnergy:
 
     def forget(self, uuids: set[str]) -> None:
         """Drop what is kept of devices gone for good; their series end."""
+        self._by_power -= uuids
         for uuid in uuids:
             self._last_joules.pop(uuid, None)
             self._lowest_watts.pop(uuid, None)
@@ -179,15 +181,8 @@ class GpuEnergy:
 
     def _active(self, gpu: GpuReading, seconds: float) -> float | None:
         """Books the interval's idle energy on the device; the active rest, None when unknown."""
-        if gpu.energy_joules is not None:
-            last = self._last_joules.get(gpu.uuid)
-            self._last_joules[gpu.uuid] = gpu.energy_joules
-            if last is None or seconds <= 0:
-                return None
-            joules = increase(last, gpu.energy_joules)
-        elif gpu.power_watts is not None and seconds > 0:
-            joules = gpu.power_watts * seconds
-        else:
+        joules = self._joules(gpu, seconds)
+        if joules is None:
             return None
         lowest = self._lowest_watts[gpu.uuid] = min(
             self._lowest_watts.get(gpu.uuid, joules / seconds), joules / seconds
@@ -200,6 +195,26 @@ class GpuEnergy:
         )
         self._idle[gpu.uuid] = self._idle.get(gpu.uuid, 0.0) + idle
         return joules - idle
+
+    def _joules(self, gpu: GpuReading, seconds: float) -> float | None:
+        """The device's joules in the interval: the energy counter's increase, else power times
+        the interval. Intervals booked by power leave the counter no start (not even in a saved
+        state): back, its first interval is booked by power too, not the gap again."""
+        uuid = gpu.uuid
+        if gpu.energy_joules is None:
+            if gpu.power_watts is None or seconds <= 0:
+                return None
+            self._last_joules.pop(uuid, None)
+            self._by_power.add(uuid)
+            return gpu.power_watts * seconds
+        last = self._last_joules.get(uuid)
+        self._last_joules[uuid] = gpu.energy_joules
+        if seconds <= 0:
+            return None
+        if uuid in self._by_power:
+            self._by_power.discard(uuid)
+            return None if gpu.power_watts is None else gpu.power_watts * seconds
+        return None if last is None else increase(last, gpu.energy_joules)
 
     def _share_unlisted(
         self, uuid: str, active: float, holders: tuple[Holder, ...], owned: dict[Holder, float]
