@@ -8,6 +8,7 @@ import errno
 import io
 import json
 import logging
+import math
 import os
 import pickle
 import shutil
@@ -294,6 +295,10 @@ def test_a_state_that_is_not_this_agents_is_a_clean_restart_with_one_warning(
         "not an object": "[]",
         "deeply nested": "[" * 100_000,
     }
+    for what, number in (("NaN", math.nan), ("Infinity", math.inf), ("a negative", -1.0)):
+        crafted = json.loads(good)
+        crafted["devices"]["devices"][0][3] = number  # when the device was last seen
+        bad[f"{what} as a number"] = json.dumps(crafted)  # as json.dumps writes them
     for what, text in bad.items():
         assert text != good, what
         path.write_text(text)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -334,9 +335,12 @@ def integer(value: object) -> int:
 
 
 def number(value: object) -> float:
-    """An int or a float, kept as it is."""
+    """An int or a float from 0 up, kept as it is: every number the state holds is a count, an
+    amount or a clock reading (JSON's NaN and Infinity, which json.loads takes, are none)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BadState(f"expected a number, got {type(value).__name__}")
+    if not 0 <= value < math.inf:
+        raise BadState(f"expected a finite number from 0 up, got {value!r}")
     return value
 
 
