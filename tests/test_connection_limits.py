@@ -8,6 +8,7 @@ import http.client
 import math
 import os
 import resource
+import socket
 import time
 from typing import Iterator
 
@@ -15,7 +16,7 @@ import pytest
 import requests
 
 from agent import Agent
-from hostile_clients import Attack, hung_up, send_queue_bytes
+from hostile_clients import Attack, closed_by_peer, hung_up, send_queue_bytes
 from kepler_bridge.http.limits import SEND_BUFFER_BYTES
 from kepler_bridge.sources.procfs import read_stat
 
@@ -139,6 +140,29 @@ def test_more_connections_than_descriptors_are_capped_without_spinning() -> None
         assert share < CPU_SHARE, f"worker at {share:.0%} of a CPU"
         assert len(_accept_lines(agent)) <= 3, _accept_lines(agent)[:5]
     finally:
+        agent.stop()
+
+
+def test_connections_up_to_the_cap_are_all_kept() -> None:
+    """A connection is closed to make room only for a client that waits beyond the cap: as many
+    idle connections as the cap allows all stay open, and the next one closes the oldest."""
+    with _descriptor_limit(256):
+        agent = _agent(header_timeout=20).__enter__()
+    socks: list[socket.socket] = []
+    try:
+        (line,) = [line for line in agent.output().splitlines() if "capped at" in line]
+        cap = int(line.split("capped at ")[1].split(":")[0])
+        for _ in range(cap):
+            socks.append(socket.create_connection(("127.0.0.1", agent.port), timeout=5))
+            time.sleep(0.05)  # each accepted before the next: the count reaches the cap once
+        time.sleep(0.5)
+        assert [closed_by_peer(sock) for sock in socks] == [False] * cap
+        socks.append(socket.create_connection(("127.0.0.1", agent.port), timeout=5))
+        agent.wait_for(lambda: closed_by_peer(socks[0]), 5, "the oldest connection closed")
+        assert [closed_by_peer(sock) for sock in socks[1:]] == [False] * cap
+    finally:
+        for sock in socks:
+            sock.close()
         agent.stop()
 
 

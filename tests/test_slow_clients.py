@@ -111,6 +111,69 @@ def test_pipelined_requests_are_answered_in_order_on_one_connection() -> None:
         assert statuses == [b"200", b"404", b"200"]
 
 
+def _answers(sock: socket.socket, count: int) -> list[bytes]:
+    """The status codes of the next `count` answers on `sock`; fewer where it closes first."""
+    reader, statuses = sock.makefile("rb"), []
+    for _ in range(count):
+        status = reader.readline().split()
+        if not status:
+            break
+        statuses.append(status[1])
+        length = 0
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        reader.read(length)
+    return statuses
+
+
+def test_pipelined_requests_behind_an_answer_the_client_reads_slowly_are_all_answered(
+    hostile_agent: Agent,
+) -> None:
+    """A big answer the client takes its time to read waits for it to be sent; the small ones
+    pipelined behind it are answered at once, each in turn, and the connection stays open."""
+    paths = ("/metrics", "/healthz", "/healthz", "/healthz", "/v1/collect", "/healthz")
+    for _ in range(5):
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.settimeout(5)
+            sock.connect(("127.0.0.1", hostile_agent.port))
+            sock.sendall(
+                b"".join(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % p.encode() for p in paths)
+            )
+            time.sleep(0.3)  # the first answer does not fit the client's window meanwhile
+            assert _answers(sock, len(paths)) == [b"200"] * len(paths)
+
+
+def test_a_tls_client_reading_steadily_gets_an_answer_longer_than_the_write_timeout(
+    tmp_path,
+) -> None:
+    """The write timeout is for a client that stops reading: over TLS, as over plain HTTP, each
+    record the client takes restarts it, however long the whole answer takes."""
+    cert, key = self_signed(tmp_path)
+    context = ssl.create_default_context(cafile=str(cert))
+    with (
+        _agent(
+            "--simulate", "8", "--tls-cert", str(cert), "--tls-key", str(key), ca=str(cert)
+        ) as agent,
+        socket.socket() as raw,
+    ):
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.settimeout(10)
+        raw.connect(("127.0.0.1", agent.port))
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            started, received = time.monotonic(), b""
+            while chunk := tls.recv(1024):
+                received += chunk
+                time.sleep(0.1)  # some 10 KB/s: the answer takes longer than the write timeout
+            took = time.monotonic() - started
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if b"ength:" in line]
+    assert length == [len(body)], f"{len(body)} bytes of {length} in {took:.1f} s"
+    assert took > WRITE_TIMEOUT + 1, f"the answer took {took:.1f} s only: read more slowly"
+
+
 def test_a_request_with_a_body_is_refused_and_the_connection_closed() -> None:
     with _agent() as agent, socket.create_connection(("127.0.0.1", agent.port), timeout=5) as sock:
         sock.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")

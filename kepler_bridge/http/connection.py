@@ -22,6 +22,11 @@ from kepler_bridge.http.wsgi import Peer
 
 # ioctl(2) for the bytes of a TCP socket's send queue not yet sent (linux/sockios.h).
 SIOCOUTQNSD = 0x894B
+RECV_BYTES = 64 * 1024
+# The most one TLS record holds. An SSL write of more, non-blocking, writes records until the socket
+# is full and then raises SSLWantWriteError without saying how much it took: written a record at a
+# time, each record the client takes counts as progress (the write timeout restarts).
+TLS_RECORD_BYTES = 16 * 1024
 
 
 @dataclass(eq=False)
@@ -74,6 +79,24 @@ class Conn:
         head, self.inbuf, self.scanned = bytes(self.inbuf[:end]), self.inbuf[end:], 0
         return head
 
+    def receive(self) -> int | None:
+        """Take what the client sent, without blocking: 0 when bytes came, the selector events to
+        wait for when none did, None when the connection is over (closed, broken)."""
+        while True:
+            try:
+                data = self.sock.recv(RECV_BYTES)
+            except ssl.SSLWantWriteError:
+                return selectors.EVENT_WRITE
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                return selectors.EVENT_READ
+            except (OSError, ssl.SSLError):
+                return None
+            if not data:
+                return None
+            self.inbuf += data
+            if not isinstance(self.sock, ssl.SSLSocket) or not self.sock.pending():
+                return 0
+
     def send_pending(self) -> bool:
         """Hand the kernel what it takes of `out` without blocking; whether it took any byte.
         A broken connection raises OSError or ssl.SSLError."""
@@ -81,7 +104,7 @@ class Conn:
         try:
             while self.out:
                 if isinstance(self.sock, ssl.SSLSocket):
-                    sent = self.sock.send(self.out[0])
+                    sent = self.sock.send(self.out[0][:TLS_RECORD_BYTES])
                 else:
                     sent = self.sock.sendmsg(self.out)
                 progressed = progressed or sent > 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import select
 import socket
 import struct
 from dataclasses import dataclass
@@ -74,6 +75,13 @@ def connection_cap(ceiling: int, log: Any) -> ConnectionCap:
         ceiling,
     )
     return cap
+
+
+def client_waiting(listener: socket.socket) -> bool:
+    """Whether a connection waits in the listener's backlog, left there."""
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _nofile() -> int:

@@ -27,13 +27,14 @@ from typing import Callable
 from gunicorn import util
 from gunicorn.workers.base import Worker
 
-from kepler_bridge.http.connection import Conn, States
+from kepler_bridge.http.connection import RECV_BYTES, Conn, States
 from kepler_bridge.http.host import WorkerHost
 from kepler_bridge.http.limits import (
     OUT_OF_RESOURCES,
     AcceptFailures,
     ConnectionCap,
     abort,
+    client_waiting,
     connection_cap,
     fit_send_buffer,
     tune,
@@ -43,7 +44,6 @@ from kepler_bridge.turns import TURNS
 
 # A head larger than this is refused with 431 (gunicorn's own line and field limits apply below it).
 MAX_HEAD_BYTES = 64 * 1024
-RECV_BYTES = 64 * 1024
 # How often the worker tells the master it lives (the master waits 60 s for it) and checks that
 # its parent does; otherwise an idle worker sleeps until the next connection deadline or event.
 # Each wake-up of an idle worker costs some 0.2 ms of CPU; the master's death ends it at once
@@ -183,10 +183,14 @@ class EventLoopWorker(Worker):
         return len(self.states) + self.busy
 
     def _accept(self, listener: socket.socket) -> None:
+        fresh: set[Conn] = set()  # accepted in this call: never evicted for the next
         for _ in range(ACCEPTS_PER_EVENT):
-            if self._open_connections() >= self.cap.connections and not self._make_room():
-                self._set_accepting(False)  # back when a connection closes
-                return
+            if self._open_connections() >= self.cap.connections:
+                if not client_waiting(listener):
+                    return  # at the cap with no client waiting: nobody to make room for
+                if not self._make_room(fresh):
+                    self._set_accepting(False)  # back when a connection closes
+                    return
             try:
                 sock, client = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -201,17 +205,18 @@ class EventLoopWorker(Worker):
                 now = time.monotonic()
                 self.resume_at = self.failures.failed(err, now, self._open_connections())
                 return
-            self._admit(sock, client, listener.getsockname())
+            fresh.add(self._admit(sock, client, listener.getsockname()))
 
-    def _make_room(self) -> bool:
-        """At the cap: close the connection idle longest, whether it waits for a request head or
-        for its client to read; False when every connection is running a request."""
+    def _make_room(self, fresh: set[Conn]) -> bool:
+        """At the cap, a client waiting: close the connection idle longest, whether it waits for a
+        request head or for its client to read; False when every connection but those just
+        accepted (`fresh`) is running a request."""
         idle = self.states.idle_longest()
-        if idle is not None:
+        if idle is not None and idle[0] not in fresh:
             self._close(idle[0], reset=idle[1])
-        return idle is not None
+        return idle is not None and idle[0] not in fresh
 
-    def _admit(self, sock: socket.socket, client: tuple, server: tuple) -> None:
+    def _admit(self, sock: socket.socket, client: tuple, server: tuple) -> Conn:
         sock.setblocking(False)
         conn = Conn(sock, client, server, send_buffer=tune(sock))
         tls = self.settings.tls.current() if self.settings.tls is not None else None
@@ -222,13 +227,17 @@ class EventLoopWorker(Worker):
             conn.sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             conn.handshaking = True
         self._start_reading(conn)
+        return conn
 
     # Reading a request head --------------------------------------------------------------------
 
     def _start_reading(self, conn: Conn) -> None:
         self.reading.wait(conn, time.monotonic())
         if conn.inbuf:
-            self.ready.append(conn)  # pipelined: taken in the loop, not in this answer's call chain
+            # Pipelined: taken in the loop, not in this answer's call chain; meanwhile no event of
+            # the answer just sent (its write watch) may call back for the next.
+            conn.unwatch(self.selector)
+            self.ready.append(conn)
         else:
             self._watch(conn, selectors.EVENT_READ, self._on_readable)
 
@@ -240,26 +249,13 @@ class EventLoopWorker(Worker):
         if conn.handshaking:
             self._handshake(conn)
             return
-        while True:
-            try:
-                data = conn.sock.recv(RECV_BYTES)
-            except ssl.SSLWantReadError:
-                return
-            except ssl.SSLWantWriteError:
-                self._watch(conn, selectors.EVENT_WRITE, self._on_readable)
-                return
-            except (BlockingIOError, InterruptedError):
-                return
-            except (OSError, ssl.SSLError):
-                self._close(conn)
-                return
-            if not data:
-                self._close(conn)
-                return
-            conn.inbuf += data
-            if not isinstance(conn.sock, ssl.SSLSocket) or not conn.sock.pending():
-                break
-        self._dispatch_if_complete(conn)
+        events = conn.receive()
+        if events is None:
+            self._close(conn)
+        elif not events:
+            self._read_buffered(conn)  # and back to waiting for reads if the head is not whole
+        elif events != conn.events:
+            self._watch(conn, events, self._on_readable)
 
     def _handshake(self, conn: Conn) -> None:
         events = conn.handshake(self.log)
