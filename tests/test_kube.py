@@ -3,6 +3,7 @@ caching; labels."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -67,6 +68,17 @@ def test_pod_list_gives_every_started_container_by_runtime_id() -> None:
     assert containers_of(PODS) == EXPECTED
     with pytest.raises(ValueError, match="not a PodList"):
         containers_of(["not", "a", "pod", "list"])
+
+
+def test_pod_list_names_are_made_printable_and_encodable() -> None:
+    """A JSON escape can carry a lone surrogate, which no UTF-8 writer takes (every /metrics
+    scrape failed on it), and names can carry escape sequences: both are cleaned on the way in."""
+    body = (
+        b'{"items": [{"metadata": {"namespace": "ml\\u001b[2J", "name": "job\\u202e"}, '
+        b'"status": {"containerStatuses": [{"name": "trainer\\udc80", '
+        b'"containerID": "containerd://abc"}]}}]}'
+    )
+    assert containers_of(json.loads(body)) == {"abc": PodRef("ml", "job", "trainer?")}
 
 
 def test_kubelet_over_https_with_token_and_ca(tls: tuple[Path, Path], token_file: Path) -> None:

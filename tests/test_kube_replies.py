@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from agent import Agent
+from kepler_bridge.kube.pod_resources import MAX_DEVICE_IDS
+from kepler_bridge.kube.view import device_key
 from kepler_bridge.model import PodRef
 from kubefakes import (
     FakeKube,
@@ -166,6 +168,25 @@ def test_pod_resources_reply_bounded_in_bytes_and_time(tmp_path: Path) -> None:
         assert time.monotonic() - started < 2.5
     assert "DEADLINE_EXCEEDED" in slow.errors["devices"]
     assert "within kube_timeout (1 s)" in slow.errors["devices"]
+
+
+def test_pod_resources_with_more_device_ids_than_any_node_is_refused(tmp_path: Path) -> None:
+    """Empty device ids cost two bytes each on the wire: a reply under kube_max_reply_bytes could
+    still carry millions (gigabytes as objects). Past MAX_DEVICE_IDS it is an error, fast; the
+    kubelet's names are made printable."""
+    socket = tmp_path / "kubelet.sock"
+    flood = [("main", [("nvidia.com/gpu", [""] * (MAX_DEVICE_IDS + 1))])]
+    named = [("c\x1b[2J\u202e", [("nvidia.com/gpu", ["GPU-1", ""])])]
+    with FakePodResources(socket, list_response([("ml", "flood", flood)])) as server:
+        kube = metadata(kube_source="off", pod_resources_socket=socket)
+        started = time.monotonic()
+        kube.refresh()
+        assert time.monotonic() - started < 5
+        assert f"more than {MAX_DEVICE_IDS} device ids" in kube.errors["devices"]
+        server.response = list_response([("ml\u202e", "job\x07", named)])
+        kube.refresh()
+        assert not kube.errors["devices"], kube.errors
+        assert dict(kube.view().devices) == {device_key("GPU-1"): (PodRef("ml", "job", "c"),)}
 
 
 def add_process(proc: Path, pid: int, container_id: str) -> None:

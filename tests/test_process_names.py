@@ -16,8 +16,8 @@ import scaffold
 from agent import Agent
 from fakenvml import FakeNvml
 from kepler_bridge.exposition import prometheus
+from kepler_bridge.printable import printable
 from kepler_bridge.sampling.sampler import Sampler
-from kepler_bridge.sources.printable import printable
 from kepler_bridge.store import SnapshotStore
 
 NON_UTF8 = b"\xff\xfegpu\x80job"

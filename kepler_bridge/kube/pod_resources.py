@@ -10,6 +10,8 @@ memory, topology, dynamic_resources).
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
@@ -17,8 +19,11 @@ from google.protobuf.message import Message
 from kepler_bridge.kube.client import KubeError, too_large, too_slow
 from kepler_bridge.kube.view import Assignment
 from kepler_bridge.model import PodRef
+from kepler_bridge.printable import label_text
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
+# Far above the devices of any node, GPUs shared by time-slicing replicas included.
+MAX_DEVICE_IDS = 16_384
 
 _STRING = descriptor_pb2.FieldDescriptorProto.TYPE_STRING
 _MESSAGE = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
@@ -89,15 +94,26 @@ def list_assignments(socket_path: str, timeout: float, max_bytes: int) -> tuple[
                 f"pod-resources {socket_path}: {err.code().name}: {err.details()}; "
                 f"{_advice(err.code(), timeout, max_bytes)}"
             ) from None
-    return tuple(
-        Assignment(
-            device_id, devices.resource_name, PodRef(pod.namespace, pod.name, container.name)
-        )
-        for pod in response.pod_resources
-        for container in pod.containers
-        for devices in container.devices
-        for device_id in devices.device_ids
-    )
+    return _assignments(response, socket_path)
+
+
+def _assignments(response: Any, socket_path: str) -> tuple[Assignment, ...]:
+    """The reply's device ids with their container, its names made printable; more ids than
+    MAX_DEVICE_IDS is a KubeError (an empty id, two bytes on the wire, cost some 160 in memory)."""
+    found: list[Assignment] = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            owner = PodRef(*map(label_text, (pod.namespace, pod.name, container.name)))
+            for devices in container.devices:
+                if len(found) + len(devices.device_ids) > MAX_DEVICE_IDS:
+                    raise KubeError(
+                        f"pod-resources {socket_path}: more than {MAX_DEVICE_IDS} device ids "
+                        "assigned, no node has as many devices: a broken or hostile kubelet "
+                        "socket; check what listens there"
+                    )
+                resource = label_text(devices.resource_name)
+                found += (Assignment(i, resource, owner) for i in devices.device_ids if i)
+    return tuple(found)
 
 
 def _advice(code: grpc.StatusCode, timeout: float, max_bytes: int) -> str:

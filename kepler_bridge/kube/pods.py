@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from kepler_bridge.model import PodRef
+from kepler_bridge.printable import label_text
 
 STATUS_LISTS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
 # Every key containers_of reads; parsing keeps no other.
@@ -60,8 +61,8 @@ def containers_of(pod_list: Any) -> dict[str, PodRef]:
         pod = _checked(pod, dict, "items[]")
         metadata, status = _field(pod, "metadata", dict, "pod"), _field(pod, "status", dict, "pod")
         namespace, name = (
-            _field(metadata, "namespace", str, "metadata"),
-            _field(metadata, "name", str, "metadata"),
+            label_text(_field(metadata, "namespace", str, "metadata")),
+            label_text(_field(metadata, "name", str, "metadata")),
         )
         for kind in STATUS_LISTS:
             for container in _field(status, kind, list, "status"):
@@ -69,7 +70,7 @@ def containers_of(pod_list: Any) -> dict[str, PodRef]:
                 container_id = _field(container, "containerID", str, kind).partition("://")[2]
                 if container_id:
                     found[container_id] = PodRef(
-                        namespace, name, _field(container, "name", str, kind)
+                        namespace, name, label_text(_field(container, "name", str, kind))
                     )
     return found
 

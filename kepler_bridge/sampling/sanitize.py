@@ -38,9 +38,9 @@ from kepler_bridge.model import (
     SourceReading,
     replaced,
 )
+from kepler_bridge.printable import label_text
 from kepler_bridge.sampling import checks
 from kepler_bridge.sampling.checks import Check
-from kepler_bridge.sources.printable import printable
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -110,9 +110,7 @@ def utf8_text(value: Any) -> str:
     '?'."""
     if type(value) is not str:
         value = "" if value is None else str(value)
-    if value.isprintable():  # the common case, checked in C: nothing to strip or replace
-        return value
-    return printable(value).encode("utf-8", "replace").decode("utf-8")
+    return label_text(value)
 
 
 def _items(rule: _Rule, check: Check) -> Callable[[Any], tuple]:

@@ -15,10 +15,10 @@ from typing import Iterable, Mapping, TypeVar
 from kepler_bridge.config import Config
 from kepler_bridge.log_limit import EveryInterval
 from kepler_bridge.model import SourceReading, SourceStatus, replaced
+from kepler_bridge.printable import printable
 from kepler_bridge.sampling import sanitize
 from kepler_bridge.sources import selected_groups, source_class
 from kepler_bridge.sources.base import Retry, Source, SourceAbsent, SourceUnavailable
-from kepler_bridge.sources.printable import printable
 from kepler_bridge.turns import TURNS
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from kepler_bridge.printable import printable
 from kepler_bridge.sources import containment
-from kepler_bridge.sources.printable import printable
 
 MAX_OUTPUT_BYTES = 1 << 20
 STDERR_KEPT_BYTES = 4096

@@ -23,3 +23,11 @@ def printable(text: str, lines: bool = False) -> str:
     if text.isprintable():  # the common case, checked in C
         return text
     return (_IN_LINES if lines else _IN_LINE).sub("", text)
+
+
+def label_text(text: str) -> str:
+    """`printable` text that also encodes to UTF-8: lone surrogates (bytes a decoder could not
+    read, as a JSON escape can carry) become '?'."""
+    if text.isprintable():
+        return text
+    return printable(text).encode("utf-8", "replace").decode("utf-8")
