@@ -65,6 +65,68 @@ def test_each_detector_fires_on_its_fault_and_not_on_the_clean_trace(
     assert not _fired(kind, clean), f"{kind} fired on {clean.name}"
 
 
+@pytest.mark.parametrize(
+    "counts",
+    [
+        {"ecc_corrected_total": 40},
+        {"remapped_rows_correctable": 2, "remapped_rows_uncorrectable": 0},
+    ],
+)
+def test_a_counter_the_device_did_not_give_for_a_while_is_no_burst_when_back(
+    counts: dict[str, int],
+) -> None:
+    """A counter NVML could not read for some samples (None) and back at the value it had counted
+    no error: only what it counted meanwhile is new. Counting on from the value, it still fires."""
+    monitor = AnomalyMonitor(SnapshotStore(), lambda: AnomalySettings(True, 3600.0, 1e9, 1.0))
+    fired = []
+    for n in range(400):
+        values = {
+            field: None if 200 <= n < 210 else count + (100 if n >= 300 else 0)
+            for field, count in counts.items()
+        }
+        gpu = GpuReading(0, "GPU-0", "nvidia", "m", utilization=0.6, power_watts=250.0, **values)
+        findings = monitor.take(Snapshot("n", 1.7e9 + n, 0.01, 1.0, gpus=(gpu,)))
+        fired.append("error_burst" in findings.devices[0].firing)
+    assert not any(fired[:300]), fired.index(True)
+    assert fired[300]
+
+
+@pytest.mark.parametrize("kind", ["stuck", "throttling"])
+def test_a_wall_clock_stepped_back_does_not_hold_an_alarm_for_the_step(kind: str) -> None:
+    """NTP stepping the clock back an hour while an alarm clears is a gap, as a device unread a
+    while is: the alarm does not hold until wall time catches up."""
+    trace = traces.fault_trace(kind, "steady", SEED, INTERVAL)
+    watch, fired_after = DeviceWatch("GPU-0", 1.0, 3600.0), []
+    for f in trace.samples:
+        if f is None:
+            continue
+        stepped = f.timestamp - (3600.0 if f.timestamp >= trace.fault.end + 30.0 else 0.0)
+        if kind in watch.update(f._replace(timestamp=stepped)).firing:
+            fired_after.append(f.timestamp - trace.fault.end)
+    assert fired_after and max(fired_after) < 300.0, max(fired_after)
+
+
+def test_a_power_limit_near_zero_takes_no_device_out_of_detection() -> None:
+    """A plug-in may report a power limit of 1e-310 W (positive, in range): the detectors that
+    divide by it raised OverflowError, and no device of the snapshot was checked."""
+    monitor = AnomalyMonitor(SnapshotStore(), lambda: AnomalySettings(True, 3600.0, 1e9, 1.0))
+    for n in range(3):
+        gpus = tuple(
+            GpuReading(
+                i,
+                f"GPU-{i}",
+                "nvidia",
+                "m",
+                power_watts=250.0,
+                power_limit_watts=limit,
+                temperature_celsius=60.0,
+            )
+            for i, limit in enumerate((400.0, 1e-310))
+        )
+        findings = monitor.take(Snapshot("n", 1.7e9 + n, 0.01, 1.0, gpus=gpus))
+        assert [device.uuid for device in findings.devices] == ["GPU-0", "GPU-1"]
+
+
 def test_the_memory_leak_verdict_follows_each_point_total_and_sensitivity() -> None:
     """MemoryLeak keeps its verdict between two points of its window (a point every 15 s, a
     sample every 2 s here): at every sample it is what working it out afresh gives, also right

@@ -29,17 +29,23 @@ class ErrorBurst:
 
     def __init__(self, sensitivity: float = 1.0) -> None:
         self.sensitivity = sensitivity
-        self.last: tuple[int, int, int, int] | None = None
+        self.last: tuple[int | None, ...] | None = None  # each counter's last known value
         self.events: deque[tuple[float, int, int]] = deque(maxlen=256)  # (t, counter, increase)
         self.rates = [Ewma(86400.0) for _ in EXCESS]  # increases per second
         self.hold = Hold(0.0, 60.0)
 
     def update(self, f: Features, elapsed: float) -> bool:
         now = f.timestamp
-        last, self.last = self.last, f.errors
+        last = self.last or f.errors
+        # A counter the device did not give this time keeps its last value: back, it has grown
+        # by what it counted meanwhile, not by its whole value.
+        self.last = tuple(old if new is None else new for new, old in zip(f.errors, last))
         increases: Sequence[int] = NONE
-        if last is not None and last != f.errors:
-            increases = [max(0, new - old) for new, old in zip(f.errors, last)]
+        if self.last != last:
+            increases = [
+                0 if new is None or old is None else max(0, new - old)
+                for new, old in zip(self.last, last)
+            ]
         for counter, increase in enumerate(increases):
             if increase:
                 self.events.append((now, counter, increase))

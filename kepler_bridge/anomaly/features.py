@@ -9,6 +9,7 @@ from kepler_bridge.model import GpuReading
 # Clock-event reasons that hold clocks down against the work asked for (not idle, not a setting);
 # the power cap apart: a board at its power limit is doing what it was set to do.
 POWER_CAP = "sw_power_cap"
+MIN_LIMIT_WATTS = 1.0
 SLOWDOWNS = frozenset(
     {
         "hw_slowdown",
@@ -33,14 +34,16 @@ class Features(NamedTuple):
     memory_clock: float | None
     fan: float | None
     throttled: bool  # a slowdown other than the power cap is active
-    errors: tuple[int, int, int, int]  # XID events, corrected ECC, uncorrected ECC, remapped rows
+    # XID events, corrected ECC, uncorrected ECC, remapped rows; None where the device did not say
+    errors: tuple[int, int | None, int | None, int | None]
     processes: frozenset[int] | None  # None where the source cannot list them
     power_capped: bool = False  # the power cap holds the clocks down
 
 
 def of(gpu: GpuReading, timestamp: float) -> Features:
     """The features of an up device's reading."""
-    remapped = (gpu.remapped_rows_correctable or 0) + (gpu.remapped_rows_uncorrectable or 0)
+    correctable, uncorrectable = gpu.remapped_rows_correctable, gpu.remapped_rows_uncorrectable
+    remapped = None if correctable is None or uncorrectable is None else correctable + uncorrectable
     return Features(
         timestamp,
         gpu.utilization,
@@ -48,20 +51,26 @@ def of(gpu: GpuReading, timestamp: float) -> Features:
         _float(gpu.memory_total_bytes),
         gpu.temperature_celsius,
         gpu.power_watts,
-        gpu.power_limit_watts,
+        _limit(gpu.power_limit_watts),
         gpu.sm_clock_hertz,
         gpu.memory_clock_hertz,
         gpu.fan_speed_ratio,
         any(active for reason, active in gpu.throttled if reason in SLOWDOWNS),
         (
             sum(count for _, count in gpu.xid_errors),
-            gpu.ecc_corrected_total or 0,
-            gpu.ecc_uncorrected_total or 0,
+            gpu.ecc_corrected_total,
+            gpu.ecc_uncorrected_total,
             remapped,
         ),
         frozenset(p.pid for p in gpu.processes) if gpu.lists_processes else None,
         any(active for reason, active in gpu.throttled if reason == POWER_CAP),
     )
+
+
+def _limit(watts: float | None) -> float | None:
+    """A power limit the detectors divide by: none below MIN_LIMIT_WATTS, which no accelerator
+    has (a tiny one made the ratio infinite)."""
+    return None if watts is None or watts < MIN_LIMIT_WATTS else watts
 
 
 def _float(value: int | None) -> float | None:

@@ -83,9 +83,11 @@ class DeviceWatch:
         """Take one sample of the device; what fires after it."""
         last, self.last = self.last, f
         elapsed = f.timestamp - last.timestamp if last is not None else 0.0
-        if last is not None and elapsed > GAP:
+        if last is not None and not 0.0 <= elapsed <= GAP:  # unread a while, or the clock went back
             self.gap()
             last, elapsed = None, 0.0
+        if f.timestamp < self.last_row:  # the clock went back: rows go on from now
+            self.last_row = float("-inf")
         firing = [d.kind for d in self.detectors if d.update(f, elapsed)]
         vector = features.vector(f, self._anchor(f))
         if vector is None:
