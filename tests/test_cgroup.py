@@ -46,6 +46,13 @@ FIXTURES = {
     "kubepods systemd containerd guaranteed v2": (
         f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice/cri-containerd-{ID}.scope\n"
     ),
+    # runc's systemd notation taken literally by shims that manage cgroupfs (runwasi, kata).
+    "kubepods systemd notation as a path v2": (
+        f"0::/kubepods-besteffort-pod{POD_SYSTEMD}.slice:cri-containerd:{ID}\n"
+    ),
+    "kubepods systemd notation as a path, crio v2": (
+        f"0::/kubepods.slice/kubepods-pod{POD_SYSTEMD}.slice:crio:{ID}\n"
+    ),
     "kubepods cgroupfs containerd v1": (
         f"11:memory:/kubepods/besteffort/pod{POD}/{ID}\n"
         f"4:cpu,cpuacct:/kubepods/besteffort/pod{POD}/{ID}\n"

@@ -9,7 +9,9 @@ kind/docker node yields the pod's container):
 - CRI-O:       ``crio-<id>.scope``, ``/kubepods/.../pod<uid>/crio-<id>``
 - podman:      ``libpod-<id>.scope``, ``/libpod_parent/libpod-<id>``
 - kubepods with the systemd (``kubepods-burstable-pod<uid>.slice``) or
-  cgroupfs (``/kubepods/burstable/pod<uid>``) driver.
+  cgroupfs (``/kubepods/burstable/pod<uid>``) driver, and runc's systemd
+  notation taken literally by shims that manage cgroupfs themselves
+  (``kubepods-besteffort-pod<uid>.slice:cri-containerd:<id>``).
 
 Runtime monitors (``crio-conmon-<id>``, ``libpod-conmon-<id>``) belong to no
 container and yield ''.
@@ -21,7 +23,7 @@ import os
 import re
 
 _ID = re.compile(
-    r"^(?:(?:docker|cri-containerd|crio|cri-o|libpod|containerd|nerdctl|podman)-)?"
+    r"^(?:[^:]*:)?(?:(?:docker|cri-containerd|crio|cri-o|libpod|containerd|nerdctl|podman)[-:])?"
     r"([0-9a-f]{64})(?:\.scope)?$"
 )
 # Where the unified (v2) hierarchy is mounted: pure v2 hosts, then hybrid v1/v2 hosts.
