@@ -41,8 +41,15 @@ TEMPLATE_MOUNT = "/etc/kepler-bridge/remote-write-template"
 CONFIG_MOUNT = "/etc/prometheus"
 LISTEN_PORT = 30061
 UID = 65534
-# Receivers take bursts after an outage well; a small box should not open 200 connections.
-QUEUE = {"capacity": 2500, "max_shards": 4, "max_samples_per_send": 2000}
+# Receivers take bursts after an outage well; a small box should not open 200 connections. A
+# receiver answering 429 (Mimir, Cortex, Grafana Cloud, as a fleet sends its backlog after an
+# outage) asks for a retry: without retry_on_http_429 Prometheus 2.x drops those samples.
+QUEUE = {
+    "capacity": 2500,
+    "max_shards": 4,
+    "max_samples_per_send": 2000,
+    "retry_on_http_429": True,
+}
 # The benchmark's Prometheus agent: 52-55 MB resident, about 1 s of CPU a minute.
 RESOURCES = {
     "requests": {"cpu": "20m", "memory": "64Mi"},
@@ -75,6 +82,10 @@ case "$url" in
   *) fail "url must start with https:// (credentials go with every request): ${url%%//*}//...";;
 esac
 case "$url" in *[\"\\\ ]*) fail "url holds a quote, backslash or space: percent-encode it";; esac
+authority=${url#https://}
+case "${authority%%/*}" in
+  *@*) fail "url holds a user or password (Prometheus logs the url): use keys username and password";;
+esac
 out=$PROMETHEUS_CONFIG.tmp
 sed "s/@NODE_NAME@/$KUBE_NODE_NAME/g" "$REMOTE_WRITE_TEMPLATE" > "$out"
 printf '  url: "%s"\n' "$url" >> "$out"

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import requests
 import yaml
 
 from agent import Agent
@@ -34,7 +37,7 @@ from remote_write_rig import (
     render_config,
     seconds,
 )
-from scaffold import wait_for
+from scaffold import free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -217,8 +220,9 @@ def test_init_script_writes_a_configuration_promtool_accepts(
         ("http://metrics.example.net/api/v1/write", {"token": "t"}, "must start with https://"),
         ("https://metrics.example.net/api/v1/write", {}, "needs key token, or keys username"),
         ('https://a.example/"x', {"token": "t"}, "percent-encode it"),
+        ("https://edge:pw@a.example/api/v1/write", {"token": "t"}, "holds a user or password"),
     ],
-    ids=["plain-http", "no-credentials", "quote-in-url"],
+    ids=["plain-http", "no-credentials", "quote-in-url", "password-in-url"],
 )
 def test_init_script_refuses_a_secret_it_cannot_use_and_says_why(
     tmp_path: Path, url: str, secret: dict[str, str], message: str
@@ -227,3 +231,56 @@ def test_init_script_refuses_a_secret_it_cannot_use_and_says_why(
         render_config(tmp_path, "127.0.0.1:30060", "15s", [url], secret)
     assert message in failed.value.stderr.decode()
     assert not (tmp_path / "init-output.yml").exists()
+
+
+class _Limiting(BaseHTTPRequestHandler):
+    """A receiver that rate-limits (429) until `Limiting.until`, then takes every batch."""
+
+    until = 0.0
+    posts: list[int] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (the handler's name)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        status = 429 if time.monotonic() < self.until else 204
+        self.posts.append(status)
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_batches_a_rate_limiting_receiver_refuses_are_retried_not_dropped(tmp_path: Path) -> None:
+    """Mimir, Cortex and Grafana Cloud answer 429 when a fleet sends its backlog after an outage:
+    the shipped queue settings retry those batches (Prometheus 2.x drops them by default)."""
+    shipped = _shipped()
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Limiting)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    _Limiting.until, _Limiting.posts = time.monotonic() + 12.0, []
+    listen = f"127.0.0.1:{free_port()}"
+    config = shipped.prometheus_config(listen)  # it scrapes itself: samples to send at once
+    config["global"] |= {"scrape_interval": "1s", "scrape_timeout": "1s"}
+    config["remote_write"][0]["url"] = f"http://127.0.0.1:{receiver.server_address[1]}/write"
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    args = shipped.prometheus_args(listen, str(tmp_path / "wal"), str(tmp_path / "prometheus.yml"))
+    with (tmp_path / "log").open("w") as log:
+        process = subprocess.Popen([binary("prometheus"), *args], stdout=log, stderr=log)
+    try:
+        wait_for(lambda: 204 in _Limiting.posts, 60, "a batch taken after the 429s")
+        time.sleep(2)
+        text = requests.get(f"http://{listen}/metrics", timeout=5).text
+    finally:
+        process.terminate()
+        process.wait(10)
+        receiver.shutdown()
+    counts = {
+        name: sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+        for name in (
+            "prometheus_remote_storage_samples_failed_total",
+            "prometheus_remote_storage_samples_retried_total",
+        )
+    }
+    assert 429 in _Limiting.posts, "the receiver never refused a batch"
+    assert counts["prometheus_remote_storage_samples_failed_total"] == 0, counts
+    assert counts["prometheus_remote_storage_samples_retried_total"] > 0, counts
