@@ -14,6 +14,9 @@ _ESCAPES = (
     r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
 )
 _IN_LINES = re.compile(_ESCAPES)
+# The longest label text kept: far over any name, uuid or error a source gives, far under what a
+# source inventing a megabyte uuid a sample would make the agent hold (its absent devices).
+MAX_LABEL_CHARS = 1024
 _IN_LINE = re.compile(_ESCAPES + r"|[\t\n]")
 
 
@@ -26,8 +29,8 @@ def printable(text: str, lines: bool = False) -> str:
 
 
 def label_text(text: str) -> str:
-    """`printable` text that also encodes to UTF-8: lone surrogates (bytes a decoder could not
-    read, as a JSON escape can carry) become '?'."""
-    if text.isprintable():
-        return text
-    return printable(text).encode("utf-8", "replace").decode("utf-8")
+    """`printable` text that also encodes to UTF-8 (lone surrogates, bytes a decoder could not
+    read, as a JSON escape can carry, become '?'), cut at MAX_LABEL_CHARS."""
+    if not text.isprintable():
+        text = printable(text).encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= MAX_LABEL_CHARS else text[:MAX_LABEL_CHARS]

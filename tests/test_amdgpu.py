@@ -101,6 +101,24 @@ def test_out_of_range_readings_are_dropped(sysfs: FakeSysfs) -> None:
         assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
 
 
+def test_numbers_no_driver_prints_are_no_value_and_the_other_card_reads_on(
+    sysfs: FakeSysfs,
+) -> None:
+    """Thousands of digits (float() of them overflows) and digits of other scripts (str.isdigit
+    takes '²', int() does not) read as "cannot report": before, the read of every card failed."""
+    device = sysfs.root / "devices" / "pci0000:00" / "0000:03:00.0"
+    hwmon = next((device / "hwmon").iterdir())
+    sysfs.write(hwmon, {"power1_input": "9" * 400, "pwm1": "9" * 400, "temp1_input": "4_2000"})
+    sysfs.write(device, {"ras/umc_err_count": "ue: 1\nce: \u00b2"})
+    source = AmdgpuSource(make_config(sysfs=str(sysfs.root)))
+    source.start()
+    first, second = source.read().gpus
+    assert (first.up, second.up) == (True, True)
+    assert (first.power_watts, first.fan_speed_ratio, first.temperature_celsius) == (None,) * 3
+    assert (first.ecc_corrected_total, first.ecc_uncorrected_total) == (None, 1)
+    assert second.power_watts is not None
+
+
 @pytest.mark.e2e
 def test_a_card_that_goes_away_is_down_alone_and_comes_back(sysfs: FakeSysfs) -> None:
     card = sysfs.root / "class" / "drm" / "card2"

@@ -157,6 +157,7 @@ def test_out_of_range_values_are_dropped_not_fatal() -> None:
                         "fanSpeed": 1.5,
                         "energy": float("nan"),
                         "coreClock": 0,
+                        "memoryClock": int("9" * 400),  # float() of it overflows
                         "unknownKey": "ignored",
                     }
                 ]
@@ -164,6 +165,7 @@ def test_out_of_range_values_are_dropped_not_fatal() -> None:
         )
     )
     assert gpu.up
+    assert gpu.memory_clock_hertz is None
     assert all(
         value is None
         for value in (

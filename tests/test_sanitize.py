@@ -38,6 +38,7 @@ from kepler_bridge.model import (
     SourceReading,
     replaced,
 )
+from kepler_bridge.printable import MAX_LABEL_CHARS
 from kepler_bridge.sampling import sanitize
 from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.sampling.slots import Slot, build_slots
@@ -327,6 +328,23 @@ def test_the_checks_of_many_records_keep_what_the_rules_keep(raw: SourceReading)
     clean = sanitize.reading(raw)
     assert clean == rule_by_rule(raw)
     assert sanitize.reading(clean) == clean == rule_by_rule(clean)
+
+
+def test_text_longer_than_any_label_is_cut() -> None:
+    """A plug-in printing a new megabyte uuid each sample made the agent hold 256 of them (the
+    absent devices it remembers, their counters, the state file): text is cut at MAX_LABEL_CHARS,
+    by the fast check and by the rules alike."""
+    long = "GPU-" + "x" * (2 * MAX_LABEL_CHARS)
+    raw = SourceReading(
+        gpus=(GpuReading(0, long, "acme", long, processes=(GpuProcess(7, long),)),),
+        processes=(ProcessCpu(7, long, 1.0),),
+    )
+    clean = sanitize.reading(raw)
+    assert clean == rule_by_rule(raw)
+    (gpu,), (process,) = clean.gpus, clean.processes
+    texts = (gpu.uuid, gpu.model, gpu.processes[0].comm, process.comm)
+    assert [len(text) for text in texts] == [MAX_LABEL_CHARS] * 4
+    assert sanitize.reading(clean) is clean
 
 
 def test_a_clean_reading_passes_as_the_very_object() -> None:

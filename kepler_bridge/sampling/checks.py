@@ -14,6 +14,7 @@ from operator import attrgetter, is_, is_not, itemgetter
 from typing import Any, Callable
 
 from kepler_bridge.model import MAX_EXACT
+from kepler_bridge.printable import MAX_LABEL_CHARS
 
 Check = Callable[[list[Any]], bool]
 NONE = type(None)
@@ -49,8 +50,12 @@ def kinds(*allowed: type) -> Check:
 
 
 def texts(values: list[Any]) -> bool:
-    """The check of `utf8_text`: str itself, printable."""
-    return {str}.issuperset(map(type, values)) and all(map(str.isprintable, values))
+    """The check of `utf8_text`: str itself, printable, not over MAX_LABEL_CHARS."""
+    return (
+        {str}.issuperset(map(type, values))
+        and all(map(str.isprintable, values))
+        and max(map(len, values), default=0) <= MAX_LABEL_CHARS
+    )
 
 
 def xid_codes(values: list[Any]) -> bool:

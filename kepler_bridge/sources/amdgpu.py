@@ -17,6 +17,7 @@ from kepler_bridge.sources.sysfs import (
     read_int,
     read_text,
     scaled,
+    whole_number,
 )
 
 VENDOR = "amd"
@@ -132,8 +133,9 @@ def _ecc(device: Path) -> tuple[int | None, int | None]:
     counts: dict[str, int] = {}
     for line in (read_text(device / "ras" / "umc_err_count") or "").splitlines():
         key, _, value = line.partition(":")
-        if value.strip().isdigit():
-            counts[key.strip()] = int(value)
+        count = whole_number(value)
+        if count is not None and count >= 0:
+            counts[key.strip()] = count
     return counts.get("ce"), counts.get("ue")
 
 

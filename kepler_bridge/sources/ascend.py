@@ -9,6 +9,7 @@ the chip has it (910 series; Memory-Usage there is the control CPU's DDR), else 
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges, runner
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
-from kepler_bridge.sources.sysfs import on_pci_bus
+from kepler_bridge.sources.sysfs import on_pci_bus, whole_number
 
 VENDOR = "huawei"
 MIB = 1024 * 1024
@@ -159,7 +160,12 @@ def _is_chip(block: list[list[str]]) -> bool:
     if len(block) != 2 or any(len(row) != 3 for row in block):
         return False
     head, status = block[0][0].split(), block[1][0].split()
-    return len(head) == 2 and head[0].isdigit() and bool(status) and status[0].isdigit()
+    return (
+        len(head) == 2
+        and whole_number(head[0]) is not None
+        and bool(status)
+        and whole_number(status[0]) is not None
+    )
 
 
 def _chip(first: list[str], second: list[str]) -> Chip:
@@ -175,7 +181,7 @@ def _chip(first: list[str], second: list[str]) -> Chip:
         npu=int(npu),
         chip=int(chip_device[0]),
         device=int(chip_device[1])
-        if len(chip_device) > 1 and chip_device[1].isdigit()
+        if len(chip_device) > 1 and whole_number(chip_device[1]) is not None
         else int(npu),
         name=name,
         health=first[1],
@@ -189,7 +195,9 @@ def _chip(first: list[str], second: list[str]) -> Chip:
 
 
 def _number(text: str | None) -> float | None:
+    """A finite number npu-smi printed, else None."""
     try:
-        return float(text) if text is not None else None
+        value = float(text) if text is not None else None
     except ValueError:
         return None
+    return value if value is None or math.isfinite(value) else None

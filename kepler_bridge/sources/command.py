@@ -165,6 +165,8 @@ def _number(value: Any, where: str, whole: bool) -> float | int | None:
     """A JSON number; bytes become integers. NaN and infinities read as "cannot report"."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise OutputError(where, f"expected a number, got {value!r}")
+    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+        return None  # beyond any counter: float() of it would overflow
     if not math.isfinite(value):
         return None
     return int(value) if whole else value

@@ -15,7 +15,7 @@ from kepler_bridge.config import Config
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges
 from kepler_bridge.sources.base import Source, SourceAbsent
-from kepler_bridge.sources.sysfs import class_hwmons, read_int, read_text, scaled
+from kepler_bridge.sources.sysfs import class_hwmons, read_int, read_text, scaled, whole_number
 
 VENDOR = "nvidia"
 # Device-tree node names of Tegra GPUs: gp10b (TX2), gv11b (Xavier), ga10b (Orin), gpu (Nano;
@@ -148,9 +148,9 @@ def _shared_memory(procfs: str) -> tuple[int | None, int | None]:
     fields: dict[str, int] = {}
     for line in (read_text(Path(procfs, "meminfo")) or "").splitlines():
         key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            fields[key] = int(parts[0]) * 1024  # meminfo counts in kB (KiB)
+        kib = whole_number(rest.split()[0]) if rest.split() else None
+        if kib is not None and kib >= 0:
+            fields[key] = kib * 1024  # meminfo counts in kB (KiB)
     total, available = fields.get("MemTotal"), fields.get("MemAvailable")
     if total is None or available is None or available > total:
         return None, total

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _CARD = re.compile(r"card(\d+)")
+# A decimal integer as drivers print one: ASCII digits, at most 20 (2**64 has 20). Python's int()
+# takes more (underscores, other scripts' digits, thousands of digits), which overflows later.
+_INT = re.compile(r"[+-]?[0-9]{1,20}")
 
 
 def read_text(path: Path) -> str | None:
@@ -23,11 +26,13 @@ def read_text(path: Path) -> str | None:
 
 def read_int(path: Path) -> int | None:
     """A file holding one decimal integer."""
-    text = read_text(path)
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
+    return whole_number(read_text(path))
+
+
+def whole_number(text: str | None) -> int | None:
+    """The decimal integer `text` holds (blanks around it allowed), or None."""
+    text = None if text is None else text.strip()
+    return int(text) if text and _INT.fullmatch(text) else None
 
 
 def scaled(value: int | None, divisor: float) -> float | None:
