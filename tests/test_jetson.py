@@ -78,6 +78,27 @@ def test_a_rail_shared_with_the_cpu_is_used_when_the_gpu_has_none_alone(tmp_path
     assert jetson(sysfs, tmp_path / "proc").read().gpus[0].power_watts == 4.0
 
 
+def test_a_rail_whose_channel_another_takes_is_found_again(tmp_path: Path) -> None:
+    """hwmon devices are numbered anew when the INA3221 driver loads again: the GPU's channel may
+    then be another rail (the CPU's, read as the GPU's power before), or be gone for a while."""
+    sysfs = FakeSysfs(tmp_path / "sys")
+    sysfs.jetson_orin(tmp_path / "proc")
+    hwmon = next(
+        path
+        for path in (sysfs.root / "class" / "hwmon").iterdir()
+        if (path / "name").read_text().strip() == "ina3221"
+    )
+    source = jetson(sysfs, tmp_path / "proc")
+    assert source.read().gpus[0].power_watts == 6.0  # VDD_GPU_SOC: 5 V x 1.2 A
+    sysfs.write(hwmon, {"in1_label": "VDD_CPU_CV", "in2_label": "VDD_GPU_SOC"})
+    assert source.read().gpus[0].power_watts == 4.0  # the GPU rail, now channel 2
+    sysfs.write(hwmon, {"in1_label": "VIN_SYS_5V0", "in2_label": "VDD_CPU_CV"})
+    gpu = source.read().gpus[0]
+    assert gpu.up and gpu.power_watts is None
+    sysfs.write(hwmon, {"in1_label": "VDD_GPU_SOC", "in2_label": "VDD_CPU_CV"})
+    assert source.read().gpus[0].power_watts == 6.0
+
+
 def test_out_of_range_readings_are_dropped(tmp_path: Path) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.jetson_orin(tmp_path / "proc")

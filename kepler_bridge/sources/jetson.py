@@ -32,6 +32,12 @@ class _Rail:
 
     label: str
     files: tuple[Path, ...]
+    label_file: Path  # where the driver names the channel: checked each read
+
+    def here(self) -> bool:
+        """Whether the channel is still this rail: hwmon devices are numbered anew when the driver
+        loads again, and another chip's channel may take these paths."""
+        return read_text(self.label_file) == self.label
 
     def watts(self) -> float | None:
         read = [read_int(path) for path in self.files]
@@ -53,6 +59,7 @@ class JetsonSource(Source):
         super().__init__(config)
         self.devfreq = Path()
         self.rail: _Rail | None = None
+        self.had_rail = False
         self.thermal: Path | None = None
 
     def start(self) -> None:
@@ -74,6 +81,7 @@ class JetsonSource(Source):
         self.uuid = f"JETSON-{serial or self.devfreq.name}"
         self.model = read_text(devicetree / "model") or "NVIDIA Jetson"
         self.rail = _gpu_rail(self.config.sysfs)
+        self.had_rail = self.rail is not None
         self.thermal = next(
             (
                 zone
@@ -84,6 +92,8 @@ class JetsonSource(Source):
         )
 
     def read(self) -> SourceReading:
+        if self.had_rail and (self.rail is None or not self.rail.here()):
+            self.rail = _gpu_rail(self.config.sysfs)  # None (no power) until it is back
         load = read_int(self.devfreq / "device" / "load")
         used, total = _shared_memory(self.config.procfs)
         return SourceReading(
@@ -122,13 +132,15 @@ def _rails(sysfs: str) -> list[_Rail]:
             number = channel.removeprefix("in")
             current = hwmon.path / f"curr{number}_input"
             if label != channel and current.exists():  # in4..in7 are unlabelled shunt voltages
-                rails.append(_Rail(label, (hwmon.path / f"{channel}_input", current)))
+                files = (hwmon.path / f"{channel}_input", current)
+                rails.append(_Rail(label, files, hwmon.path / f"{channel}_label"))
     for name_file in sorted(Path(sysfs, "bus", "i2c", "devices").glob("*/iio:device*/rail_name_*")):
         number = name_file.name.removeprefix("rail_name_")
         rails.append(
             _Rail(
                 read_text(name_file) or name_file.name,
                 (name_file.with_name(f"in_power{number}_input"),),
+                name_file,
             )
         )
     return rails
