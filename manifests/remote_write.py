@@ -84,7 +84,7 @@ esac
 case "$url" in *[\"\\\ ]*) fail "url holds a quote, backslash or space: percent-encode it";; esac
 authority=${url#https://}
 case "${authority%%/*}" in
-  *@*) fail "url holds a user or password (Prometheus logs the url): use keys username and password";;
+  *@*) fail "url holds a user or password (Prometheus logs it): use keys username, password";;
 esac
 out=$PROMETHEUS_CONFIG.tmp
 sed "s/@NODE_NAME@/$KUBE_NODE_NAME/g" "$REMOTE_WRITE_TEMPLATE" > "$out"
