@@ -20,6 +20,15 @@ def jetson(sysfs: FakeSysfs, procfs: Path) -> JetsonSource:
     return source
 
 
+def _ina3221(sysfs: FakeSysfs) -> Path:
+    """The hwmon device of the tree's INA3221."""
+    return next(
+        path
+        for path in (sysfs.root / "class" / "hwmon").iterdir()
+        if (path / "name").read_text().strip() == "ina3221"
+    )
+
+
 @pytest.mark.e2e
 def test_orin_in_the_agent(tmp_path: Path) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
@@ -67,11 +76,7 @@ def test_nano_with_the_older_iio_power_driver(tmp_path: Path) -> None:
 def test_a_rail_shared_with_the_cpu_is_used_when_the_gpu_has_none_alone(tmp_path: Path) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.jetson_orin(tmp_path / "proc")
-    hwmon = next(
-        path
-        for path in (sysfs.root / "class" / "hwmon").iterdir()
-        if (path / "name").read_text().strip() == "ina3221"
-    )
+    hwmon = _ina3221(sysfs)
     sysfs.write(
         hwmon, {"in1_label": "VDD_IN", "in2_label": "VDD_CPU_GPU_CV"}
     )  # Orin NX / Nano labels
@@ -83,11 +88,7 @@ def test_a_rail_whose_channel_another_takes_is_found_again(tmp_path: Path) -> No
     then be another rail (the CPU's, read as the GPU's power before), or be gone for a while."""
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.jetson_orin(tmp_path / "proc")
-    hwmon = next(
-        path
-        for path in (sysfs.root / "class" / "hwmon").iterdir()
-        if (path / "name").read_text().strip() == "ina3221"
-    )
+    hwmon = _ina3221(sysfs)
     source = jetson(sysfs, tmp_path / "proc")
     assert source.read().gpus[0].power_watts == 6.0  # VDD_GPU_SOC: 5 V x 1.2 A
     sysfs.write(hwmon, {"in1_label": "VDD_CPU_CV", "in2_label": "VDD_GPU_SOC"})
