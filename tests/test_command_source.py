@@ -216,6 +216,11 @@ def test_a_device_the_command_reports_down() -> None:
         ('{"devices": [{"model": 7}]}', "devices[0].model: expected a string, got 7"),
         ('{"devices": [{"up": "yes"}]}', "devices[0].up: expected true or false"),
         ('{"devices": [{"uuid": "x"}, {"uuid": "x"}]}', "devices[1].uuid: 'x' repeats devices[0]"),
+        # A bidi mark is stripped from what is shown: the two uuids would merge into one device.
+        (
+            '{"devices": [{"uuid": "x\\u200e"}, {"uuid": "x"}]}',
+            "devices[1].uuid: 'x' repeats devices[0]",
+        ),
     ],
 )
 def test_malformed_output_is_a_clear_error(text: str, message: str) -> None:

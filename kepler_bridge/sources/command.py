@@ -14,6 +14,7 @@ import shutil
 from typing import Any, Callable
 
 from kepler_bridge.model import MAX_DEVICES, GpuReading, SourceReading
+from kepler_bridge.printable import label_text
 from kepler_bridge.sources import ranges, runner
 from kepler_bridge.sources.base import Source, SourceAbsent, SourceUnavailable
 
@@ -141,7 +142,7 @@ def _device(index: int, device: Any) -> GpuReading:
         if device.get(key) is not None:
             if not isinstance(device[key], str):
                 raise OutputError(f"{where}.{key}", f"expected a string, got {device[key]!r}")
-            values[field] = device[key]
+            values[field] = label_text(device[key])  # as shown: two uuids that print alike repeat
     up = device.get("up", True)
     if not isinstance(up, bool):
         raise OutputError(f"{where}.up", f"expected true or false, got {up!r}")
