@@ -212,9 +212,10 @@ class EventLoopWorker(Worker):
         request head or for its client to read; False when every connection but those just
         accepted (`fresh`) is running a request."""
         idle = self.states.idle_longest()
-        if idle is not None and idle[0] not in fresh:
-            self._close(idle[0], reset=idle[1])
-        return idle is not None and idle[0] not in fresh
+        if idle is None or idle[0] in fresh:
+            return False
+        self._close(idle[0], reset=idle[1])
+        return True
 
     def _admit(self, sock: socket.socket, client: tuple, server: tuple) -> Conn:
         sock.setblocking(False)

@@ -160,7 +160,8 @@ def _shared_memory(procfs: str) -> tuple[int | None, int | None]:
     fields: dict[str, int] = {}
     for line in (read_text(Path(procfs, "meminfo")) or "").splitlines():
         key, _, rest = line.partition(":")
-        kib = whole_number(rest.split()[0]) if rest.split() else None
+        words = rest.split()
+        kib = whole_number(words[0]) if words else None
         if kib is not None and kib >= 0:
             fields[key] = kib * 1024  # meminfo counts in kB (KiB)
     total, available = fields.get("MemTotal"), fields.get("MemAvailable")
