@@ -266,6 +266,38 @@ def test_baetyl_matches_design_example_and_units() -> None:
     }
 
 
+def test_baetyl_used_memory_counts_only_with_a_total_it_fits_in() -> None:
+    snap = snapshot(
+        gpu(0, memory_used_bytes=1 * GIB, memory_total_bytes=10 * GIB),
+        gpu(1, memory_used_bytes=12 * GIB, memory_total_bytes=None),
+        gpu(2, memory_used_bytes=1000, memory_total_bytes=500),
+    )
+    node = json.loads(baetyl.render(snap))["n1"]
+    assert [(d["usedMemory"], d["totalMemory"]) for d in node["devices"]] == [
+        (GIB, 10 * GIB),
+        (0, 0),
+        (0, 500),
+    ]
+    assert (node["usedMemory"], node["totalMemory"]) == (GIB, 10 * GIB + 500)
+    assert node["percent"] == GIB / (10 * GIB + 500)
+
+
+def test_baetyl_node_sums_the_devices_as_shown_in_the_unit() -> None:
+    kib = 1024
+    snap = snapshot(
+        gpu(0, memory_used_bytes=kib + 700, memory_total_bytes=3 * kib + 700),
+        gpu(1, memory_used_bytes=kib + 700, memory_total_bytes=3 * kib + 700),
+        gpu(2, memory_used_bytes=300, memory_total_bytes=900),
+    )
+    node = json.loads(baetyl.render(snap, "KiB"))["n1"]
+    devices = node["devices"]
+    assert [(d["usedMemory"], d["totalMemory"]) for d in devices] == [(1, 3), (1, 3), (0, 0)]
+    assert node["usedMemory"] == sum(d["usedMemory"] for d in devices) == 2
+    assert node["totalMemory"] == sum(d["totalMemory"] for d in devices) == 6
+    assert [d["percent"] for d in devices] == [1 / 3, 1 / 3, 0]
+    assert node["percent"] == 2 / 6
+
+
 def test_counters_never_decrease_across_resets() -> None:
     guard = MonotonicCounters()
     values = [
