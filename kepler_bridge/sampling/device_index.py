@@ -32,15 +32,17 @@ class DeviceIndexes:
     def number(self, gpus: Iterable[GpuReading], now: float) -> tuple[GpuReading, ...]:
         """The readings with their node-wide index, in index order.
 
-        A device listed twice is kept once (the first). A device without a uuid (down before its
-        source could ask it) is told apart by its place in its source's list."""
+        A device listed twice is kept once (the first): a uuid names one chip whichever source or
+        vendor lists it, and its counters are kept by uuid. A device without a uuid (down before
+        its source could ask it) is told apart by its vendor and place in its source's list."""
         numbered: dict[Identity, GpuReading] = {}
+        listed: set[str | Identity] = set()
         for gpu in gpus:
             identity = (gpu.vendor, gpu.uuid or f"#{gpu.index}")
-            if (
-                identity in numbered
-            ):  # two sources reading one chip: its series would be exported twice
+            chip = gpu.uuid or identity
+            if chip in listed:
                 continue
+            listed.add(chip)
             if identity not in self._known:
                 self._known[identity], self._next = self._next, self._next + 1
             self._seen[identity] = now
