@@ -137,6 +137,28 @@ def test_basic_auth_users_guard_metrics_and_the_page_but_not_probes_or_collect(
 
 
 @pytest.mark.e2e
+def test_tls_flags_beside_a_web_config_of_users_keep_the_port_tls_only(
+    tmp_path: Path, pki: dict
+) -> None:
+    web = _write(tmp_path / "web.yml", {"basic_auth_users": {"alice": _hash(PASSWORD)}})
+    cert, key = pki["server"]
+    flags = ("--tls-cert", str(cert), "--tls-key", str(key))
+    with Agent(
+        "--simulate", "1", "--sources", "simulated", "--web.config.file", str(web), *flags,
+        ca=str(pki["ca"][0]),
+    ) as agent:  # fmt: skip
+        assert agent.get("/metrics", auth=("alice", PASSWORD)).status_code == 200
+        assert agent.get("/metrics").status_code == 401
+        with socket.create_connection(("127.0.0.1", agent.port), timeout=5) as plain:
+            plain.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            try:
+                reply = plain.recv(64)
+            except ConnectionResetError:  # the TLS handshake failed
+                reply = b""
+            assert not reply.startswith(b"HTTP/"), "answered in plain HTTP"
+
+
+@pytest.mark.e2e
 def test_certificates_and_users_rotate_without_a_restart_and_a_bad_file_keeps_the_last_good(
     tmp_path: Path, pki: dict
 ) -> None:
@@ -194,6 +216,7 @@ def test_web_config_errors_name_the_key(tmp_path: Path, pki: dict) -> None:
             "client_ca_file",
         ),
         "bad version": (_tls(pki, min_version="TLS14"), "min_version"),
+        "versions crossed": (_tls(pki, min_version="TLS13", max_version="TLS12"), "max_version"),
         "allowed names without a CA": (
             _tls(pki, client_allowed_sans=["scraper"]),
             "client_allowed_sans",

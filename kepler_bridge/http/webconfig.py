@@ -167,6 +167,12 @@ def _tls(
             )
         if name:
             setattr(context, attribute, TLS_VERSIONS[name])
+    if 0 <= context.maximum_version < context.minimum_version:  # MAXIMUM_SUPPORTED is -1
+        low = _tls_string(data, "min_version") or "TLS12 (the default minimum)"
+        raise WebConfigError(
+            f"tls_server_config.max_version: {_tls_string(data, 'max_version')} is below "
+            f"min_version {low}, so no client could connect; raise it or lower min_version"
+        )
     context.verify_mode = verify_mode
     if ca:
         try:

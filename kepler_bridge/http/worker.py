@@ -223,7 +223,9 @@ class EventLoopWorker(Worker):
         tls = self.settings.tls.current() if self.settings.tls is not None else None
         if self.settings.web is not None:
             web = self.settings.web.current()
-            tls, conn.allowed_sans = web.tls, web.allowed_sans
+            conn.allowed_sans = web.allowed_sans
+            if web.tls is not None:  # else --tls-cert's pair, if any: a file of users only
+                tls = web.tls
         if tls is not None:
             conn.sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             conn.handshaking = True
