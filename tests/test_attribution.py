@@ -314,6 +314,20 @@ def test_a_new_worker_continues_exactly_where_the_old_one_was(data: st.DataObjec
             moved = (carried(moved[0], made()[0]), carried(moved[1], made()[1]))
 
 
+def test_a_process_that_execs_or_moves_counts_its_seconds_once() -> None:
+    counters = MonotonicCounters()
+    samples = [
+        ([(7, "sh", "", 1.5), (8, "kworker/0:1-events", "", 9.0)], {7: 1.5, 8: 9.0}),
+        ([(7, "python", "", 2.0), (8, "kworker/0:1-mm_percpu_wq", "", 9.0)], {7: 0.5, 8: 0.0}),
+        ([(7, "python", "c1", 2.25), (8, "kworker/0:1-events", "", 9.5)], {7: 0.25, 8: 0.5}),
+        # A new process on pid 7 (its counter below the last one's): it counts whole.
+        ([(7, "worker", "c1", 0.25), (8, "kworker/0:1-events", "", 9.5)], {7: 0.25, 8: 0.0}),
+    ]
+    for at, (rows, expected) in enumerate(samples):
+        increases = counters.cpu_increases([ProcessCpu(p, c, s, cid) for p, c, cid, s in rows])
+        assert {key[0]: seconds for key, seconds in increases.items()} == expected, at
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_rows_kept_by_the_source_count_as_rows_made_afresh(data: st.DataObject) -> None:

@@ -278,6 +278,19 @@ def test_short_lived_process_in_a_container_cgroup_gets_its_id(ebpf: EbpfSource)
         assert wait_row(ebpf, pid).container_id == ID
 
 
+def test_a_process_moved_out_of_its_container_is_the_hosts(ebpf: EbpfSource) -> None:
+    with container_cgroup("ebpf-test", ID) as cgroup:
+        join = lambda: (cgroup / "cgroup.procs").write_text("0")  # noqa: E731
+        child = subprocess.Popen(["sleep", "10"], preexec_fn=join)
+        try:
+            assert wait_row(ebpf, child.pid).container_id == ID
+            (cgroup.parent / "cgroup.procs").write_text(str(child.pid))  # no container's
+            assert wait_row(ebpf, child.pid, lambda row: row.container_id == "") is not None
+        finally:
+            child.kill()
+            child.wait()
+
+
 def test_ended_process_kept_for_grace_then_dropped(bpf_host: None) -> None:
     source = EbpfSource(make_config(process_grace="0.5s"))
     source.start()

@@ -74,6 +74,18 @@ class Monotonic:
         return state
 
 
+def _relabelled(
+    last: Mapping[ProcessLabels, float],
+    seen: Mapping[ProcessLabels, float],
+    gone: set[ProcessLabels],
+    new: set[ProcessLabels],
+) -> dict[ProcessLabels, float]:
+    """The `new` keys of processes whose labels changed, each with its seconds under the old
+    ones: its pid's among the `gone` keys of `last`, where its counter in `seen` did not drop."""
+    old = {key[0]: last[key] for key in gone}
+    return {key: old[key[0]] for key in new if key[0] in old and seen[key] >= old[key[0]]}
+
+
 class MonotonicCounters:
     """Per-device and per-container counter state owned by the sampler thread.
 
@@ -186,7 +198,9 @@ class MonotonicCounters:
 
     def cpu_increases(self, processes: Iterable[ProcessCpu]) -> dict[ProcessLabels, float]:
         """CPU seconds each process used since the last call; one seen for the first time counts
-        whole, one whose counter dropped (a new process with the same labels) counts from zero."""
+        whole, one whose counter dropped (a new process with the same labels) counts from zero.
+        A process whose labels changed (exec, a cgroup move: its pid gone under the old labels,
+        its counter not below theirs) counts from its seconds under the old labels."""
         rows = tuple(processes)
         replaced_at = self._replaced_rows(rows)
         if replaced_at is not None:
@@ -197,16 +211,21 @@ class MonotonicCounters:
             return self._same_processes(
                 rows, list(compress(count(), map(ne, seconds, self._seconds)))
             )
-        last = self._process_seen
+        last, seen = self._process_seen, dict(zip(keys, seconds))
         before = list(map(last.get, keys, repeat(0.0)))
+        gone, new = last.keys() - seen.keys(), seen.keys() - last.keys()
+        if gone and new:
+            relabelled = _relabelled(last, seen, gone, new)
+            if relabelled:
+                before = list(map(relabelled.get, keys, before))
         gained = list(map(sub, seconds, before))
         if gained and min(gained) < 0:
             gained = list(map(increase, before, seconds))
-        self._process_seen = seen = dict(zip(keys, seconds))
+        self._process_seen = seen
         self._keys, self._seconds, self._last_rows = keys, seconds, rows
         self._rows.changed(compress(keys, map(ne, seconds, before)))
-        self._rows.changed(seen.keys() - last.keys())
-        self._rows.removed(last.keys() - seen.keys())
+        self._rows.changed(new)
+        self._rows.removed(gone)
         if len(seen) < len(keys):  # a key twice: the last row of it counts
             return dict(zip(keys, gained))
         increases = dict.fromkeys(seen, 0.0)

@@ -298,17 +298,21 @@ class EbpfSource(ProcessSource):
         if entry is None or entry.start != start:
             if self.table.shut_out(tgid, start, seconds):
                 return
-            container_id = read_container_id(self.config.procfs, tgid)
-            if container_id is None:
-                container_id = self.cgroups.container_id(cgroup_id, now)
+            container_id = self._container(tgid, cgroup_id, now)
             entry = self.table.begin(tgid, start, _comm_name(comm), container_id, seconds)
         else:
-            if cgroup_id != entry.cgroup_id:
-                container_id = read_container_id(self.config.procfs, tgid) or entry.container_id
-                self.table.relabel(entry, entry.comm, container_id)
+            if cgroup_id != entry.cgroup_id:  # moved, perhaps out of its container: "" is the host
+                self.table.relabel(entry, entry.comm, self._container(tgid, cgroup_id, now))
             self.table.count(entry, seconds)
             self.table.revive(entry)
         self._relabel(entry, comm, cgroup_id)
+
+    def _container(self, tgid: int, cgroup_id: int, now: float) -> str:
+        """The container of a thread group: from its /proc cgroup file, else its cgroup id."""
+        container_id = read_container_id(self.config.procfs, tgid)
+        if container_id is None:
+            container_id = self.cgroups.container_id(cgroup_id, now)
+        return container_id
 
     def _ended(
         self, tgid: int, start: int, runtime_ns: int, cgroup_id: int, comm: bytes, now: float
