@@ -115,7 +115,8 @@ def network_policy(instance: str) -> dict[str, Any]:
 
 def service_monitor(name: str, instance: str) -> dict[str, Any]:
     """prometheus-operator scrape config; the job label is the Service's name (matched by the
-    alerts)."""
+    alerts). The agent's own namespace, pod and container labels name the workload, not the
+    agent: the operator's target labels of those names must not replace them."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
@@ -128,7 +129,13 @@ def service_monitor(name: str, instance: str) -> dict[str, Any]:
             "selector": {"matchLabels": labels(instance)},
             "namespaceSelector": {"matchNames": [NAMESPACE]},
             "endpoints": [
-                {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+                {
+                    "port": "metrics",
+                    "path": "/metrics",
+                    "interval": "15s",
+                    "scrapeTimeout": "10s",
+                    "honorLabels": True,
+                }
             ],
         },
     }

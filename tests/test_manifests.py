@@ -301,7 +301,9 @@ def test_servicemonitor_scrapes_the_service(folder: str) -> None:
         "matchNames": [service["metadata"]["namespace"]]
     }
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
+    assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "honorLabels"}
+    # The operator's namespace, pod and container target labels would replace the workload's.
+    assert endpoint["honorLabels"] is True
     assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
     assert (
         service["spec"]["selector"].items()
