@@ -468,8 +468,8 @@ def workload_energy() -> dict[str, Any]:
             "Top 10 processes by power",
             [
                 target(
-                    f"topk(10, {joules('process', 'pid, comm, namespace, pod')})",
-                    "{{comm}} ({{pid}}) {{namespace}}/{{pod}}",
+                    f"topk(10, {joules('process', 'node, pid, comm, namespace, pod')})",
+                    "{{comm}} ({{pid}}) {{namespace}}/{{pod}} on {{node}}",
                 )
             ],
             "watt",
@@ -689,9 +689,12 @@ def fleet() -> dict[str, Any]:
             "Power by namespace (CPU + GPU)",
             [
                 target(
-                    "sum by (namespace) ("
-                    f"namespace:kepler_bridge_pod_gpu_joules:rate5m{{{NAMESPACE}}} or "
-                    f"namespace:kepler_bridge_pod_cpu_joules:rate5m{{{NAMESPACE}}})",
+                    # Each kind labelled apart: `or` alone keeps one side of a namespace with both.
+                    "sum by (namespace) (label_replace("
+                    f"namespace:kepler_bridge_pod_gpu_joules:rate5m{{{NAMESPACE}}}, "
+                    '"kind", "gpu", "", "") or label_replace('
+                    f"namespace:kepler_bridge_pod_cpu_joules:rate5m{{{NAMESPACE}}}, "
+                    '"kind", "cpu", "", ""))',
                     "{{namespace}}",
                 )
             ],

@@ -3,7 +3,11 @@ contract metric names."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
+import yaml
 
 from assets import (
     CONTRACT_METRICS,
@@ -16,6 +20,7 @@ from assets import (
     panel_queries,
     recording_rules,
 )
+from promserver import binary
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 UIDS = {
@@ -111,3 +116,38 @@ def test_fleet_dashboard_reads_only_the_recording_rules() -> None:
 def test_every_variable_is_substituted_for_the_live_queries() -> None:
     for dashboard, panel, expr in panel_queries():
         assert "$" not in expr, f"{dashboard} / {panel}: unknown variable in {expr!r}"
+
+
+def test_power_by_namespace_adds_each_namespaces_cpu_and_gpu_power(tmp_path: Path) -> None:
+    (expr,) = (
+        e
+        for dashboard, panel, e in panel_queries()
+        if (dashboard, panel) == ("Accelerator fleet", "Power by namespace (CPU + GPU)")
+    )
+    series = [("gpu", "ml", "100"), ("cpu", "ml", "50"), ("cpu", "web", "20")]
+    case = {
+        "interval": "1m",
+        "input_series": [
+            {
+                "series": f'namespace:kepler_bridge_pod_{kind}_joules:rate5m{{namespace="{ns}"}}',
+                "values": f"{watts}x5",
+            }
+            for kind, ns, watts in series
+        ],
+        "promql_expr_test": [
+            {
+                "expr": expr,
+                "eval_time": "3m",
+                "exp_samples": [
+                    {"labels": '{namespace="ml"}', "value": 150},
+                    {"labels": '{namespace="web"}', "value": 20},
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "panel.test.yml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "tests": [case]}))
+    run = subprocess.run(
+        [binary("promtool"), "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
