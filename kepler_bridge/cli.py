@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import NoReturn, Sequence
 
@@ -91,6 +92,10 @@ def _validate_sources(config: Config) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.subcommand == "serve":
+        # Until the master and then its worker handle it, a SIGHUP (a reload) would end them; the
+        # worker's first sample reads the settings again, so one ignored now is not lost.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         config = load(vars(args))
         _validate_sources(config)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import threading
 from typing import Callable, Generic, Mapping, TypeVar
 
 from kepler_bridge.config import Config, ConfigError, load
@@ -95,10 +94,14 @@ class DerivedSettings(Generic[T]):
 
 
 def reread(
-    current: Config, flags: Mapping[str, object], environ: Mapping[str, str] | None = None
+    current: Config,
+    flags: Mapping[str, object],
+    environ: Mapping[str, str] | None = None,
+    quiet: bool = False,
 ) -> Config | None:
     """The settings as flags, environment and file now give them, keeping those that need a restart;
-    None when the new settings are refused (one log line; the running settings stay)."""
+    None when the new settings are refused (one log line; the running settings stay). `quiet`:
+    no line when nothing changed."""
     try:
         new = load(flags, environ)
     except ConfigError as err:
@@ -118,7 +121,8 @@ def reread(
             "it" if len(kept) == 1 else "them",
         )
     changed = sorted(name for name in RELOADABLE if getattr(new, name) != getattr(current, name))
-    log.info("settings reloaded: %s", ", ".join(changed) or "nothing changed")
+    if changed or kept or not quiet:
+        log.info("settings reloaded: %s", ", ".join(changed) or "nothing changed")
     return dataclasses.replace(new, **{name: getattr(current, name) for name in kept})
 
 
@@ -127,18 +131,23 @@ class SettingsWatch:
     of the config file, and reads them."""
 
     def __init__(self, flags: Mapping[str, object] | None, config_file: str) -> None:
-        """`flags`: the command line the settings came from; without it nothing is re-read."""
+        """`flags`: the command line the settings came from; without it nothing is re-read. They
+        are read again at the first check, quietly: a change made (or a SIGHUP sent, which the
+        agent ignores while it starts) since they were read is not lost."""
         self._flags = flags
         self._file = ConfigFileWatch(config_file)
-        self._asked = threading.Event()
+        self._asked = True
+        self._first = True
 
     def ask(self) -> None:
-        """Read the settings again at the next check."""
-        self._asked.set()
+        """Read the settings again at the next check. Called from a signal handler: a lock here
+        (threading.Event) deadlocks when a second signal comes while the first holds it."""
+        self._asked = True
 
     def new_settings(self, current: Config) -> Config | None:
         """The settings as they are now when asked or the file changed (see `reread`), else None."""
-        if self._flags is None or not (self._file.changed() or self._asked.is_set()):
+        if self._flags is None or not (self._file.changed() or self._asked):
             return None
-        self._asked.clear()
-        return reread(current, self._flags)
+        self._asked = False  # before reading: an ask from now on reads again
+        first, self._first = self._first, False
+        return reread(current, self._flags, quiet=first)

@@ -5,10 +5,12 @@ By a changed config file or SIGHUP; a refused file; a setting that needs a resta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -86,6 +88,52 @@ def test_sighup_rereads_the_settings(tmp_path: Path) -> None:
         )
         assert "gpu_temperature_celsius" in _names(agent)
         assert agent.worker_pids() == worker
+
+
+def _hup_ignored_or_caught(pid: int) -> bool:
+    """Whether the process no longer ends at a SIGHUP (its /proc status masks, bit 0)."""
+    masks = dict(line.split(":\t") for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return bool((int(masks["SigIgn"], 16) | int(masks["SigCgt"], 16)) & 1)
+
+
+@pytest.mark.e2e
+def test_a_reload_while_the_agent_starts_is_neither_fatal_nor_lost(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    _write(path, _settings(metrics_deny=["gpu_temperature"]))
+    agent = Agent("--config", str(path))
+    stop, signalled, changed = threading.Event(), [], []
+
+    def reload_often() -> None:
+        """SIGHUP the master and its worker every 20 ms from when the master stops ending at
+        one; change the file as the worker appears."""
+        while not stop.is_set() and (agent.process is None or agent.process.poll() is None):
+            time.sleep(0.02)
+            try:
+                if agent.process is None or not _hup_ignored_or_caught(agent.process.pid):
+                    continue
+                workers = agent.worker_pids()
+            except FileNotFoundError:  # the agent has ended
+                return
+            if workers and not changed:
+                _write(path, _settings(metrics_deny=["gpu_power"]))
+                changed.append(workers)
+            for pid in [agent.process.pid, *workers]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGHUP)
+                    signalled.append(pid)
+
+    hups = threading.Thread(target=reload_often)
+    try:
+        hups.start()
+        with agent:
+            agent.wait_for(lambda: "gpu_power_watts" not in _names(agent), what="the change")
+            stop.set()
+            hups.join()
+            assert "gpu_temperature_celsius" in _names(agent)
+            assert len(set(signalled)) >= 2 and "killed" not in agent.output()
+    finally:
+        stop.set()
+        hups.join()
 
 
 @pytest.mark.e2e

@@ -109,6 +109,7 @@ class Supervisor:
         if pid == 0:
             try:
                 signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the worker handles it
                 os.close(self.wake_r)
                 os.close(self.wake_w)
                 os.set_inheritable(self.heartbeat, True)

@@ -142,10 +142,9 @@ class Sampler:
         self._counters, self._devices, self._attribution = counters, devices, attribution
         self._save_errors = save_errors
         self._retired_errors = carry_errors(self.slots, dict(errors))
-        # The state came with the settings of the worker that saved it; these are in force.
+        # The state came with the settings of the worker that saved it; these are in force (that
+        # worker may have reloaded settings since start-up: the first sample reads them again).
         self.configure(self.config)
-        # That worker may have reloaded settings since start-up: read them as they are now.
-        self._settings.ask()
 
     def _save(self) -> None:
         """Save the state for a next worker; when that fails, remove the older one: a new
