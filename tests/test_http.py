@@ -187,6 +187,17 @@ def test_hundred_concurrent_clients_for_ten_seconds_no_error(agent: Agent) -> No
     assert sum(counts) > 200
 
 
+def test_bad_requests_are_answered_and_logged_once_without_their_text() -> None:
+    with Agent("--simulate", "1", "--sources", "simulated") as agent:
+        for _ in range(50):
+            with socket.create_connection(("127.0.0.1", agent.port), timeout=5) as sock:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nAuthorization Bearer s3cret\r\n\r\n")
+                assert sock.recv(64).startswith(b"HTTP/1.1 400 ")
+        log = agent.output()
+    assert "s3cret" not in log
+    assert log.count("bad request from 127.0.0.1: InvalidHeader") == 1, log
+
+
 def test_port_in_use_is_one_line_and_exit_1(agent: Agent) -> None:
     result = subprocess.run(
         [KEPLER_BRIDGE, "serve", "--listen", f"127.0.0.1:{agent.port}"],

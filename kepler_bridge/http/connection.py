@@ -19,6 +19,7 @@ from typing import Any, Callable, cast
 
 from kepler_bridge.http.webconfig import peer_allowed
 from kepler_bridge.http.wsgi import Peer
+from kepler_bridge.log_limit import EveryInterval
 
 # ioctl(2) for the bytes of a TCP socket's send queue not yet sent (linux/sockios.h).
 SIOCOUTQNSD = 0x894B
@@ -50,7 +51,7 @@ class Conn:
     def peer(self) -> Peer:
         return Peer(self.client, self.server, isinstance(self.sock, ssl.SSLSocket))
 
-    def handshake(self, log: Any) -> int | None:
+    def handshake(self, log: Any, refused: EveryInterval) -> int | None:
         """Advance the TLS handshake: the selector events to wait for next (EVENT_READ for the
         first request once it is done), or None where the connection must close (`log` says why)."""
         sock = cast(ssl.SSLSocket, self.sock)
@@ -64,7 +65,7 @@ class Conn:
             log.debug("TLS handshake with %s failed: %s", self.client, err)
             return None
         if not peer_allowed(sock, self.allowed_sans):
-            log.warning("client certificate of %s names none of client_allowed_sans", self.client)
+            refused.warning(self.client)
             return None
         self.handshaking = False
         return selectors.EVENT_READ

@@ -39,7 +39,8 @@ from kepler_bridge.http.limits import (
     fit_send_buffer,
     tune,
 )
-from kepler_bridge.http.wsgi import WsgiBridge, cached_answers, error_response
+from kepler_bridge.http.wsgi import WsgiBridge, error_response
+from kepler_bridge.log_limit import EveryInterval
 from kepler_bridge.turns import TURNS
 
 # A head larger than this is refused with 431 (gunicorn's own line and field limits apply below it).
@@ -55,6 +56,7 @@ ACCEPTS_PER_EVENT = 64
 # How long a thread holds the GIL while another waits for it (CPython's default: 5 ms). The loop
 # waits for it after each system call while the sampler runs: shorter, a scrape then waits less.
 GIL_SWITCH_SECONDS = 0.0002
+REFUSED_CLIENT = "TLS client %s refused: no certificate naming one of client_allowed_sans"
 
 
 class EventLoopWorker(Worker):
@@ -68,6 +70,7 @@ class EventLoopWorker(Worker):
     # Made in run(), once the agent's own files are open.
     cap: ConnectionCap
     failures: AcceptFailures
+    not_allowed: EveryInterval
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -94,9 +97,7 @@ class EventLoopWorker(Worker):
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        self.bridge = WsgiBridge(
-            self.wsgi, self.cfg, self.handle_error, lambda: self.alive, cached_answers(self.wsgi)
-        )
+        self.bridge = WsgiBridge.of(self)
 
     def handle_exit(self, sig, frame) -> None:
         self.alive = False
@@ -115,6 +116,7 @@ class EventLoopWorker(Worker):
         self.selector.register(self.PIPE[0], selectors.EVENT_READ, partial(self._wake))
         self.cap = connection_cap(self.cfg.worker_connections, self.log)
         self.failures = AcceptFailures(self.log, self.cap)
+        self.not_allowed = EveryInterval(self.log, REFUSED_CLIENT)
         self._set_accepting(True)
         TURNS.watch(self.selector.fileno())
         next_beat = 0.0
@@ -261,7 +263,7 @@ class EventLoopWorker(Worker):
             self._watch(conn, events, self._on_readable)
 
     def _handshake(self, conn: Conn) -> None:
-        events = conn.handshake(self.log)
+        events = conn.handshake(self.log, self.not_allowed)
         if events is None:
             self._close(conn)
         else:

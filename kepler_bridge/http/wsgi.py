@@ -10,11 +10,15 @@ GIL switches of the loop's own system calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from gunicorn import util
 from gunicorn.http import RequestParser, wsgi
-from gunicorn.http.errors import NoMoreData
+from gunicorn.http.errors import NoMoreData, ParseException
+from gunicorn.workers.base import Worker
+
+from kepler_bridge.log_limit import EveryInterval
 
 
 class Collector:
@@ -36,6 +40,26 @@ class Collector:
 
 # gunicorn's Worker.handle_error(req, client, addr, exc): logs the error and writes its status.
 ErrorWriter = Callable[[Any, Collector, tuple, Exception], None]
+
+
+def quiet_client_errors(worker: Worker) -> ErrorWriter:
+    """`worker.handle_error`, but for a request the client got wrong, whose log line would hold
+    its bytes (a token perhaps) and which any client can send in a loop: one line at most a
+    minute, its kind and address only."""
+    limited = EveryInterval(worker.log, "bad request from %s: %s (its text is not logged)")
+    log = worker.log
+    silent = SimpleNamespace(warning=lambda *_: None, access=log.access, debug=log.debug)
+    quiet = SimpleNamespace(cfg=worker.cfg, log=silent)
+
+    def write(req: Any, client: Collector, addr: tuple, exc: Exception) -> None:
+        if not isinstance(exc, ParseException):
+            return worker.handle_error(req, client, addr, exc)
+        limited.warning(addr[0] if addr else "", type(exc).__name__)
+        return Worker.handle_error(quiet, req, client, addr, exc)  # gunicorn's answer
+
+    return write
+
+
 # Where a WSGI app's `extensions` hold its cached answers (`http.cached`).
 CACHED_ANSWERS = "kepler_bridge.cached_answers"
 
@@ -80,6 +104,15 @@ class WsgiBridge:
     write_error: ErrorWriter
     alive: Callable[[], bool]
     cached: CachedAnswers | None = None
+
+    @classmethod
+    def of(cls, worker: Worker) -> WsgiBridge:
+        """The bridge of a gunicorn worker's app, alive while the worker is; its errors written
+        as `quiet_client_errors` writes them."""
+        alive = lambda: worker.alive  # noqa: E731
+        return cls(
+            worker.wsgi, worker.cfg, quiet_client_errors(worker), alive, cached_answers(worker.wsgi)
+        )
 
     def answer(self, head: bytes, peer: Peer) -> tuple[list[bytes], bool]:
         """The response's bytes, and whether the connection may carry another request."""
