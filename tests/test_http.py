@@ -216,6 +216,23 @@ def test_sigterm_stops_within_two_seconds() -> None:
         assert running.process.returncode == 0
 
 
+def test_sigterm_during_an_unread_answer_still_ends_the_running_command(tmp_path) -> None:
+    plugin = tmp_path / "plugin.sh"
+    plugin.write_text("#!/bin/sh\nsleep 300\n")
+    marker = str(plugin)  # the shell's command line while it waits
+    plugin.chmod(0o755)
+    args = ("--simulate", "16", "--sources", "simulated,command", "--command", str(plugin))
+    with Agent(*args, "--command-timeout", "120s", ready=False) as running:
+        running.wait_for(lambda: subprocess.run(["pgrep", "-f", marker]).returncode == 0)
+        with socket.create_connection(("127.0.0.1", running.port)) as reader:
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            reader.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 20)
+            time.sleep(1)
+            running.stop()
+            assert "Worker exiting" in running.output(), "the worker was killed"
+    assert subprocess.run(["pgrep", "-f", marker]).returncode == 1, "the command was left"
+
+
 def test_bearer_token_protects_metrics(tmp_path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")

@@ -392,9 +392,9 @@ class EventLoopWorker(Worker):
             self._close(conn, reset=reset)
 
     def _stop_reading(self, now: float) -> None:
-        """On shutdown: no new connections; idle ones close, answers in progress get the graceful
-        timeout."""
-        self.stop_by = now + self.cfg.graceful_timeout
+        """On shutdown: no new connections; idle ones close, answers in progress get a quarter of
+        the master's grace (the rest is the sampler's and the detectors' stop, `host.stop`)."""
+        self.stop_by = now + self.cfg.graceful_timeout / 4
         self._set_accepting(False)
         for conn in list(self.reading):
             self._close(conn)
