@@ -31,7 +31,7 @@ def test_a_worker_that_stops_beating_is_aborted_then_killed(tmp_path: Path) -> N
     try:
         assert child.stdout is not None and child.stdout.readline() == "ready\n"
         master.pid = child.pid
-        master.heartbeat = supervisor._heartbeat_file(str(tmp_path))
+        master.heartbeat = supervisor._heartbeat_file()
         Heartbeat(master.heartbeat).notify()  # the worker's beat, on the master's clock
         master._check_heartbeat()
         assert child.poll() is None, "a worker that beats was killed"
@@ -51,7 +51,7 @@ def test_a_worker_that_stops_beating_is_aborted_then_killed(tmp_path: Path) -> N
 def test_the_master_sleeps_until_the_heartbeat_could_be_stale(tmp_path: Path) -> None:
     master = supervisor.Supervisor([], str(tmp_path))
     master.pid = os.getpid()
-    master.heartbeat = supervisor._heartbeat_file(str(tmp_path))
+    master.heartbeat = supervisor._heartbeat_file()
     try:
         Heartbeat(master.heartbeat).notify()
         assert supervisor.TIMEOUT_SECONDS - 1 < master._until_stale() <= supervisor.TIMEOUT_SECONDS

@@ -165,6 +165,20 @@ class Filler:
 
 
 @pytest.mark.e2e
+def test_a_worker_is_restarted_after_its_state_directory_was_removed() -> None:
+    with Agent("--simulate", "1", "--sources", "simulated", "--interval", "0.25s") as agent:
+        (state,) = state_dirs(agent.process.pid)
+        shutil.rmtree(state)  # as an admin cleaning /dev/shm would
+        (worker,) = agent.worker_pids()
+        os.kill(worker, signal.SIGKILL)
+        agent.wait_for(
+            lambda: agent.worker_pids() not in ([], [worker]), timeout=15, what="a new worker"
+        )
+        agent.wait_for(lambda: agent.get("/readyz").status_code == 200, what="ready again")
+        assert agent.process.poll() is None
+
+
+@pytest.mark.e2e
 def test_after_a_failed_save_a_new_worker_never_goes_back_to_an_older_state() -> None:
     require(os.geteuid() == 0, "needs root: the test mounts a 64 KiB tmpfs on the state directory")
     with Agent(*SIMULATED) as agent:

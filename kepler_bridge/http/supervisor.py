@@ -98,7 +98,7 @@ class Supervisor:
         self.started_at = time.monotonic()
         if self.heartbeat >= 0:
             os.close(self.heartbeat)
-        self.heartbeat = _heartbeat_file(self.state_dir)
+        self.heartbeat = _heartbeat_file()
         os.utime(self.heartbeat, (time.monotonic(), time.monotonic()))
         self.aborted = False
         # -P: `-m` would put the working directory first on the worker's path, and a root agent
@@ -178,17 +178,10 @@ class Supervisor:
         return status
 
 
-def _heartbeat_file(directory: str) -> int:
-    """A file without a name (O_TMPFILE) whose modification time the worker sets to its monotonic
-    clock."""
-    place = directory or os.environ.get("TMPDIR", "/tmp")
-    try:
-        return os.open(place, os.O_TMPFILE | os.O_RDWR, 0o600)
-    except OSError:  # a file system without unnamed files: a random name, unlinked at once
-        path = os.path.join(place, f".heartbeat-{os.urandom(8).hex()}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        os.unlink(path)
-        return fd
+def _heartbeat_file() -> int:
+    """A memory file whose modification time the worker sets to its monotonic clock: no file
+    system, so neither a state directory removed meanwhile nor a full one stops a restart."""
+    return os.memfd_create("kepler-bridge-heartbeat", 0)
 
 
 def _remove(directory: str) -> None:
