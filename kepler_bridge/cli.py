@@ -133,12 +133,14 @@ def _doctor(config: Config) -> int:
     from kepler_bridge.sampling.slots import check_source
 
     groups = selected_groups(config)
-    names = [name for group in groups for name in group]
-    names += [name for name in available() if name not in names and name != "simulated"]
-    working = 0
+    selected = [name for group in groups for name in group]
+    names = selected + [
+        name for name in available() if name not in selected and name != "simulated"
+    ]
+    working = 0  # of the selected: what the agent would serve from (/readyz)
     for name in names:
         ok, line = check_source(name, config)
-        working += ok
+        working += ok and name in selected
         print(f"{'ok ' if ok else 'no '} {name:<10} {line}")
     mark, line = check_devices(config)
     print(f"{mark} {'devices':<10} {line}")

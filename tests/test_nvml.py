@@ -442,6 +442,7 @@ def test_collect_and_doctor_commands(fake_nvml: FakeNvml) -> None:
         line.startswith("no") and "nvml" in line and "does not exist" in line
         for line in missing.stdout.splitlines()
     ), missing.stdout
+    assert missing.returncode == 1, "procfs works, but --sources leaves it out"
 
 
 def _gpm_rates(fake: FakeNvml, index: int, not_supported: tuple[int, ...] = ()) -> None:
