@@ -356,3 +356,16 @@ def test_a_master_caught_in_the_middle_of_execve_is_running(
 
     assert running("execs")
     assert not running("kernel thread")
+
+
+def test_no_place_for_the_state_is_a_warning_not_a_failure(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_temporary_directory() -> str:
+        raise FileNotFoundError(errno.ENOENT, "No usable temporary directory found")
+
+    monkeypatch.setattr(carry, "PLACES", ("/nonexistent/kepler-bridge-test", None))
+    monkeypatch.setattr(tempfile, "gettempdir", no_temporary_directory)
+    with caplog.at_level(logging.WARNING):
+        assert carry.make_dir() == ""
+    assert "no directory for counter state" in caplog.text and "$TMPDIR" in caplog.text

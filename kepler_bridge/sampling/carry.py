@@ -58,14 +58,19 @@ def make_dir() -> str:
     masters that no longer run are removed.
 
     '' (with a warning) where none can be made."""
+    problems, places = [], []
     for place in PLACES:
-        remove_stale_dirs(place or tempfile.gettempdir())
-    problems = []
-    for place in PLACES:
+        try:
+            places.append(place or tempfile.gettempdir())
+        except OSError as err:  # gettempdir: no writable temporary directory at all
+            problems.append(f"$TMPDIR: {err.strerror or err}")
+    for place in places:
+        remove_stale_dirs(place)
+    for place in places:
         try:
             return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{_namespace_id()}-", dir=place)
         except OSError as err:
-            problems.append(f"{place or tempfile.gettempdir()}: {err.strerror or err}")
+            problems.append(f"{place}: {err.strerror or err}")
     log.warning(
         "no directory for counter state (%s): counters restart from zero if the worker restarts; "
         "make /dev/shm or $TMPDIR writable",
