@@ -48,6 +48,10 @@ def test_openmetrics_negotiated_by_accept(agent: Agent) -> None:
     )
     assert response.headers["Content-Type"].startswith("application/openmetrics-text")
     assert response.text.endswith("# EOF\n")
+    refused = "application/openmetrics-text;q=0, text/plain;version=0.0.4"
+    for _ in range(2):  # the first may run the route, the second is the loop's cached answer
+        text = agent.get("/metrics", headers={"Accept": refused})
+        assert text.headers["Content-Type"].startswith("text/plain; version=0.0.4")
 
 
 def test_gzip_when_asked(agent: Agent) -> None:
@@ -57,10 +61,10 @@ def test_gzip_when_asked(agent: Agent) -> None:
     assert raw.headers["Content-Encoding"] == "gzip"
     body = gzip.decompress(raw.raw.read())
     assert b"gpu_up{" in body
-    plain = requests.get(
-        agent.url + "/v1/collect", headers={"Accept-Encoding": "identity"}, timeout=5
-    )
-    assert "Content-Encoding" not in plain.headers
+    for path in ("/v1/collect", "/v1/collect", "/metrics", "/metrics"):
+        for refused in ("identity", "identity, gzip;q=0"):
+            plain = requests.get(agent.url + path, headers={"Accept-Encoding": refused}, timeout=5)
+            assert "Content-Encoding" not in plain.headers, (path, refused)
 
 
 def test_collect_follows_the_baetyl_contract(agent: Agent) -> None:
@@ -237,11 +241,14 @@ def test_bearer_token_protects_metrics(tmp_path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     with Agent("--simulate", "1", "--auth-token-file", str(token)) as running:
-        assert running.get("/metrics").status_code == 401
-        assert running.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert (
-            running.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        refused = running.get("/metrics")
+        assert refused.status_code == 401 and refused.headers["WWW-Authenticate"] == (
+            'Bearer realm="kepler-bridge"'
         )
+        assert running.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        for scheme in ("Bearer", "bearer"):
+            answer = running.get("/metrics", headers={"Authorization": f"{scheme} s3cret"})
+            assert answer.status_code == 200, scheme
         assert running.get("/v1/collect").status_code == 200
 
 

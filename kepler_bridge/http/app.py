@@ -3,7 +3,6 @@ touches a driver."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from kepler_bridge.exposition import RenderCache, RenderSettings, baetyl
 from kepler_bridge.exposition.history import render as render_history
 from kepler_bridge.http import live_page
 from kepler_bridge.http.dispatch import Request, Response, Routes, error
+from kepler_bridge.http.negotiation import bearer_matches, wants_gzip, wants_openmetrics
 from kepler_bridge.http.passwords import PasswordCheck
 from kepler_bridge.http.webconfig import WebConfigFile
 from kepler_bridge.model import Snapshot
@@ -50,7 +50,7 @@ def _encoded(response: Response, gzipped: bool, vary: str) -> Response:
 
 
 def _wants_gzip(request: Request) -> bool:
-    return "gzip" in request.header("Accept-Encoding")
+    return wants_gzip(request.header("Accept-Encoding"))
 
 
 def readiness(snapshot: Snapshot | None, now: float, errors: bool) -> tuple[bool, str]:
@@ -92,11 +92,12 @@ def refused(ctx: RouteContext, request: Request) -> Response | None:
     users = ctx.web.current().users if ctx.web is not None else {}
     if not token and not users:
         return None
-    authorization = request.header("Authorization").encode()
-    if token and hmac.compare_digest(authorization, b"Bearer " + token):
+    if token and bearer_matches(request.header("Authorization"), token):
         return None
     if not users:
-        return error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'")
+        response = error(401, "missing or wrong bearer token; send 'Authorization: Bearer <token>'")
+        response.headers.append(("WWW-Authenticate", 'Bearer realm="kepler-bridge"'))
+        return response
     credentials = request.basic_auth()
     if credentials is not None:
         password = credentials.password.encode()
@@ -120,7 +121,7 @@ def metrics(ctx: RouteContext, request: Request) -> Response:
     """/metrics: Prometheus text, or OpenMetrics when the scraper accepts it."""
     if denied := refused(ctx, request):
         return denied
-    openmetrics = "application/openmetrics-text" in request.header("Accept")
+    openmetrics = wants_openmetrics(request.header("Accept"))
     variant = "openmetrics" if openmetrics else "text"
     gzipped = _wants_gzip(request)
     found = ctx.cache.get(variant + "+gzip" if gzipped else variant)

@@ -9,11 +9,11 @@ same bytes.
 
 from __future__ import annotations
 
-import hmac
 from typing import Callable
 
 from kepler_bridge.http.app import OPENMETRICS_TYPE, TEXT_TYPE, RouteContext
 from kepler_bridge.http.dispatch import Routes
+from kepler_bridge.http.negotiation import bearer_matches, wants_gzip, wants_openmetrics
 from kepler_bridge.http.wsgi import CACHED_ANSWERS, CachedAnswer
 
 HEALTHY = b'{"status":"ok"}'
@@ -42,7 +42,7 @@ class CachedRoutes:
         """As `app.metrics`, where `app.refused` lets the request through without basic auth."""
         if not self._unguarded(environ):
             return None
-        openmetrics = "application/openmetrics-text" in environ.get("HTTP_ACCEPT", "")
+        openmetrics = wants_openmetrics(environ.get("HTTP_ACCEPT", ""))
         gzipped = _wants_gzip(environ)
         variant = "openmetrics" if openmetrics else "text"
         body = self.ctx.cache.made(variant + "+gzip" if gzipped else variant)
@@ -66,13 +66,12 @@ class CachedRoutes:
         data, or the request carries the bearer token."""
         token = self.ctx.settings().auth_token
         if token:
-            authorization = environ.get("HTTP_AUTHORIZATION", "").encode()
-            return hmac.compare_digest(authorization, b"Bearer " + token)
+            return bearer_matches(environ.get("HTTP_AUTHORIZATION", ""), token)
         return self.ctx.web is None or not self.ctx.web.current().users
 
 
 def _wants_gzip(environ: dict) -> bool:
-    return "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+    return wants_gzip(environ.get("HTTP_ACCEPT_ENCODING", ""))
 
 
 def _ok(content_type: str, body: bytes, gzipped: bool = False, vary: str = "") -> CachedAnswer:
