@@ -12,7 +12,7 @@ from kepler_bridge.config import SETTINGS, Config, ConfigError, load
 from kepler_bridge.http import preflight
 from kepler_bridge.log_format import log_to_stderr
 from kepler_bridge.settings_parse import one_line
-from kepler_bridge.sources import available, selected_groups
+from kepler_bridge.sources import available, check_names, selected_groups
 
 EXIT_BAD_SETTING = 2
 
@@ -79,17 +79,6 @@ def _show(default: object) -> str:
     return str(default) if default != "" else "none"
 
 
-def _validate_sources(config: Config) -> None:
-    known = available()
-    unknown = [name for name in config.sources if name != "auto" and name not in known]
-    if unknown:
-        raise ConfigError(
-            "sources",
-            ",".join(config.sources),
-            f"unknown source {unknown[0]!r}; known: auto, {', '.join(sorted(known))}",
-        )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.subcommand == "serve":
@@ -98,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         config = load(vars(args))
-        _validate_sources(config)
+        check_names(config)
         preflight.check(config)
     except ConfigError as err:
         print(f"kepler-bridge: {err}", file=sys.stderr)

@@ -98,12 +98,16 @@ def reread(
     flags: Mapping[str, object],
     environ: Mapping[str, str] | None = None,
     quiet: bool = False,
+    check: Callable[[Config], None] | None = None,
 ) -> Config | None:
     """The settings as flags, environment and file now give them, keeping those that need a restart;
-    None when the new settings are refused (one log line; the running settings stay). `quiet`:
-    no line when nothing changed."""
+    None when the new settings are refused (one log line; the running settings stay): by `load`,
+    or by `check`, the checks start-up makes beyond each value (ConfigError). `quiet`: no line
+    when nothing changed."""
     try:
         new = load(flags, environ)
+        if check is not None:
+            check(new)
     except ConfigError as err:
         log.error("settings not reloaded, the running ones stay: %s", err)
         return None
@@ -130,11 +134,17 @@ class SettingsWatch:
     """Tells when a running sampler reads its settings again, after `ask()` (SIGHUP) or a change
     of the config file, and reads them."""
 
-    def __init__(self, flags: Mapping[str, object] | None, config_file: str) -> None:
-        """`flags`: the command line the settings came from; without it nothing is re-read. They
+    def __init__(
+        self,
+        flags: Mapping[str, object] | None,
+        config_file: str,
+        check: Callable[[Config], None] | None = None,
+    ) -> None:
+        """`flags`: the command line the settings came from; without it nothing is re-read.
+        `check`: as `reread`'s. They
         are read again at the first check, quietly: a change made (or a SIGHUP sent, which the
         agent ignores while it starts) since they were read is not lost."""
-        self._flags = flags
+        self._flags, self._check = flags, check
         self._file = ConfigFileWatch(config_file)
         self._asked = True
         self._first = True
@@ -150,4 +160,4 @@ class SettingsWatch:
             return None
         self._asked = False  # before reading: an ask from now on reads again
         first, self._first = self._first, False
-        return reread(current, self._flags, quiet=first)
+        return reread(current, self._flags, quiet=first, check=self._check)

@@ -154,6 +154,25 @@ def test_a_bad_file_is_refused_in_one_line_and_the_running_settings_stay(tmp_pat
 
 
 @pytest.mark.e2e
+def test_a_file_start_up_would_refuse_is_refused_whole(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    _write(path, _settings(metrics_deny=["gpu_temperature"]))
+    with Agent("--config", str(path)) as agent:
+        refused = {
+            "unknown source 'bogus'": {"sources": ["simulated", "bogus"]},
+            "web_config_file": {"web_config_file": str(tmp_path / "missing.yml")},
+        }
+        for count, (reason, change) in enumerate(refused.items(), start=1):
+            _write(path, {**_settings(metrics_deny=["gpu_power"]), **change})
+            agent.wait_for(
+                lambda: agent.output().count("settings not reloaded") == count, what=reason
+            )
+            refusals = [line for line in agent.output().splitlines() if "not reloaded" in line]
+            assert reason in refusals[-1], refusals
+            assert "gpu_power_watts" in _names(agent), "a refused file changed a setting"
+
+
+@pytest.mark.e2e
 def test_a_setting_that_needs_a_restart_is_kept_and_named(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     command = tmp_path / "collector.sh"

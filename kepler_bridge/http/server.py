@@ -21,7 +21,7 @@ from gunicorn import sock as gunicorn_sock
 from gunicorn.app.base import BaseApplication
 
 from kepler_bridge.config import Config
-from kepler_bridge.http import kept_files, supervisor
+from kepler_bridge.http import kept_files, preflight, supervisor
 from kepler_bridge.http.host import ConnectionSettings
 from kepler_bridge.http.kept_files import KeptFiles
 from kepler_bridge.http.tls import CertificatePair
@@ -133,7 +133,9 @@ class AgentApplication(BaseApplication):
         from kepler_bridge.store import SnapshotStore
 
         store = SnapshotStore()
-        sampler = Sampler(self.config, store, state_dir=self.state_dir, flags=self.flags)
+        sampler = Sampler(
+            self.config, store, state_dir=self.state_dir, flags=self.flags, check=preflight.check
+        )
         self.sampler = sampler
         settle_collector()
         sampler.start()

@@ -7,7 +7,7 @@ import threading
 import time
 from itertools import compress, repeat
 from operator import attrgetter, is_, itemgetter
-from typing import Any, Iterable, Mapping, cast
+from typing import Any, Callable, Iterable, Mapping, cast
 
 from kepler_bridge.config import Config
 from kepler_bridge.kube.metadata import KubeMetadata
@@ -36,6 +36,7 @@ from kepler_bridge.sampling.slots import (
     read_all,
     replace_command,
 )
+from kepler_bridge.sources import check_names
 from kepler_bridge.store import SnapshotStore
 from kepler_bridge.turns import TURNS
 
@@ -56,9 +57,11 @@ class Sampler:
         slots: list[Slot] | None = None,
         state_dir: str = "",
         flags: Mapping[str, object] | None = None,
+        check: Callable[[Config], None] | None = None,
     ) -> None:
         """`flags`: the command line the settings came from; with it, `reload()` and a change of
-        the config file re-read the settings at the next sample."""
+        the config file re-read the settings at the next sample, refused where `check` (what
+        start-up checks beyond each value) raises ConfigError."""
         self.config = config
         self.store = store
         self.slots = build_slots(config) if slots is None else slots
@@ -73,11 +76,19 @@ class Sampler:
         self._save_warned = False
         # Errors of sources with no slot now (a command unset by a reload), kept for their return.
         self._retired_errors: dict[str, int] = {}
-        self._settings = SettingsWatch(flags, config.config_file)
+        self._check = check
+        self._settings = SettingsWatch(flags, config.config_file, self._acceptable)
         if state_dir:
             self._take_over(state_file.load(state_dir))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _acceptable(self, config: Config) -> None:
+        """Raise ConfigError for settings start-up would refuse: a source that does not exist,
+        or what the check given says (the TLS pair, the web config)."""
+        check_names(config)
+        if self._check is not None:
+            self._check(config)
 
     def start(self) -> None:
         self.kube.start()

@@ -13,7 +13,7 @@ import importlib
 import logging
 from importlib.metadata import entry_points
 
-from kepler_bridge.config import Config
+from kepler_bridge.config import Config, ConfigError
 from kepler_bridge.model import SourceReading
 from kepler_bridge.sources.base import Source, SourceUnavailable
 
@@ -74,6 +74,18 @@ def plugins() -> dict[str, str]:
 def available() -> dict[str, str]:
     """Every source name, built-ins first: name -> "module:Class"."""
     return {**REGISTRY, **plugins()}
+
+
+def check_names(config: Config) -> None:
+    """Raise ConfigError for a source `--sources` names that does not exist."""
+    known = available()
+    unknown = [name for name in config.sources if name != "auto" and name not in known]
+    if unknown:
+        raise ConfigError(
+            "sources",
+            ",".join(config.sources),
+            f"unknown source {unknown[0]!r}; known: auto, {', '.join(sorted(known))}",
+        )
 
 
 def source_class(name: str) -> type[Source]:
