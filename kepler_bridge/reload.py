@@ -141,10 +141,10 @@ class SettingsWatch:
         check: Callable[[Config], None] | None = None,
     ) -> None:
         """`flags`: the command line the settings came from; without it nothing is re-read.
-        `check`: as `reread`'s. They
-        are read again at the first check, quietly: a change made (or a SIGHUP sent, which the
-        agent ignores while it starts) since they were read is not lost."""
-        self._flags, self._check = flags, check
+        `check`: as `reread`'s. They are read again at the first check, quietly: a change made
+        (or a SIGHUP sent, which the agent ignores while it starts) since they were read is not
+        lost."""
+        self._flags, self._check, self._path = flags, check, config_file
         self._file = ConfigFileWatch(config_file)
         self._asked = True
         self._first = True
@@ -160,4 +160,22 @@ class SettingsWatch:
             return None
         self._asked = False  # before reading: an ask from now on reads again
         first, self._first = self._first, False
+        if not first and self._emptied():
+            return None
         return reread(current, self._flags, quiet=first, check=self._check)
+
+    def _emptied(self) -> bool:
+        """Whether the config file is empty now (logged): a file being rewritten in place (`>`)
+        is, and taken it would set every setting back to its default. The write's end, a change
+        of the file, is read."""
+        try:
+            empty = bool(self._path) and os.stat(self._path).st_size == 0
+        except OSError:
+            return False  # reread says why
+        if empty:
+            log.error(
+                "settings not reloaded, the running ones stay: %s is empty (being written?); "
+                "to go back to the defaults, leave a comment in it",
+                self._path,
+            )
+        return empty

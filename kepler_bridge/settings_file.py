@@ -6,7 +6,9 @@ The config file (`--config FILE`) is YAML or JSON, read as written into setting 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from typing import Collection
 
 from kepler_bridge.settings_parse import ConfigError
@@ -18,12 +20,16 @@ _FILE_ALIASES = {"metrics": "metrics_allow"}
 _NULL_REFUSED = ("auth_token_file", "tls_cert", "tls_key")
 MAX_CONFIG_BYTES = 1 << 20
 MAX_TOKEN_BYTES = 64 << 10
+MAX_KEY_SHOWN = 120  # an unknown key is cut in the error line, as a value is
 
 
 def read(path: str, keys: Collection[str]) -> dict[str, object]:
     """Read a YAML or JSON config file into a mapping of setting keys; a null value is not set."""
     try:
-        with open(path, "rb") as file:
+        # Not blocking: a FIFO put at the path would hold the reader (the sampler) for good.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ConfigError("config", path, "not a regular file; give a YAML or JSON file")
             raw = file.read(MAX_CONFIG_BYTES + 1)
     except (OSError, ValueError) as err:
         raise ConfigError("config", path, f"cannot read the file: {err}") from None
@@ -45,8 +51,11 @@ def read(path: str, keys: Collection[str]) -> dict[str, object]:
     for key, value in data.items():
         name = _FILE_ALIASES[key] if key in _FILE_ALIASES else key
         if name not in keys:
+            shown = str(key) if len(str(key)) <= MAX_KEY_SHOWN else f"{str(key)[:MAX_KEY_SHOWN]}..."
             raise ConfigError(
-                f"{key} (in {path})", value, f"unknown key; accepted keys: {', '.join(known)}"
+                f"{shown} (in {path})",
+                value,
+                f"unknown key; accepted keys: {', '.join(known)}",
             )
         if value is None and name in _NULL_REFUSED:
             raise ConfigError(

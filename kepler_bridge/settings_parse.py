@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+# As Go's time.ParseDuration: ASCII digits, micro as "us", the micro sign or the Greek mu; summed
+# in nanoseconds, so "100000us" is 0.1 s exactly.
+_UNIT_NS = {"ns": 1, "us": 1e3, "µs": 1e3, "μs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 # Linux's highest pid_max: no node has more processes than this.
 MAX_PIDS = 1 << 22
 
@@ -86,8 +88,11 @@ def settings_of(table: type[DataclassInstance]) -> tuple[Setting, ...]:
 
 
 def number(value: object) -> float:
-    """A finite number given as int, float or text; bools, nan and infinities are refused."""
+    """A finite number given as int, float or text of ASCII digits; bools, nan and infinities
+    are refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError
+    if isinstance(value, str) and not value.isascii():  # float() reads any script's digits
         raise ValueError
     try:
         result = float(value)
@@ -107,13 +112,14 @@ def duration(value: object) -> float:
         return number(written)
     except ValueError:
         pass
-    pos, total = 0, 0.0
+    pos, nanoseconds = 0, 0.0
     while pos < len(written):
         match = _DURATION_PART.match(written, pos)
         if not match:
             raise ValueError
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        nanoseconds += float(match.group(1)) * _UNIT_NS[match.group(2)]
         pos = match.end()
+    total = nanoseconds / 1e9
     if not written or not math.isfinite(total):
         raise ValueError
     return total

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -46,10 +47,19 @@ def refused(*args: str) -> str:
         ("0.25", 0.25),
         ("1h", 3600.0),
         ("250us", 0.00025),
+        ("250µs", 0.00025),
+        ("250μs", 0.00025),
     ],
 )
 def test_go_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
+
+
+def test_durations_sum_in_nanoseconds_and_take_ascii_digits_only() -> None:
+    assert parse_duration("100000us") == 0.1  # exactly: the 100 ms lower bound of --interval
+    for text in ("٥s", "٥", "1٥ms"):
+        with pytest.raises(ValueError):
+            parse_duration(text)
 
 
 def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
@@ -250,6 +260,7 @@ def test_bad_config_file_exits_2_with_one_line(
         ),
         ("kb.yaml", b"~: 1\n", "None (in", "unknown key"),
         ("kb.yaml", b'"col\\nour": red\n', "col\\nour (in", "unknown key"),
+        ("kb.json", b'{"' + b"k" * 900_000 + b'": 1}', "k" * 120 + "... (in", "unknown key"),
         ("kb.yaml", b"node_name: [edge-7]\n", "node_name=['edge-7']", "node name"),
         ("kb.yaml", b"listen: {host: 0.0.0.0}\n", "listen={'host': '0.0.0.0'}", "HOST:PORT"),
         ("kb.yaml", b"metrics: [~]\n", "metrics_allow=[None]", "prefixes"),
@@ -267,6 +278,15 @@ def test_hostile_config_file_exits_2_with_one_line(
     file.write_bytes(content)
     line = refused("--config", str(file))
     assert names in line and accepted in line, line
+    assert len(line) < 2000, "the line is cut"
+
+
+@pytest.mark.e2e
+def test_a_fifo_at_the_config_path_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "kb.yaml"
+    os.mkfifo(fifo)
+    line = refused("--config", str(fifo))
+    assert "not a regular file" in line, line
 
 
 @pytest.mark.e2e

@@ -173,6 +173,18 @@ def test_a_file_start_up_would_refuse_is_refused_whole(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e
+def test_a_file_emptied_to_be_rewritten_in_place_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    _write(path, _settings(metrics_deny=["gpu_temperature"]))
+    with Agent("--config", str(path)) as agent:
+        path.write_text("")  # as `>` leaves it before the new text comes
+        agent.wait_for(lambda: "is empty (being written?)" in agent.output(), what="the refusal")
+        assert "gpu_temperature_celsius" not in _names(agent)
+        path.write_text(yaml.safe_dump(_settings(metrics_deny=["gpu_power"])))
+        agent.wait_for(lambda: "gpu_power_watts" not in _names(agent), what="the new text")
+
+
+@pytest.mark.e2e
 def test_a_setting_that_needs_a_restart_is_kept_and_named(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     command = tmp_path / "collector.sh"
