@@ -23,8 +23,8 @@ MAX_TOKEN_BYTES = 64 << 10
 MAX_KEY_SHOWN = 120  # an unknown key is cut in the error line, as a value is
 
 
-def read(path: str, keys: Collection[str]) -> dict[str, object]:
-    """Read a YAML or JSON config file into a mapping of setting keys; a null value is not set."""
+def _raw(path: str) -> bytes:
+    """The bytes of a regular file of at most MAX_CONFIG_BYTES."""
     try:
         # Not blocking: a FIFO put at the path would hold the reader (the sampler) for good.
         with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
@@ -35,6 +35,12 @@ def read(path: str, keys: Collection[str]) -> dict[str, object]:
         raise ConfigError("config", path, f"cannot read the file: {err}") from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError("config", path, "larger than 1 MiB; a config file holds a few settings")
+    return raw
+
+
+def read(path: str, keys: Collection[str]) -> dict[str, object]:
+    """Read a YAML or JSON config file into a mapping of setting keys; a null value is not set."""
+    raw = _raw(path)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
