@@ -200,6 +200,30 @@ def test_certificates_and_users_rotate_without_a_restart_and_a_bad_file_keeps_th
 
 
 @pytest.mark.e2e
+def test_certificate_files_named_before_they_exist_are_served_once_they_do(
+    tmp_path: Path, pki: dict
+) -> None:
+    ca = pki["ca"][0]
+    web = _write(tmp_path / "web.yml", _tls(pki))
+    with _agent(web, ca) as agent:
+        first = _served_certificate(agent.port, ca)
+        cert, key = tmp_path / "new.crt", tmp_path / "new.key"
+        _write(web, {"tls_server_config": {"cert_file": str(cert), "key_file": str(key)}})
+        agent.wait_for(  # the web config is looked at on each new connection
+            lambda: (
+                _served_certificate(agent.port, ca) == first and "not reloaded" in agent.output()
+            ),
+            what="the missing files logged, the last good pair served",
+        )
+        key.write_bytes(pki["server2"][1].read_bytes())
+        cert.write_bytes(pki["server2"][0].read_bytes())
+        agent.wait_for(
+            lambda: _served_certificate(agent.port, ca) != first, what="the new pair served"
+        )
+        assert agent.output().count("not reloaded") == 1, "one line for one reason"
+
+
+@pytest.mark.e2e
 def test_web_config_errors_name_the_key(tmp_path: Path, pki: dict) -> None:
     cases = {
         "unknown key": (

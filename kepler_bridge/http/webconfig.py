@@ -12,6 +12,7 @@ import logging
 import re
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ TLS_KEYS = (
     "min_version",
     "max_version",
 )
+RETRY_SECONDS = 1.0  # how often a web config that does not load is read again
 TOP_KEYS = ("tls_server_config", "basic_auth_users", "http_server_config")
 # bcrypt's cost runs from 4 to 31; a hash outside it passes no check.
 _BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
@@ -246,22 +248,28 @@ class WebConfigFile:
             )
             self._config = read(path, kept)
         self._watch = ConfigFileWatch(*self._config.files)
+        self._failing, self._retry_at = "", 0.0  # why the last re-read failed; when to try again
 
     def current(self) -> WebConfig:
-        """The web config in force; a changed file that does not load is refused once, with one
-        log line."""
+        """The web config in force; a changed file that does not load is refused, with one log
+        line a reason, and read again each RETRY_SECONDS: the files it names may come later."""
         with self._lock:
-            if self._watch.changed():
-                self._reread()
+            now = time.monotonic()
+            if self._watch.changed() or (self._failing and now >= self._retry_at):
+                self._reread(now)
             return self._config
 
-    def _reread(self) -> None:
+    def _reread(self, now: float) -> None:
         try:
             config = read(self.path)
         except WebConfigError as err:
-            log.warning(
-                "web config %s not reloaded, the previous one stays in force: %s", self.path, err
-            )
+            if str(err) != self._failing:
+                log.warning(
+                    "web config %s not reloaded, the previous one stays in force: %s",
+                    self.path,
+                    err,
+                )
+            self._failing, self._retry_at = str(err), now + RETRY_SECONDS
             return
-        self._config, self._watch = config, ConfigFileWatch(*config.files)
+        self._config, self._watch, self._failing = config, ConfigFileWatch(*config.files), ""
         log.info("web config %s reloaded", self.path)
