@@ -39,7 +39,7 @@ ASKING = (
 )
 VERSIONS = ("HTTP/1.1", "HTTP/1.0")
 METHODS = ("GET", "HEAD")
-PATHS = ("/metrics", "/metrics?name=x", "/v1/collect", "/healthz")
+PATHS = ("/metrics", "/metrics?name=x", "/v1/collect", "/healthz", "/readyz")
 DATE = re.compile(rb"\r\nDate: [^\r]*")
 
 
@@ -96,7 +96,7 @@ def test_the_loop_answers_every_way_of_asking_with_the_bytes_the_views_give(tmp_
     "head",
     [
         _head("GET", "/%6detrics", "HTTP/1.1", ""),  # the same view, by a path the loop leaves
-        _head("GET", "/readyz", "HTTP/1.1", ""),
+        _head("GET", "/readyz", "HTTP/1.1", "Authorization: Basic YWxpY2U6cmlnaHQ=\r\n"),
         _head("GET", "/", "HTTP/1.1", ""),
         _head("POST", "/metrics", "HTTP/1.1", "Content-Length: 0\r\n"),
         _head("OPTIONS", "/metrics", "HTTP/1.1", ""),
@@ -179,9 +179,19 @@ def test_probes_and_collect_are_answered_while_every_pool_thread_checks_a_passwo
         for check in checks:
             check.start()
         time.sleep(0.2)  # the checks reach the pool
-        for path in ("/healthz", "/v1/collect"):
+        for path in ("/healthz", "/v1/collect", "/readyz"):
             _send(agent.port, _head("GET", path, "HTTP/1.1", ""), answers, path)
         for check in checks:
             check.join()
     order = [name for name, _ in sorted(answers, key=lambda answer: answer[1])]
-    assert order[:2] == ["/healthz", "/v1/collect"], order
+    assert order[:3] == ["/healthz", "/v1/collect", "/readyz"], order
+
+
+def test_a_probe_of_a_guarded_agent_gets_from_the_loop_what_the_view_gives(
+    tmp_path: Path,
+) -> None:
+    for guard in ({"token": True}, {"users": True}):
+        bridge = _bridge(tmp_path, **guard)
+        loop, view, keepalive = _both(bridge, _head("GET", "/readyz", "HTTP/1.1", ""))
+        assert loop == (view, keepalive), guard
+        assert b'"reason"' in view and b"state" in view

@@ -155,8 +155,12 @@ def healthz(ctx: RouteContext, request: Request) -> Response:
 def readyz(ctx: RouteContext, request: Request) -> Response:
     """/readyz: `readiness` of the newest snapshot, with each source's state; the sources' error
     texts only to a request that may read guarded data (the probes send no credentials)."""
+    return ready_answer(ctx, errors=refused(ctx, request) is None)
+
+
+def ready_answer(ctx: RouteContext, errors: bool) -> Response:
+    """`readyz`'s answer, with the sources' error texts or without."""
     snapshot = ctx.store.latest()
-    errors = refused(ctx, request) is None
     ready, reason = readiness(snapshot, time.time(), errors)
     sources = {
         s.name: {"state": s.state, "reason": s.error} if errors else {"state": s.state}

@@ -1,5 +1,6 @@
 """Answers the event loop gives itself, without a pool thread: GET and HEAD of /metrics,
-/v1/collect and /healthz once the render cache holds their bytes.
+/v1/collect and /healthz once the render cache holds their bytes, and of /readyz without
+credentials.
 
 Each route gives the status, headers and body its view in `app` gives, or None wherever the
 answer is not certain without the view (bytes not rendered yet, basic auth, a wrong token, the
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kepler_bridge.http.app import OPENMETRICS_TYPE, TEXT_TYPE, RouteContext
+from kepler_bridge.http.app import OPENMETRICS_TYPE, TEXT_TYPE, RouteContext, ready_answer
 from kepler_bridge.http.dispatch import Routes
 from kepler_bridge.http.negotiation import bearer_matches, wants_gzip, wants_openmetrics
 from kepler_bridge.http.wsgi import CACHED_ANSWERS, CachedAnswer
@@ -29,6 +30,7 @@ class CachedRoutes:
             "/metrics": self.metrics,
             "/v1/collect": self.collect,
             "/healthz": self.healthz,
+            "/readyz": self.readyz,
         }
 
     def __call__(self, environ: dict) -> CachedAnswer | None:
@@ -60,6 +62,18 @@ class CachedRoutes:
     def healthz(self, environ: dict) -> CachedAnswer | None:
         """As `app.healthz` while the sampler runs."""
         return _ok(JSON_TYPE, HEALTHY) if self.ctx.alive() else None
+
+    def readyz(self, environ: dict) -> CachedAnswer | None:
+        """As `app.readyz` for a request without credentials (a probe): no password check, so
+        none waits behind checks that do."""
+        if "HTTP_AUTHORIZATION" in environ:
+            return None
+        guarded = self.ctx.settings().auth_token or (
+            self.ctx.web is not None and self.ctx.web.current().users
+        )
+        answer = ready_answer(self.ctx, errors=not guarded)
+        headers = [("Content-Type", answer.content_type), ("Content-Length", str(len(answer.body)))]
+        return CachedAnswer(answer.status_line(), headers, answer.body)
 
     def _unguarded(self, environ: dict) -> bool:
         """Whether `app.refused` passes the request without a password check: nothing guards the
