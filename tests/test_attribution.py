@@ -132,7 +132,7 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
     full = Attribution(gpu_idle_watts=idle_watts, process_limit=None, grace=1e9)
     top = Attribution(gpu_idle_watts=idle_watts, process_limit=limit, grace=1e9)
     cpu = {slot: 0.0 for slot in SLOTS}
-    present_before: set = set()
+    seen_before: set = set()  # a process left out of a sample counts on from where it was
     busy = total = 0.0
     gpu_raw, gpu_raw_at_last_up = draw(st.floats(0, 1e6)), None
     now = 0.0
@@ -168,10 +168,10 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
                 )  # a new process with the same pid, comm and container
             else:
                 cpu[slot] += draw(st.floats(0, 2 * dt))
-            known = slot in present_before and cpu[slot] >= old
+            known = slot in seen_before and cpu[slot] >= old
             expected_cpu[slot] = cpu[slot] - old if known else cpu[slot]
             rows.append(ProcessCpu(slot[0], slot[1], cpu[slot], slot[2]))
-        present_before = {(row.pid, row.comm, row.container_id) for row in rows}
+        seen_before |= {(row.pid, row.comm, row.container_id) for row in rows}
         cpu_increases = counters.cpu_increases(rows)
         assert cpu_increases == pytest.approx(expected_cpu)
         # One GPU: lost now and then, reset now and then, 0..3 processes with or without
@@ -328,6 +328,21 @@ def test_a_process_that_execs_or_moves_counts_its_seconds_once() -> None:
         assert {key[0]: seconds for key, seconds in increases.items()} == expected, at
 
 
+def test_a_process_left_out_and_back_counts_what_it_used_meanwhile_once() -> None:
+    counters = MonotonicCounters()
+    samples = [
+        ([(7, 5.0), (8, 10.0)], {7: 5.0, 8: 10.0}),
+        ([(8, 10.0)], {8: 0.0}),  # 7 left out (the --max-processes cap)
+        ([(8, 11.0)], {8: 1.0}),
+        ([(7, 25.0), (8, 11.0)], {7: 20.0, 8: 0.0}),
+    ]
+    for at, (rows, expected) in enumerate(samples):
+        if at == 2:  # a new worker takes over: what was left out is carried too
+            counters = carried(counters, MonotonicCounters())
+        increases = counters.cpu_increases([ProcessCpu(p, "c", s, "x") for p, s in rows])
+        assert {key[0]: seconds for key, seconds in increases.items()} == expected, at
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_rows_kept_by_the_source_count_as_rows_made_afresh(data: st.DataObject) -> None:
@@ -339,6 +354,7 @@ def test_rows_kept_by_the_source_count_as_rows_made_afresh(data: st.DataObject) 
     kept, fresh = MonotonicCounters(2), MonotonicCounters(2)
     rows = [ProcessCpu(pid, comm, 0.0, cid) for pid, comm, cid in SLOTS[:4]]
     last_seen: dict[tuple, float] = {}
+    departed: dict[tuple, float] = {}  # processes left out of a sample: their last seconds
     for step in range(draw(st.integers(2, 12), label="samples")):
         for _ in range(draw(st.integers(0, 3), label="rows replaced")):
             at = draw(st.integers(0, max(len(rows) - 1, 0)))
@@ -356,10 +372,18 @@ def test_rows_kept_by_the_source_count_as_rows_made_afresh(data: st.DataObject) 
                 del rows[at]
         copies = [dataclasses.replace(row) for row in rows]
         seen, last = {}, dict(last_seen)
+        final = {(row.pid, row.comm, row.container_id): row.cpu_seconds for row in rows}
+        # A process back from an earlier sample counts on from its seconds then, where its
+        # counter (its last row's) did not drop.
+        back = {key: departed[key] for key in final.keys() - last.keys() if key in departed}
+        for key in back:
+            del departed[key]
+        last |= {key: seconds for key, seconds in back.items() if final[key] >= seconds}
         for row in rows:  # the last row of a process counts
             before = last.get(key := (row.pid, row.comm, row.container_id), 0.0)
             seen[key] = row.cpu_seconds - before if row.cpu_seconds >= before else row.cpu_seconds
             last_seen[key] = row.cpu_seconds
+        departed |= {key: last_seen[key] for key in last_seen.keys() - seen.keys()}
         last_seen = {key: last_seen[key] for key in seen}
         found = []
         for counters, sample in ((kept, tuple(rows)), (fresh, copies)):

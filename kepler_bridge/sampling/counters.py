@@ -3,7 +3,7 @@ process churn."""
 
 from __future__ import annotations
 
-from itertools import compress, count, repeat
+from itertools import compress, count, islice, repeat
 from operator import add, attrgetter, is_not, itemgetter, ne, sub
 from typing import Any, Iterable, Mapping, TypeVar
 
@@ -17,10 +17,12 @@ from kepler_bridge.model import (
 )
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import code, integer, number, optional_number, text
+from kepler_bridge.sampling.monotonic import Monotonic, increase, monotonic_rows, monotonic_states
 from kepler_bridge.sampling.top import ShownRows, TopCounter
 
 Number = TypeVar("Number", int, float)
 _SECONDS = attrgetter("cpu_seconds")
+MAX_DEPARTED = 1024  # processes left out of a sample whose last seconds are remembered
 _CONTAINER_ID = itemgetter(2)
 # The device counters a source reads seldom (the nvml source every --nvml-counter-interval), so
 # most samples bring them unchanged; clock_event_seconds, a tuple of named counters, comes last.
@@ -36,44 +38,6 @@ _SLOW_NAMES = (
 _SLOW = attrgetter(*_SLOW_NAMES, "clock_event_seconds")
 
 
-def increase(last: float | None, raw: float, wrap_at: float = 0.0) -> float:
-    """How much a raw counter grew since `last` (0 on first sight).
-
-    A drop is a wrap-around when the counter has a known range (`wrap_at`,
-    e.g. RAPL's max_energy_range_uj), else a reset to zero.
-    """
-    if last is None:
-        return 0.0
-    if raw >= last:
-        return raw - last
-    return raw + (wrap_at - last if wrap_at > last else 0.0)
-
-
-class Monotonic:
-    """Turns a raw counter that may reset (or wrap) into one that never decreases; starts at the
-    first raw value."""
-
-    __slots__ = ("last_raw", "value")
-
-    def __init__(self) -> None:
-        self.last_raw: float | None = None
-        self.value = 0.0
-
-    def update(self, raw: float, wrap_at: float = 0.0) -> float:
-        self.value = (
-            raw if self.last_raw is None else self.value + increase(self.last_raw, raw, wrap_at)
-        )
-        self.last_raw = raw
-        return self.value
-
-    @classmethod
-    def of(cls, last_raw: float | None, value: float) -> Monotonic:
-        """One in the state a saved one had."""
-        state = cls()
-        state.last_raw, state.value = last_raw, value
-        return state
-
-
 def _relabelled(
     last: Mapping[ProcessLabels, float],
     seen: Mapping[ProcessLabels, float],
@@ -84,6 +48,20 @@ def _relabelled(
     ones: its pid's among the `gone` keys of `last`, where its counter in `seen` did not drop."""
     old = {key[0]: last[key] for key in gone}
     return {key: old[key[0]] for key in new if key[0] in old and seen[key] >= old[key[0]]}
+
+
+def _returned(
+    departed: dict[ProcessLabels, float],
+    seen: Mapping[ProcessLabels, float],
+    new: set[ProcessLabels],
+    rows: carry.Table,
+) -> dict[ProcessLabels, float]:
+    """The `new` keys that left an earlier sample, each with its seconds then (taken out of
+    `departed` and its `rows`), where its counter did not drop (else a new process with the same
+    labels)."""
+    found = {key: departed.pop(key) for key in new if key in departed}
+    rows.removed(found)
+    return {key: seconds for key, seconds in found.items() if seen[key] >= seconds}
 
 
 class MonotonicCounters:
@@ -98,6 +76,9 @@ class MonotonicCounters:
         self._slow: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self._xid: dict[str, dict[int | str, Monotonic]] = {}
         self._process_seen: dict[ProcessLabels, float] = {}
+        # The last seconds of processes left out of a sample (the --max-processes cap leaves out
+        # those that run least), the newest MAX_DEPARTED: one that comes back counts from there.
+        self._departed: dict[ProcessLabels, float] = {}
         self._process_total: dict[ProcessLabels, float] = {}
         self._process_family: TopCounter[ProcessLabels] = TopCounter(process_limit)
         self._container_total: dict[str, float] = {}
@@ -112,6 +93,8 @@ class MonotonicCounters:
         self._rows = carry.Table(_cells, self._process_numbers)
         # [uuid, counter name, last raw value, value] of each device counter.
         self._gpu_rows = carry.Table(_cells, self._gpu_numbers)
+        # [pid, comm, container id, last CPU seconds] of each departed process.
+        self._departed_rows = carry.Table(_cells, self._departed_numbers)
         self._offset_rows = carry.Rows()
 
     def configure(self, process_limit: int | None) -> None:
@@ -199,8 +182,8 @@ class MonotonicCounters:
     def cpu_increases(self, processes: Iterable[ProcessCpu]) -> dict[ProcessLabels, float]:
         """CPU seconds each process used since the last call; one seen for the first time counts
         whole, one whose counter dropped (a new process with the same labels) counts from zero.
-        A process whose labels changed (exec, a cgroup move: its pid gone under the old labels,
-        its counter not below theirs) counts from its seconds under the old labels."""
+        A process whose labels changed, or that comes back after being left out, counts on from
+        what was counted (`_counted`)."""
         rows = tuple(processes)
         replaced_at = self._replaced_rows(rows)
         if replaced_at is not None:
@@ -212,12 +195,8 @@ class MonotonicCounters:
                 rows, list(compress(count(), map(ne, seconds, self._seconds)))
             )
         last, seen = self._process_seen, dict(zip(keys, seconds))
-        before = list(map(last.get, keys, repeat(0.0)))
         gone, new = last.keys() - seen.keys(), seen.keys() - last.keys()
-        if gone and new:
-            relabelled = _relabelled(last, seen, gone, new)
-            if relabelled:
-                before = list(map(relabelled.get, keys, before))
+        before = self._counted(keys, seen, gone, new)
         gained = list(map(sub, seconds, before))
         if gained and min(gained) < 0:
             gained = list(map(increase, before, seconds))
@@ -231,6 +210,42 @@ class MonotonicCounters:
         increases = dict.fromkeys(seen, 0.0)
         increases.update(compress(zip(keys, gained), gained))
         return increases
+
+    def _counted(
+        self,
+        keys: list[ProcessLabels],
+        seen: Mapping[ProcessLabels, float],
+        gone: set[ProcessLabels],
+        new: set[ProcessLabels],
+    ) -> list[float]:
+        """The seconds counted already of each key: the last sample's; for a `new` key whose
+        labels changed (exec, a cgroup move: its pid `gone` under the old labels, its counter not
+        below theirs) those under the old labels, for one back after being left out those it had
+        then; else 0. The processes `gone` are remembered."""
+        last = self._process_seen
+        before = list(map(last.get, keys, repeat(0.0)))
+        if gone and new:
+            relabelled = _relabelled(last, seen, gone, new)
+            if relabelled:
+                before = list(map(relabelled.get, keys, before))
+        if new and self._departed:
+            returned = _returned(self._departed, seen, new, self._departed_rows)
+            if returned:
+                before = list(map(returned.get, keys, before))
+        if gone:
+            self._depart(last, gone)
+        return before
+
+    def _depart(self, last: Mapping[ProcessLabels, float], gone: set[ProcessLabels]) -> None:
+        """Remember the last seconds of the processes `gone` from this sample, the newest
+        MAX_DEPARTED."""
+        departed = self._departed
+        departed.update(zip(gone, map(last.__getitem__, gone)))
+        self._departed_rows.changed(gone)
+        oldest = list(islice(departed, max(len(departed) - MAX_DEPARTED, 0)))
+        for key in oldest:
+            del departed[key]
+        self._departed_rows.removed(oldest)
 
     def _replaced_rows(self, rows: tuple[ProcessCpu, ...]) -> list[int] | None:
         """The places of the rows that are not the very objects of the last sample's (eBPF gives
@@ -305,6 +320,9 @@ class MonotonicCounters:
         seen, total = self._process_seen, self._process_total
         return zip(map(seen.__getitem__, keys), map(total.get, keys, repeat(0.0)))
 
+    def _departed_numbers(self, keys: list[ProcessLabels]) -> Iterable[tuple[float]]:
+        return zip(map(self._departed.__getitem__, keys))
+
     def _gpu_numbers(self, keys: list[tuple[str, str]]) -> list[tuple[float | None, float]]:
         """Each counter's last raw value (never None: updated when it was made) and value."""
         states = [self._gpu[uuid][name] for uuid, name in keys]
@@ -314,8 +332,9 @@ class MonotonicCounters:
         """Plain data for `StateFile.save`; `restore` takes it back."""
         return {
             "gpu": self._gpu_rows,
-            "xid": _monotonic_rows(self._xid),
+            "xid": monotonic_rows(self._xid),
             "processes": self._rows,
+            "departed": self._departed_rows,
             "process_other": self._process_family.other,
             "process_offsets": self._offset_rows.of(self._process_family.offsets),
             "containers": [[cid, seconds] for cid, seconds in self._container_total.items()],
@@ -323,7 +342,7 @@ class MonotonicCounters:
 
     def restore(self, state: object) -> None:
         """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
-        self._gpu = _monotonic_states(carry.field(state, "gpu"), text)
+        self._gpu = monotonic_states(carry.field(state, "gpu"), text)
         self._slow.clear()
         if any(
             counter.last_raw is None for device in self._gpu.values() for counter in device.values()
@@ -333,13 +352,17 @@ class MonotonicCounters:
         self._gpu_rows.changed(
             (uuid, name) for uuid, device in self._gpu.items() for name in device
         )
-        self._xid = _monotonic_states(carry.field(state, "xid"), code)
+        self._xid = monotonic_states(carry.field(state, "xid"), code)
         rows = carry.rows(carry.field(state, "processes"), integer, text, text, number, number)
         self._process_seen = {(pid, comm, cid): seen for pid, comm, cid, seen, _ in rows}
         self._process_total = {(pid, comm, cid): total for pid, comm, cid, _, total in rows}
         self._keys = self._total_keys = None
         self._rows.clear()
         self._rows.changed(self._process_seen)
+        left = carry.rows(carry.field(state, "departed"), integer, text, text, number)
+        self._departed = {(pid, comm, cid): seconds for pid, comm, cid, seconds in left}
+        self._departed_rows.clear()
+        self._departed_rows.changed(self._departed)
         self._process_family.restore(
             optional_number(carry.field(state, "process_other")),
             _process_values(carry.field(state, "process_offsets")),
@@ -350,23 +373,6 @@ class MonotonicCounters:
 
 def _cells(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return key
-
-
-def _monotonic_rows(devices: Mapping[str, Mapping[Any, Monotonic]]) -> list[list[Any]]:
-    """[uuid, name, last raw value, value] of each counter of each device."""
-    return [
-        [uuid, name, state.last_raw, state.value]
-        for uuid, counters in devices.items()
-        for name, state in counters.items()
-    ]
-
-
-def _monotonic_states(value: object, name: Any) -> dict[str, dict[Any, Monotonic]]:
-    """The device counters of `_monotonic_rows`' rows; `name` checks a counter's name."""
-    devices: dict[str, dict[Any, Monotonic]] = {}
-    for uuid, key, last_raw, current in carry.rows(value, text, name, optional_number, number):
-        devices.setdefault(uuid, {})[key] = Monotonic.of(last_raw, current)
-    return devices
 
 
 def _process_values(value: object) -> dict[ProcessLabels, float]:

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from kepler_bridge.model import CpuTimes, CpuZoneEnergy, ProcessLabels, RaplZone
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import integer, number, text
-from kepler_bridge.sampling.counters import increase
+from kepler_bridge.sampling.monotonic import increase
 
 # Zone kinds that measure the CPU as a whole, best first.
 PRIMARY_ZONES = ("package", "psys", "core")

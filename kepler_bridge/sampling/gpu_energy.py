@@ -36,7 +36,7 @@ from kepler_bridge.model import (
 )
 from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import number, text
-from kepler_bridge.sampling.counters import increase
+from kepler_bridge.sampling.monotonic import increase
 
 # Why a device's active energy went to no container: several hold it, or none does.
 UNATTRIBUTED_REASONS = ("no_owner", "shared")
