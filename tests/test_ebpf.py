@@ -291,6 +291,26 @@ def test_a_process_moved_out_of_its_container_is_the_hosts(ebpf: EbpfSource) -> 
             child.wait()
 
 
+def test_a_process_moved_into_a_container_and_ended_before_a_read_is_the_containers(
+    ebpf: EbpfSource,
+) -> None:
+    script = (
+        "import sys, time\nsys.stdin.readline()\nend = time.process_time() + 0.2\n"
+        "while time.process_time() < end: pass\n"
+    )
+    with container_cgroup("ebpf-test", ID) as cgroup:
+        child = subprocess.Popen([sys.executable, "-S", "-c", script], stdin=subprocess.PIPE)
+        try:
+            assert wait_row(ebpf, child.pid).container_id != ID
+            (cgroup / "cgroup.procs").write_text(str(child.pid))
+            child.communicate(b"go\n", timeout=10)  # it burns 0.2 s there and ends
+            row = wait_row(ebpf, child.pid, lambda row: row.cpu_seconds >= 0.19)
+            assert row.container_id == ID
+        finally:
+            child.kill()
+            child.wait()
+
+
 def test_ended_process_kept_for_grace_then_dropped(bpf_host: None) -> None:
     source = EbpfSource(make_config(process_grace="0.5s"))
     source.start()

@@ -328,6 +328,8 @@ class EbpfSource(ProcessSource):
                 runtime_ns / 1e9,
             )
         else:
+            if cgroup_id != entry.cgroup_id:  # moved since the last pass, then ended
+                self.table.relabel(entry, entry.comm, self._container(tgid, cgroup_id, now))
             self.table.count(entry, runtime_ns / 1e9)
         self._relabel(entry, comm, cgroup_id)
         self.table.end(entry)
