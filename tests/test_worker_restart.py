@@ -369,3 +369,18 @@ def test_no_place_for_the_state_is_a_warning_not_a_failure(
     with caplog.at_level(logging.WARNING):
         assert carry.make_dir() == ""
     assert "no directory for counter state" in caplog.text and "$TMPDIR" in caplog.text
+
+
+def test_the_state_is_never_put_where_others_could_swap_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # writable by all, no sticky bit: anyone may rename what is in it
+    monkeypatch.setattr(carry, "PLACES", (str(shared),))
+    with caplog.at_level(logging.WARNING):
+        assert carry.make_dir() == ""
+    assert "lacks the sticky bit" in caplog.text and os.listdir(shared) == []
+    shared.chmod(0o1777)  # as /tmp is
+    made = carry.make_dir()
+    assert made and Path(made).parent == shared

@@ -61,9 +61,13 @@ def make_dir() -> str:
     problems, places = [], []
     for place in PLACES:
         try:
-            places.append(place or tempfile.gettempdir())
+            found = place or tempfile.gettempdir()
+            if _others_may_swap(found):
+                problems.append(f"{found}: others may write it and it lacks the sticky bit")
+                continue
+            places.append(found)
         except OSError as err:  # gettempdir: no writable temporary directory at all
-            problems.append(f"$TMPDIR: {err.strerror or err}")
+            problems.append(f"{place or '$TMPDIR'}: {err.strerror or err}")
     for place in places:
         remove_stale_dirs(place)
     for place in places:
@@ -77,6 +81,14 @@ def make_dir() -> str:
         "; ".join(problems),
     )
     return ""
+
+
+def _others_may_swap(place: str) -> bool:
+    """Whether others may rename what is in `place`: writable by all without the sticky bit. A
+    state directory there could be swapped for a link to any directory, which the agent (root)
+    would then write and empty."""
+    mode = os.stat(place).st_mode
+    return bool(mode & stat.S_IWOTH) and not mode & stat.S_ISVTX
 
 
 def remove_stale_dirs(place: str) -> None:
