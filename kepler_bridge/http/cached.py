@@ -68,10 +68,7 @@ class CachedRoutes:
         none waits behind checks that do."""
         if "HTTP_AUTHORIZATION" in environ:
             return None
-        guarded = self.ctx.settings().auth_token or (
-            self.ctx.web is not None and self.ctx.web.current().users
-        )
-        answer = ready_answer(self.ctx, errors=not guarded)
+        answer = ready_answer(self.ctx, errors=not self.ctx.settings().auth_token and self._open())
         headers = [("Content-Type", answer.content_type), ("Content-Length", str(len(answer.body)))]
         return CachedAnswer(answer.status_line(), headers, answer.body)
 
@@ -81,6 +78,10 @@ class CachedRoutes:
         token = self.ctx.settings().auth_token
         if token:
             return bearer_matches(environ.get("HTTP_AUTHORIZATION", ""), token)
+        return self._open()
+
+    def _open(self) -> bool:
+        """Whether no basic-auth user guards the data."""
         return self.ctx.web is None or not self.ctx.web.current().users
 
 
