@@ -79,7 +79,11 @@ def read(path: str, keys: Collection[str]) -> dict[str, object]:
 def _parse(path: str, text: str) -> object:
     """The document in a config file: JSON where the name ends in .json, else YAML."""
     try:
-        return json.loads(text) if path.endswith(".json") else _yaml(path, text)
+        if path.endswith(".json"):
+            return json.loads(text, object_pairs_hook=_unique_keys)
+        return _yaml(path, text)
+    except _KeyTwice as err:
+        raise ConfigError("config", path, f"JSON {err}") from None
     except json.JSONDecodeError as err:
         raise ConfigError(
             "config", path, f"JSON syntax error at line {err.lineno}: {err.msg}"
@@ -92,6 +96,20 @@ def _parse(path: str, text: str) -> object:
         raise ConfigError(
             "config", path, f"cannot read a number: {str(err).split(':')[0]}"
         ) from None
+
+
+class _KeyTwice(ValueError):
+    """A JSON object in the config file gives a key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object's pairs as a dict; a key given twice is refused, as YAML's are."""
+    found: dict[str, object] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _KeyTwice(f"key {key!r} given twice (keep one: the later would win)")
+        found[key] = value
+    return found
 
 
 def _yaml(path: str, text: str) -> object:

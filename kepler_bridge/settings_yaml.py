@@ -1,5 +1,6 @@
-"""The YAML loader of the config file: scalars as written. Imported only where a YAML config file
-is read, so that an agent without one never loads PyYAML."""
+"""The YAML loaders of the config file (scalars as written) and of the web config, both refusing a
+key given twice. Imported only where a YAML file is read, so that an agent without one never loads
+PyYAML."""
 
 from __future__ import annotations
 
@@ -8,13 +9,36 @@ import re
 import yaml
 from yaml import YAMLError
 
-__all__ = ["YAMLError", "load"]
+__all__ = ["YAMLError", "load", "load_safe"]
 
 _NULL, _INT = "tag:yaml.org,2002:null", "tag:yaml.org,2002:int"
+_MERGE = "tag:yaml.org,2002:merge"
 _DECIMAL = re.compile(r"^(?:0|[1-9][0-9]{0,17})$")
 
 
-class ScalarsAsWritten(yaml.SafeLoader):
+class UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a mapping with a key twice is an error, as in
+    exporter-toolkit's strict YAML: PyYAML would keep the later one without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[object] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE or not isinstance(key_node, yaml.ScalarNode):
+                    continue  # merged keys may be overridden; a non-scalar key is refused below
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key!r} given twice (keep one: the later would win)",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+class ScalarsAsWritten(UniqueKeys):
     """YAML that keeps a scalar's text: only null and decimal whole numbers get a type, so
     `interval: 1:30` stays "1:30" (not 90 seconds), `node_name: 0123` stays "0123" (not 83) and
     `yes` stays "yes"."""
@@ -52,3 +76,8 @@ ScalarsAsWritten.add_constructor(_INT, ScalarsAsWritten.construct_decimal)
 def load(text: str) -> object:
     """The YAML document in `text`, its scalars as written."""
     return yaml.load(text, Loader=ScalarsAsWritten)
+
+
+def load_safe(text: bytes | str) -> object:
+    """The YAML document in `text` as PyYAML's safe_load reads it, a key given twice refused."""
+    return yaml.load(text, Loader=UniqueKeys)

@@ -268,6 +268,8 @@ def test_bad_config_file_exits_2_with_one_line(
         ("kb.json", b"[" * 100000 + b"]" * 100000, "config=", "nested too deeply"),
         ("kb.yaml", b"\xff\xfeinterval: 1s\n", "config=", "not UTF-8"),
         ("kb.yaml", b"interval: 1s\x00\n", "config=", "YAML syntax error"),
+        ("kb.yaml", b"metrics_deny: [x]\nmetrics_deny: []\n", "config=", "given twice"),
+        ("kb.json", b'{"interval": "1s", "interval": "5s"}', "config=", "'interval' given twice"),
         ("kb.yaml", b"interval: 1s\n" * 100000, "config=", "larger than 1 MiB"),
     ],
 )

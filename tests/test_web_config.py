@@ -296,6 +296,17 @@ def test_web_config_errors_name_the_key(tmp_path: Path, pki: dict) -> None:
         )
 
 
+def test_a_key_given_twice_is_refused_not_overridden(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(f"basic_auth_users:\n  alice: '{_hash(PASSWORD)}'\nbasic_auth_users: {{}}\n")
+    with pytest.raises(WebConfigError, match="key 'basic_auth_users' given twice"):
+        read(str(path))
+    path.write_text("a: &users {alice: x}\nbasic_auth_users:\n  <<: *users\n  alice: y\n")
+    # a key merged in may be overridden: the read goes on, to the unknown key
+    with pytest.raises(WebConfigError, match="unsupported key 'a'"):
+        read(str(path))
+
+
 @pytest.mark.e2e
 def test_web_config_and_tls_flags_together_are_refused(tmp_path: Path, pki: dict) -> None:
     path = _write(tmp_path / "web.yml", _tls(pki))

@@ -70,12 +70,13 @@ class WebConfig:
 def read(path: str, kept: KeptFiles | None = None) -> WebConfig:
     """Load and validate a web config file, building its TLS context; from the files as `kept`
     holds them where it is given (their names stay the real ones)."""
-    import yaml  # here, not at the top: an agent without a web config never loads PyYAML
+    # here, not at the top: an agent without a web config never loads PyYAML
+    from kepler_bridge import settings_yaml
 
     try:
         with open(_opened(path, kept), "rb") as file:
-            data = yaml.safe_load(file.read(1 << 20))
-    except (OSError, yaml.YAMLError, RecursionError) as err:
+            data: Any = settings_yaml.load_safe(file.read(1 << 20))
+    except (OSError, settings_yaml.YAMLError, RecursionError) as err:
         raise WebConfigError(
             f"cannot read {path}: {_first_line(err)}; give a readable YAML file"
         ) from None
