@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from typing import NoReturn, Sequence
+from typing import Any, NoReturn, Sequence
 
 from kepler_bridge import __version__
 from kepler_bridge.config import SETTINGS, Config, ConfigError, load
@@ -18,13 +18,16 @@ EXIT_BAD_SETTING = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line and exits 2, like every other bad setting."""
+    """argparse that reports a bad flag in one line and exits 2, like every other bad setting, and
+    takes no abbreviation: `--inter` is no `--interval`, nor breaks when a new flag shares it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(
             EXIT_BAD_SETTING,
-            f"kepler-bridge: bad setting: {one_line(message)}; "
-            f"see kepler-bridge {self.prog.split()[-1]} --help\n",
+            f"kepler-bridge: bad setting: {one_line(message)}; see {self.prog} --help\n",
         )
 
 

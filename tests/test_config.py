@@ -138,6 +138,8 @@ BAD_CASES = {
     ),
     "unknown source": (["--sources", "nvml,quantum"], {}, "quantum", "known"),
     "unknown flag": (["--colour", "red"], {}, "--colour", "--help"),
+    "abbreviated flag": (["--node-na", "edge-7"], {}, "--node-na", "--help"),
+    "abbreviated flag with its value": (["--interv=2s"], {}, "--interv=2s", "--help"),
     "unreadable file": (
         ["--config", "/nonexistent/kb.yaml"],
         {},
