@@ -90,6 +90,20 @@ def test_sighup_rereads_the_settings(tmp_path: Path) -> None:
         assert agent.worker_pids() == worker
 
 
+@pytest.mark.e2e
+def test_sighup_applies_at_once_not_at_the_next_sample(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    _write(path, _settings(interval="1h", metrics_deny=["gpu_temperature"]))
+    with Agent("--config", str(path)) as agent:
+        agent.wait_for(lambda: "gpu_power_watts" in _names(agent), what="the first sample")
+        _write(path, _settings(interval="0.3s", metrics_deny=["gpu_power"]))
+        agent.process.send_signal(signal.SIGHUP)
+        agent.wait_for(
+            lambda: "gpu_power_watts" not in _names(agent), what="SIGHUP applying the file"
+        )
+        agent.wait_for(lambda: _energy(agent) > 0, what="samples at the new interval")
+
+
 def _hup_ignored_or_caught(pid: int) -> bool:
     """Whether the process no longer ends at a SIGHUP (its /proc status masks, bit 0)."""
     masks = dict(line.split(":\t") for line in Path(f"/proc/{pid}/status").read_text().splitlines())

@@ -30,4 +30,4 @@ class WorkerHost(Protocol):
     connections: ConnectionSettings
 
     def reload(self) -> None:
-        """Re-read the agent's settings before the next sample (the master forwards SIGHUP)."""
+        """Re-read the agent's settings and sample now (the master forwards SIGHUP)."""

@@ -147,7 +147,7 @@ class AgentApplication(BaseApplication):
         return create_app(store, settings, alive=sampler.alive, web=self.connections.web)
 
     def reload(self) -> None:
-        """Re-read the settings before the next sample (SIGHUP in the worker)."""
+        """Re-read the settings and sample now (SIGHUP in the worker)."""
         if self.sampler is not None:
             self.sampler.reload()
 

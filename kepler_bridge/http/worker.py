@@ -45,10 +45,9 @@ from kepler_bridge.turns import TURNS
 
 # A head larger than this is refused with 431 (gunicorn's own line and field limits apply below it).
 MAX_HEAD_BYTES = 64 * 1024
-# How often the worker tells the master it lives (the master waits 60 s for it) and checks that
-# its parent does; otherwise an idle worker sleeps until the next connection deadline or event.
-# Each wake-up of an idle worker costs some 0.2 ms of CPU; the master's death ends it at once
-# (server.end_with_master) where the kernel allows, else at the next beat.
+# How often the worker tells the master it lives (the master waits 60 s) and checks its parent
+# does; else an idle worker sleeps until its next deadline or event (a wake-up costs ~0.2 ms of
+# CPU). The master's death ends it at once where the kernel allows (server.end_with_master).
 HEARTBEAT_SECONDS = 10.0
 # After "Connection: close", unread client bytes are drained this long so the close sends no RST.
 LINGER_SECONDS = 2.0
@@ -81,12 +80,10 @@ class EventLoopWorker(Worker):
             self.settings.header_timeout, self.settings.write_timeout, LINGER_SECONDS
         )
         self.reading, self.writing, self.lingering = self.states.all
-        # Connections whose next request was buffered while their last answer was sent.
-        self.ready: deque[Conn] = deque()
-        self.busy = 0
-        self.accepting = False
-        # Set while accepting pauses for lack of descriptors: when it resumes.
-        self.resume_at = 0.0
+        self.ready: deque[Conn] = deque()  # next request buffered while the last answer was sent
+        self.busy, self.accepting = 0, False
+        self.hup = False  # a SIGHUP the loop has to pass on
+        self.resume_at = 0.0  # while accepting pauses for lack of descriptors: when it resumes
         self.stop_by = float("inf")
 
     def init_process(self) -> None:
@@ -108,8 +105,8 @@ class EventLoopWorker(Worker):
         signal.siginterrupt(signal.SIGHUP, False)
 
     def handle_hup(self, sig, frame) -> None:
-        """The master forwards SIGHUP: re-read the settings before the next sample."""
-        self.host.reload()
+        """SIGHUP from the master: noted; the loop passes it on, as that may take a lock."""
+        self.hup = True
 
     def run(self) -> None:
         # The base class routes signals to PIPE[1] too: signals and finished requests wake select().
@@ -151,8 +148,11 @@ class EventLoopWorker(Worker):
             self.alive = False
 
     def _tick(self, now: float) -> None:
-        """Timeouts, the end of an accept pause, and noticing a stop: at every wake-up."""
+        """Timeouts, the end of an accept pause, a SIGHUP and noticing a stop: at every wake-up."""
         self._expire(now)
+        if self.hup:
+            self.hup = False
+            self.host.reload()
         if not self.alive and self.stop_by == float("inf"):
             self._stop_reading(now)
         elif self.alive and self.resume_at and now >= self.resume_at:

@@ -81,6 +81,7 @@ class Sampler:
         if state_dir:
             self._take_over(state_file.load(state_dir))
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set to end the wait for the next sample (stop, reload)
         self._thread: threading.Thread | None = None
 
     def _acceptable(self, config: Config) -> None:
@@ -96,8 +97,10 @@ class Sampler:
         self._thread.start()
 
     def reload(self) -> None:
-        """Re-read the settings before the next sample (SIGHUP)."""
+        """Re-read the settings and sample now (SIGHUP); not from a signal handler, as the
+        wake-up takes a lock."""
         self._settings.ask()
+        self._wake.set()
 
     def configure(self, config: Config) -> None:
         """Take new settings: every part gets them; counters, drivers and eBPF stay, the command
@@ -122,6 +125,7 @@ class Sampler:
     def stop(self, timeout: float = 1.5) -> None:
         """Stop sampling and release the sources, within about `timeout` seconds."""
         self._stop.set()
+        self._wake.set()
         self.kube.stop(timeout / 3)
         if self._thread is not None:
             self._thread.join(timeout)
@@ -199,6 +203,7 @@ class Sampler:
         TURNS.defer()
         deadline = time.monotonic()
         while not self._stop.is_set():
+            self._wake.clear()  # before the settings are read: a reload from now on wakes it
             new = self._settings.new_settings(self.config)
             if new is not None:
                 self.configure(new)
@@ -212,7 +217,7 @@ class Sampler:
             now = time.monotonic()
             if deadline < now:  # fell behind (slow driver): skip missed ticks instead of bursting
                 deadline = now
-            self._stop.wait(deadline - now)
+            self._wake.wait(deadline - now)
 
     def sample(self) -> Snapshot:
         """Read all sources once and build the snapshot."""
