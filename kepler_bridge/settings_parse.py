@@ -138,12 +138,14 @@ def bounded(parse: Callable[[object], float], low: float, high: float) -> Callab
 
 
 def listen(value: object) -> tuple[str, int]:
-    """HOST:PORT (HOST may be empty, an IP address in brackets or a name) as (host, port)."""
+    """HOST:PORT (HOST may be an IP address, in brackets for IPv6, a name, or empty: every
+    address) as (host, port)."""
     host, sep, port_text = printable(value).rpartition(":")
     if not sep or not re.fullmatch(r"[0-9]{1,5}", port_text) or not 0 < int(port_text) < 65536:
         raise ValueError
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    host = host or "0.0.0.0"
+    if not host:
+        return host, int(port_text)
     try:
         socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
     except socket.gaierror:

@@ -21,8 +21,8 @@ class SettingsTable:
         metadata=parse.setting(
             ("KEPLER_BRIDGE_LISTEN",),
             parse.listen,
-            "0.0.0.0:30060",
-            "expected HOST:PORT such as 0.0.0.0:30060, 127.0.0.1:9400 or [::]:30060",
+            ":30060",
+            "expected HOST:PORT such as :30060 (every address), 127.0.0.1:9400 or [::1]:30060",
             "address of /metrics and /v1/collect",
         )
     )

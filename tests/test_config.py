@@ -108,7 +108,9 @@ def test_allow_and_deny_prefixes() -> None:
 
 def test_listen_forms() -> None:
     assert load({"listen": "[::1]:9400"}, {}).listen == ("::1", 9400)
-    assert load({"listen": ":9400"}, {}).listen == ("0.0.0.0", 9400)
+    assert load({"listen": ":9400"}, {}).listen == ("", 9400)  # every address
+    assert load({"listen": "0.0.0.0:9400"}, {}).listen == ("0.0.0.0", 9400)  # IPv4's only
+    assert load({}, {}).listen == ("", 30060)
     assert load({"listen": "localhost:9400"}, {}).listen == ("localhost", 9400)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import socket
@@ -14,6 +15,7 @@ import requests
 
 import scaffold
 from agent import KEPLER_BRIDGE, Agent
+from kepler_bridge.http import server
 
 pytestmark = pytest.mark.e2e
 
@@ -212,6 +214,36 @@ def test_port_in_use_is_one_line_and_exit_1(agent: Agent) -> None:
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     assert "address already in use" in line and "--listen" in line
+
+
+def test_no_host_listens_on_ipv6_and_ipv4_and_names_ipv4_clients_plainly() -> None:
+    agent = Agent("--simulate", "1", "--sources", "simulated")
+    agent.args += ["--listen", f":{agent.port}"]  # the default's form: no host
+    with agent:
+        for host in ("127.0.0.1", "::1"):  # bad requests are logged once a minute: IPv4 first
+            with socket.create_connection((host, agent.port), timeout=5) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert sock.recv(64).startswith(b"HTTP/1.1 200 "), host
+            with socket.create_connection((host, agent.port), timeout=5) as sock:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nNo colon\r\n\r\n")
+                assert sock.recv(64).startswith(b"HTTP/1.1 400 "), host
+        agent.wait_for(lambda: "bad request from 127.0.0.1:" in agent.output(), what="the log")
+        assert "::ffff:" not in agent.output()
+
+
+def test_without_ipv6_no_host_listens_on_ipv4(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = socket.socket
+
+    def no_ipv6(family: int = socket.AF_INET, *args: object) -> socket.socket:
+        if family == socket.AF_INET6:  # as a kernel booted with ipv6.disable=1 answers
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *args)
+
+    monkeypatch.setattr(socket, "socket", no_ipv6)
+    port = scaffold.free_port()
+    sock = server.bind(scaffold.make_config(listen=f":{port}"))
+    with sock:
+        assert sock.family == socket.AF_INET and sock.getsockname() == ("0.0.0.0", port)
 
 
 def test_sigterm_stops_within_two_seconds() -> None:

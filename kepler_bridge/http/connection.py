@@ -30,6 +30,15 @@ RECV_BYTES = 64 * 1024
 TLS_RECORD_BYTES = 16 * 1024
 
 
+def unmapped(address: tuple) -> tuple:
+    """An IPv4 client of the dual-stack listener as IPv4 (::ffff:10.0.0.5 -> 10.0.0.5), so that
+    logs and the routes name it as they would on an IPv4 listener."""
+    host = address[0] if address else None
+    if isinstance(host, str) and host.startswith("::ffff:") and "." in host:
+        return host[7:], address[1]
+    return address
+
+
 @dataclass(eq=False)
 class Conn:
     """One client connection: its socket, what it sent and what is still to send it."""
@@ -47,6 +56,9 @@ class Conn:
     send_buffer: int = 0
     deadline: float = 0.0
     events: int = 0
+
+    def __post_init__(self) -> None:
+        self.client = unmapped(self.client)
 
     def peer(self) -> Peer:
         return Peer(self.client, self.server, isinstance(self.sock, ssl.SSLSocket))

@@ -55,15 +55,11 @@ class BindError(Exception):
 
 
 def bind(config: Config) -> socket.socket:
-    """Bind the listening socket before the master starts: a busy port is one clear error."""
-    host, port = config.listen
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    """Bind the listening socket before the master starts: a busy port is one clear error. No
+    host is every address: IPv6 and IPv4 on one socket, IPv4 alone where the kernel has no IPv6."""
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
+        sock = _bound(*config.listen)
     except OSError as err:
-        sock.close()
         if err.errno == errno.EADDRINUSE:
             raise BindError(
                 f"cannot listen on {config.listen_text}: address already in use; stop "
@@ -74,6 +70,32 @@ def bind(config: Config) -> socket.socket:
             "choose another address with --listen"
         ) from None
     sock.set_inheritable(True)
+    return sock
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    if host:
+        return _listening(socket.AF_INET6 if ":" in host else socket.AF_INET, host, port)
+    try:
+        return _listening(socket.AF_INET6, "::", port)
+    except OSError as err:
+        if err.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+            raise
+    return _listening(socket.AF_INET, "0.0.0.0", port)
+
+
+def _listening(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
+    """A socket listening on (host, port); on IPv6's "::", IPv4 clients too (as ::ffff:a.b.c.d)."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and host == "::":
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
