@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from agent import Agent
+from cpu_helpers import require_bpf
 from kepler_bridge.sampling import carry, state_file
 from kepler_bridge.sampling.sampler import Sampler
 from kepler_bridge.store import SnapshotStore
@@ -384,3 +385,34 @@ def test_the_state_is_never_put_where_others_could_swap_its_directory(
     shared.chmod(0o1777)  # as /tmp is
     made = carry.make_dir()
     assert made and Path(made).parent == shared
+
+
+def test_a_worker_reading_cpu_time_by_another_source_counts_no_process_twice(
+    tmp_path: Path,
+) -> None:
+    """eBPF that fails to load in a new worker leaves procfs in its place, which reads a process
+    a few ms below eBPF: that drop must not count the process's whole life again."""
+    require_bpf()
+    end = time.process_time() + 1.0
+    while time.process_time() < end:  # a life of at least a second of CPU to count twice
+        pass
+    mine = lambda sampler: next(  # noqa: E731
+        total for key, total in sampler._counters._process_total.items() if key[0] == os.getpid()
+    )
+    settings = {"kube_source": "off", "interval": "0.2s"}
+    ebpf = Sampler(
+        make_config(sources="ebpf", **settings), SnapshotStore(), state_dir=str(tmp_path)
+    )
+    for _ in range(3):
+        ebpf.sample()
+    ebpf._save()
+    ebpf.stop()
+    counted, used = mine(ebpf), time.process_time()
+    procfs = Sampler(
+        make_config(sources="procfs", **settings), SnapshotStore(), state_dir=str(tmp_path)
+    )
+    for _ in range(3):
+        procfs.sample()
+    procfs.stop()
+    assert mine(procfs) - counted <= time.process_time() - used + 0.05
+    assert mine(procfs) >= counted

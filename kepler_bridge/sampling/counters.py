@@ -15,7 +15,7 @@ from kepler_bridge.model import (
     process_labels,
     replaced,
 )
-from kepler_bridge.sampling import carry
+from kepler_bridge.sampling import carry, monotonic
 from kepler_bridge.sampling.carry import code, integer, number, optional_number, text
 from kepler_bridge.sampling.monotonic import Monotonic, increase, monotonic_rows, monotonic_states
 from kepler_bridge.sampling.top import ShownRows, TopCounter
@@ -96,6 +96,12 @@ class MonotonicCounters:
         # [pid, comm, container id, last CPU seconds] of each departed process.
         self._departed_rows = carry.Table(_cells, self._departed_numbers)
         self._offset_rows = carry.Rows()
+        self._rebase = False
+
+    def new_cpu_source(self) -> None:
+        """Another source reads CPU time than the restored counts came from (no eBPF in this
+        worker): each known process's next reading is its baseline (a drop would count it again)."""
+        self._rebase = True
 
     def configure(self, process_limit: int | None) -> None:
         """A new --process-metrics: series shown from now on follow it; none decreases."""
@@ -185,6 +191,11 @@ class MonotonicCounters:
         A process whose labels changed, or that comes back after being left out, counts on from
         what was counted (`_counted`)."""
         rows = tuple(processes)
+        if self._rebase:
+            self._rebase = False
+            now = dict(zip(map(process_labels, rows), map(_SECONDS, rows)))
+            self._rows.changed(monotonic.rebased(self._process_seen, now))
+            self._departed_rows.changed(monotonic.rebased(self._departed, now))
         replaced_at = self._replaced_rows(rows)
         if replaced_at is not None:
             return self._same_processes(rows, replaced_at)
@@ -299,7 +310,7 @@ class MonotonicCounters:
             self._total_keys = keys
         self._rows.changed(grew)  # cpu_increases marked the new and the gone
         shown = self._process_family.update(self._process_total, grew)
-        rows = self._shown.rows(shown, _same, _process_row)
+        rows = self._shown.rows(shown, _cells, _process_row)
         return tuple(rows), self._process_family.other
 
     def containers(self, increases: Mapping[ProcessLabels, float]) -> tuple[tuple[str, float], ...]:
@@ -379,10 +390,6 @@ def _process_values(value: object) -> dict[ProcessLabels, float]:
     """Rows [pid, comm, container id, value] as a mapping by process."""
     found = carry.rows(value, integer, text, text, number)
     return {(pid, comm, cid): seconds for pid, comm, cid, seconds in found}
-
-
-def _same(key: ProcessLabels) -> ProcessLabels:
-    return key
 
 
 def _process_row(key: ProcessLabels, seconds: float) -> ProcessCpu:

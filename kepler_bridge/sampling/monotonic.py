@@ -1,5 +1,5 @@
 """One counter made monotonic: how much a raw counter grew, a counter that never decreases
-across resets and wrap-arounds, and the state rows of a device's counters."""
+across resets and wrap-arounds, a new baseline, and the state rows of a device's counters."""
 
 from __future__ import annotations
 
@@ -20,6 +20,14 @@ def increase(last: float | None, raw: float, wrap_at: float = 0.0) -> float:
     if raw >= last:
         return raw - last
     return raw + (wrap_at - last if wrap_at > last else 0.0)
+
+
+def rebased(last: dict[Any, float], now: Mapping[Any, float]) -> list[Any]:
+    """Set each key of `last` read `now` to that reading, a new baseline (the counter is read by
+    other means from now on); the keys set."""
+    keys = [key for key in last if key in now]
+    last.update((key, now[key]) for key in keys)
+    return keys
 
 
 class Monotonic:

@@ -36,7 +36,7 @@ from kepler_bridge.sampling.slots import (
     read_all,
     replace_command,
 )
-from kepler_bridge.sources import check_names
+from kepler_bridge.sources import CPU_TIME, check_names
 from kepler_bridge.store import SnapshotStore
 from kepler_bridge.turns import TURNS
 
@@ -147,6 +147,8 @@ class Sampler:
             attribution.restore(carry.field(carried, "attribution"))
             errors = carry.rows(carry.field(carried, "source_errors"), carry.text, carry.integer)
             save_errors = carry.integer(carry.field(carried, "save_errors"))
+            if carry.text(carry.field(carried, "cpu_time")) != self._cpu_time():
+                counters.new_cpu_source()
         except Exception as err:  # carry.BadState, or a crafted value no check foresaw
             log.warning(
                 "counter state in %s is not this agent's, counters restart from zero: %s",
@@ -161,6 +163,10 @@ class Sampler:
         # worker may have reloaded settings since start-up: the first sample reads them again).
         self.configure(self.config)
 
+    def _cpu_time(self) -> str:
+        """The source in use of the processes' CPU time ("" for none), as the state names it."""
+        return ",".join(s.name for s in self.slots if s.name in CPU_TIME and s.source is not None)
+
     def _save(self) -> None:
         """Save the state for a next worker; when that fails, remove the older one: a new
         worker then starts from zero instead of below what was served."""
@@ -173,6 +179,7 @@ class Sampler:
             "attribution": self._attribution.state(),
             "source_errors": [[name, count] for name, count in errors.items()],
             "save_errors": self._save_errors,
+            "cpu_time": self._cpu_time(),
         }
         TURNS.give_way()
         try:

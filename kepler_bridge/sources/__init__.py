@@ -39,13 +39,14 @@ REGISTRY: dict[str, str] = {
 # starts wins and the ones before it stand by (state "standby", or "absent"), with their reason.
 # Plug-ins whose class says `auto = True` follow; `command` joins when --command is set,
 # `simulated` when --simulate > 0. The order is the order of node-wide device indexes.
+CPU_TIME = ("ebpf", "procfs")  # the sources of processes' CPU time: the first that starts
 AUTO: tuple[tuple[str, ...], ...] = (
     ("nvml",),
     ("amdgpu",),
     ("intel",),
     ("jetson",),
     ("ascend",),
-    ("ebpf", "procfs"),
+    CPU_TIME,
     ("rapl",),
 )
 
