@@ -65,6 +65,28 @@ def test_each_detector_fires_on_its_fault_and_not_on_the_clean_trace(
     assert not _fired(kind, clean), f"{kind} fired on {clean.name}"
 
 
+@pytest.mark.parametrize("interval", [1.0, 5.0])
+def test_an_idle_board_whose_whole_degrees_settle_is_no_frozen_sensor(interval: float) -> None:
+    """An hour of work (the temperature moves every few samples), then an hour idle: the power
+    jitters by milliwatts and the temperature, read in whole degrees, settles and stays."""
+    rng, detector = random.Random(SEED), next(d for d in named(1.0) if d.kind == "frozen_sensor")
+    t, temperature, fired = 0.0, 40.0, []
+    for step in range(int(7200 / interval)):
+        t += interval
+        busy = step < 3600 / interval
+        utilization = min(1.0, max(0.0, 0.6 + rng.gauss(0, 0.1))) if busy else 0.0
+        power = 60 + 200 * utilization + rng.gauss(0, 1.5 if busy else 0.3)
+        temperature += (25 + 0.15 * power - temperature) * min(1.0, interval / 60)
+        shown = round(temperature + (rng.gauss(0, 0.4) if busy else 0.0))
+        f = Features(
+            t, round(utilization, 2), 1e9, 80e9, float(shown), round(power, 3), 300.0, 1.4e9,
+            1.5e9, 0.3, False, (0, 0, 0, 0), frozenset(), False,
+        )  # fmt: skip
+        if detector.update(f, interval):
+            fired.append(t)
+    assert not fired, f"fired {len(fired)} times, first {fired[0] - 3600:.0f} s into the idle hour"
+
+
 @pytest.mark.parametrize(
     "counts",
     [

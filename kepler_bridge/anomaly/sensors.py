@@ -5,6 +5,10 @@ from __future__ import annotations
 from kepler_bridge.anomaly.features import Features
 from kepler_bridge.anomaly.signals import Ewma, Hold
 
+# A heat swing of the power limit over this moves a live sensor by a degree or more (some 0.1-0.3
+# degrees a watt at the die, 70-700 W limits).
+HEAT_FOR_A_DEGREE = 30.0
+
 
 class Run:
     """One reading's current run of identical values, and what is usual for it: how often it
@@ -49,7 +53,8 @@ class Run:
 class FrozenSensor:
     """Power, temperature or utilization bit-identical for at least 20 samples and 90 s, where the
     reading usually changes (in a quarter of its samples or more) and the run is four times its
-    longest in half a day, or while what drives it moved a lot.
+    longest in half a day (for temperature, only while the heat moved), or while what drives it
+    moved a lot.
 
     Power sensors report milliwatts and jitter every read; temperature must follow a swing of
     a tenth of the board's power (a few degrees) within a minute or two; utilization at neither
@@ -73,8 +78,12 @@ class FrozenSensor:
             frozen = runs["power"].frozen(now, 0.4, s)
         if f.temperature is not None:
             heat = self.heat.update(f.power, elapsed) if f.power is not None else None
-            runs["temperature"].update(f.temperature, now, elapsed, heat)
-            frozen = frozen or runs["temperature"].frozen(now, limit / 10.0, s)
+            run = runs["temperature"]
+            run.update(f.temperature, now, elapsed, heat)
+            # Whole degrees stand still while the heat does (an idle board): a long run is
+            # unusual only where the heat moved by what shows as a degree or more.
+            heated = run.driver_high - run.driver_low >= limit / HEAT_FOR_A_DEGREE
+            frozen = frozen or run.frozen(now, limit / 10.0, s, habit=heated)
         if f.utilization is not None and 0.0 < f.utilization < 1.0:
             runs["utilization"].update(f.utilization, now, elapsed, None)
             frozen = frozen or runs["utilization"].frozen(now, float("inf"), s)
