@@ -15,7 +15,8 @@ from kepler_bridge.sources.cgroup import (
     container_id_from_path,
     read_container_id,
 )
-from scaffold import require
+from kepler_bridge.sources.ebpf.source import EbpfSource
+from scaffold import make_config, require
 
 ID = "3f0a8e6b1c2d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7"
 POD = "0b6c3a1e-8f7d-4e2a-9c5b-1d2e3f4a5b6c"
@@ -83,6 +84,11 @@ FIXTURES = {
         f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope\n"
     ),
     "podman cgroupfs v1": f"4:cpu,cpuacct:/libpod_parent/libpod-{ID}\n",
+    "podman quadlet (--cgroups=split) v2": f"0::/system.slice/nginx.service/libpod-payload-{ID}\n",
+    "podman quadlet rootless v2": (
+        f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/web.service/"
+        f"libpod-payload-{ID}\n"
+    ),
     # nested: a pod inside a kind node, which is itself a docker container
     "kind node v1": f"4:cpu,cpuacct:/docker/{'a' * 64}/kubepods/besteffort/pod{POD}/{ID}\n",
     # hybrid host: v2 line at the root, the id only on v1 lines
@@ -144,6 +150,24 @@ def test_cgroup_id_index_maps_directory_inodes(tmp_path: Path) -> None:
     later.mkdir()
     assert index.container_id(os.stat(later).st_ino, now=5) == ""
     assert index.container_id(os.stat(later).st_ino, now=10) == "c" * 64
+
+
+def test_a_process_ended_in_a_container_newer_than_the_walk_is_its_siblings(
+    tmp_path: Path,
+) -> None:
+    """eBPF reads a living process's container from /proc; one of its cgroup that starts and ends
+    before the next walk (a compiler, a probe) is booked to that container, not to the host."""
+    unified = tmp_path / "sys" / "fs" / "cgroup"
+    unified.mkdir(parents=True)
+    (unified / "cgroup.controllers").write_text("cpu memory\n")
+    source = EbpfSource(make_config(sysfs=str(tmp_path / "sys"), procfs=str(tmp_path / "proc")))
+    assert source.cgroups.container_id(os.stat(unified).st_ino, now=0) == ""  # walked at 0
+    scope = unified / f"cri-containerd-{ID}.scope"
+    scope.mkdir()  # a container started after the walk
+    (tmp_path / "proc" / "42").mkdir(parents=True)
+    (tmp_path / "proc" / "42" / "cgroup").write_text(f"0::/cri-containerd-{ID}.scope\n")
+    assert source._container(42, os.stat(scope).st_ino, now=1) == ID
+    assert source.cgroups.container_id(os.stat(scope).st_ino, now=2) == ID
 
 
 def test_host_cgroups_are_indexed_so_they_do_not_bring_the_walk_back(tmp_path: Path) -> None:

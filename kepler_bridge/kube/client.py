@@ -49,7 +49,7 @@ def endpoints(config: Config, environ: Mapping[str, str]) -> list[Endpoint]:
     apiserver_url = (
         (
             f"https://{_host(host)}:{environ.get('KUBERNETES_SERVICE_PORT') or '443'}"
-            f"/api/v1/pods?fieldSelector={selector}"
+            f"/api/v1/pods?fieldSelector={selector}&resourceVersion=0"
         )
         if host
         else ""

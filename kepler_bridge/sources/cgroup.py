@@ -7,7 +7,8 @@ kind/docker node yields the pod's container):
 - containerd:  ``cri-containerd-<id>.scope``, ``/kubepods/.../pod<uid>/<id>``,
                nerdctl's ``/<namespace>/<id>`` and ``nerdctl-<id>.scope``
 - CRI-O:       ``crio-<id>.scope``, ``/kubepods/.../pod<uid>/crio-<id>``
-- podman:      ``libpod-<id>.scope``, ``/libpod_parent/libpod-<id>``
+- podman:      ``libpod-<id>.scope``, ``/libpod_parent/libpod-<id>``, and quadlet's
+               ``--cgroups=split`` ``<unit>.service/libpod-payload-<id>``
 - kubepods with the systemd (``kubepods-burstable-pod<uid>.slice``) or
   cgroupfs (``/kubepods/burstable/pod<uid>``) driver, and runc's systemd
   notation taken literally by shims that manage cgroupfs themselves
@@ -23,7 +24,8 @@ import os
 import re
 
 _ID = re.compile(
-    r"^(?:[^:]*:)?(?:(?:docker|cri-containerd|crio|cri-o|libpod|containerd|nerdctl|podman)[-:])?"
+    r"^(?:[^:]*:)?"
+    r"(?:(?:docker|cri-containerd|crio|cri-o|libpod-payload|libpod|containerd|nerdctl|podman)[-:])?"
     r"([0-9a-f]{64})(?:\.scope)?$"
 )
 # Where the unified (v2) hierarchy is mounted: pure v2 hosts, then hybrid v1/v2 hosts.
@@ -65,7 +67,8 @@ class CgroupIdIndex:
 
     A v2 cgroup's id is the inode number of its directory, so one walk of the
     unified hierarchy indexes them; the walk repeats at most once per
-    ``min_rescan`` seconds, when an unknown id shows up.
+    ``min_rescan`` seconds, when an unknown id shows up. Between walks it learns
+    the container each living process showed (`learn`).
     """
 
     def __init__(self, sysfs: str = "/sys", min_rescan: float = 10.0) -> None:
@@ -82,6 +85,11 @@ class CgroupIdIndex:
             self._scan()
             self._scanned_at = now
         return self._ids.get(cgroup_id, "")
+
+    def learn(self, cgroup_id: int, container_id: str) -> None:
+        """The container a living process of this cgroup showed in /proc: its siblings that end
+        before the next walk are booked to it too."""
+        self._ids[cgroup_id] = container_id
 
     def _scan(self) -> None:
         # Every cgroup is indexed, host ones as '': an id left out would be unknown and bring the

@@ -311,7 +311,8 @@ class EbpfSource(ProcessSource):
         """The container of a thread group: from its /proc cgroup file, else its cgroup id."""
         container_id = read_container_id(self.config.procfs, tgid)
         if container_id is None:
-            container_id = self.cgroups.container_id(cgroup_id, now)
+            return self.cgroups.container_id(cgroup_id, now)
+        self.cgroups.learn(cgroup_id, container_id)
         return container_id
 
     def _ended(
