@@ -59,6 +59,22 @@ def test_every_zone_and_subzone_once(tmp_path: Path) -> None:
     assert "6 RAPL zone(s)" in source.describe(reading) and "dram" in source.describe(reading)
 
 
+def test_the_dies_of_a_package_are_package_zones(tmp_path: Path) -> None:
+    """Parts with several dies per package (Cascade Lake-AP) name a zone per die."""
+    tree = PowercapTree(tmp_path / "sys")
+    for number, name in enumerate(("package-0-die-0", "package-0-die-1", "package-1-die-0")):
+        tree.zone(f"intel-rapl:{number}", name, 1_000_000 * (number + 1))
+    tree.zone("intel-rapl:0:0", "dram", 200_000)
+    source = RaplSource(make_config(sysfs=tmp_path / "sys", procfs=procfs(tmp_path)))
+    source.start()
+    assert [zone.zone for zone in source.read().rapl_zones] == [
+        "package",
+        "dram",
+        "package",
+        "package",
+    ]
+
+
 def test_amd_rapl_zones(tmp_path: Path) -> None:
     tree = PowercapTree(tmp_path / "sys")
     tree.zone("amd-rapl:0", "package-0", 5)

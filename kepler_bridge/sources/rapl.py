@@ -36,8 +36,9 @@ class ZoneFile:
 
 
 def zone_kind(name: str) -> str:
-    """The zone's kind from its sysfs name: package-0 -> package; core, dram, psys stay."""
-    return re.sub(r"-\d+$", "", name.strip())
+    """The zone's kind from its sysfs name: package-0 and, on parts with several dies per package,
+    package-0-die-1 (the kernel's package-%d-die-%d) -> package; core, dram, psys stay."""
+    return re.sub(r"-\d+(?:-die-\d+)?$", "", name.strip())
 
 
 def _sort_key(directory: str) -> tuple[int, int, int]:
