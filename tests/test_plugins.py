@@ -31,6 +31,12 @@ class Explicit(Source):
 class Imposter(Explicit):
     name = "nvml"
 
+class Raising(Explicit):
+    name = "raising"
+    auto = True
+    def __init__(self, config):
+        raise OSError(19, "No such device", "/dev/rknpu")
+
 not_a_class = 42
 """,
     "kb_broken_plugin.py": "import kb_dependency_that_is_not_installed\n",
@@ -40,6 +46,7 @@ FAKE_ENTRY_POINTS = {
     "nvml": "kb_fake_plugins:Imposter",
     "notsource": "kb_fake_plugins:not_a_class",
     "broken": "kb_broken_plugin:Source",
+    "raising": "kb_fake_plugins:Raising",
 }
 
 
@@ -155,9 +162,9 @@ def test_auto_takes_the_plugins_that_ask_for_it_after_the_builtins(
         example_site,
         fake_site,
     )
-    # rknpu says auto = True, explicit does not; the broken ones cannot say, and are shown (down),
-    # not hidden.
-    assert "True [('rknpu',), ('notsource',), ('broken',)]" in groups
+    # rknpu and raising say auto = True, explicit does not; the broken ones cannot say, and are
+    # shown (down), not hidden.
+    assert "True [('rknpu',), ('notsource',), ('broken',), ('raising',)]" in groups
     assert groups.count("ignored: a built-in source has that name") == 1
 
 
@@ -194,14 +201,34 @@ def test_a_plugin_cannot_replace_a_builtin(fake_site: Path) -> None:
 @pytest.mark.e2e
 def test_a_broken_plugin_is_a_down_source_with_its_reason(fake_site: Path) -> None:
     with Agent(
-        "--sources", "broken,notsource,explicit", "--interval", "0.25s", env=env(fake_site)
+        "--sources", "broken,notsource,raising,explicit", "--interval", "0.25s", env=env(fake_site)
     ) as agent:
-        assert source_up(agent) == {"broken": 0.0, "notsource": 0.0, "explicit": 1.0}
+        assert source_up(agent) == {
+            "broken": 0.0,
+            "notsource": 0.0,
+            "raising": 0.0,
+            "explicit": 1.0,
+        }
         assert agent.samples("gpu_up") == {"0": 1.0}
         page = agent.get("/").text
     assert (
         "source broken (kb_broken_plugin:Source) cannot be loaded: ModuleNotFoundError: "
         "No module named &#x27;kb_dependency_that_is_not_installed&#x27;; "
-        "reinstall the package that provides it"
+        "reinstall or fix the package that provides it"
     ) in page
     assert "cannot be loaded: it is not a subclass of kepler_bridge.sources.base.Source" in page
+    assert (
+        "source raising (kb_fake_plugins:Raising) cannot be made: OSError: [Errno 19] No such "
+        "device: &#x27;/dev/rknpu&#x27;"
+    ) in page
+    # With --sources auto (the default) it is taken too: every command runs on without it.
+    for command in (["collect", "--prometheus"], ["doctor"]):
+        run = subprocess.run(
+            [KEPLER_BRIDGE, *command, "--simulate", "1", "--node-name", "n1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **env(fake_site)},
+        )
+        assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+        assert "cannot be made" in run.stdout + run.stderr

@@ -17,7 +17,7 @@ from kepler_bridge.log_limit import EveryInterval
 from kepler_bridge.model import SourceReading, SourceStatus, replaced
 from kepler_bridge.printable import printable
 from kepler_bridge.sampling import sanitize
-from kepler_bridge.sources import selected_groups, source_class
+from kepler_bridge.sources import make_source, selected_groups
 from kepler_bridge.sources.base import Retry, Source, SourceAbsent, SourceUnavailable
 from kepler_bridge.turns import TURNS
 
@@ -138,7 +138,7 @@ class Slot:
 
 def open_slot(name: str, config: Config) -> Slot:
     """A slot with the named source made and started (or its failure recorded)."""
-    slot = Slot(name, source_class(name)(config))
+    slot = Slot(name, make_source(name, config))
     slot.start(config.interval, time.monotonic())
     return slot
 
@@ -206,7 +206,7 @@ def _joined(parts: Iterable[tuple[T, ...]]) -> tuple[T, ...]:
 def check_source(name: str, config: Config) -> tuple[bool, str]:
     """Start and read one source once, for `doctor`: whether it works and one line saying what
     or why not."""
-    source = source_class(name)(config)
+    source = make_source(name, config)
     try:
         source.start()
     except Exception as err:

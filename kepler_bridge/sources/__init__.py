@@ -3,7 +3,7 @@
 Built-ins are listed here; other packages add sources through the entry-point
 group ``kepler_bridge.sources`` (entry-point name = source name, value =
 ``module:Class``). Both are looked up and imported the same way, by
-``available()`` and ``source_class()``.
+``available()``, ``source_class()`` and ``make_source()``.
 """
 
 from __future__ import annotations
@@ -107,10 +107,23 @@ def source_class(name: str) -> type[Source]:
     return found
 
 
-def _unloadable(name: str, target: str, reason: str) -> type[Source]:
+def make_source(name: str, config: Config) -> Source:
+    """The source registered under name, made for `config`; one whose constructor raises (a
+    plug-in that opens its device there) becomes a down source, as one that cannot be imported."""
+    made = source_class(name)
+    try:
+        return made(config)
+    except Exception as err:  # a broken plug-in must not stop the agent
+        target, reason = available()[name], f"{type(err).__name__}: {err}"
+        return _unloadable(name, target, reason, "cannot be made")(config)
+
+
+def _unloadable(
+    name: str, target: str, reason: str, failed: str = "cannot be loaded"
+) -> type[Source]:
     message = (
-        f"source {name} ({target}) cannot be loaded: {reason}; "
-        f"reinstall the package that provides it, or remove {name} from --sources"
+        f"source {name} ({target}) {failed}: {reason}; "
+        f"reinstall or fix the package that provides it, or remove {name} from --sources"
     )
 
     class Unloadable(Source):
