@@ -211,7 +211,8 @@ def test_conservation_and_monotonicity_over_random_sequences(data: st.DataObject
                 processes=processes,
                 power_watts=watts,
                 energy_joules=gpu_raw if counter_gpu else None,
-            )
+            ),
+            now,
         )
         inputs = SampleInputs(
             now, zones, CpuTimes(busy, total), (reading,), cpu_increases, owners(cpu_increases)
@@ -304,7 +305,7 @@ def test_a_new_worker_continues_exactly_where_the_old_one_was(data: st.DataObjec
                 float(step),
                 (RaplZone("intel-rapl:0", "package", step * 10_000_000, REAL_MAX_UJ),),
                 CpuTimes(step, 2.0 * step),
-                (counters.gpu(reading),),
+                (counters.gpu(reading, float(step)),),
                 increases,
                 owners(increases),
             )
@@ -432,7 +433,7 @@ def test_device_counters_follow_their_raw_values_whether_or_not_they_repeat(
             expected = {key: value for key, value in expected.items() if key[0] != uuid}
             continue
         if action == "down":
-            assert counters.gpu(gpu(uuid, up=False, pcie_replays=99)).pcie_replays == 99
+            assert counters.gpu(gpu(uuid, up=False, pcie_replays=99), step).pcie_replays == 99
             continue
         raw = last_raw.get(uuid) if action == "same" else None
         if raw is None:
@@ -444,7 +445,7 @@ def test_device_counters_follow_their_raw_values_whether_or_not_they_repeat(
                 label="clock events",
             )
             last_raw[uuid] = raw
-        reading = counters.gpu(gpu(uuid, **raw))
+        reading = counters.gpu(gpu(uuid, **raw), step)
         for name in SLOW_COUNTERS:
             assert getattr(reading, name) == made(uuid, name, raw[name]), f"sample {step} {name}"
         events = raw["clock_event_seconds"]
@@ -866,7 +867,8 @@ def test_every_vendors_device_energy_is_idle_plus_attributed_plus_unattributed(
                         lists_processes=lists,
                         energy_joules=raw[uuid] if with_counter[uuid] and not unread else None,
                         holders=holders(*assigned[uuid], pods=pods),
-                    )
+                    ),
+                    now,
                 )
             )
         after = identities(attribution.update(SampleInputs(now, gpus=tuple(readings))))

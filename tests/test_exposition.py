@@ -301,12 +301,25 @@ def test_baetyl_node_sums_the_devices_as_shown_in_the_unit() -> None:
 def test_counters_never_decrease_across_resets() -> None:
     guard = MonotonicCounters()
     values = [
-        guard.gpu(gpu(0, energy_joules=e, xid_errors=((79, x),)))
-        for e, x in [(100.0, 1), (150.0, 2), (10.0, 1), (20.0, 1)]
+        guard.gpu(gpu(0, energy_joules=e, xid_errors=((79, x),)), now)
+        for now, (e, x) in enumerate([(100.0, 1), (150.0, 2), (10.0, 1), (20.0, 1)], 1)
     ]
     energy = [v.energy_joules for v in values]
     assert energy == [100.0, 150.0, 160.0, 170.0]
     assert [v.xid_errors[0][1] for v in values] == [1, 2, 3, 3]
+
+
+def test_an_energy_read_no_board_can_reach_adds_nothing() -> None:
+    """A garbage read (2**62 mJ once), or a read of 0 taken for a reset and the good one after
+    it: the counter grows by what a board can use in the time, at most 5 kW, never by megajoules."""
+    guard = MonotonicCounters()
+    reads = [1e6, 4.6e15, 1e6 + 50.0, 0.0, 1e6 + 100.0, 1e6 + 150.0]
+    energy = [
+        guard.gpu(gpu(0, energy_joules=e), 0.25 * n).energy_joules for n, e in enumerate(reads)
+    ]
+    assert energy == [1e6, 1e6, 1e6, 1e6, 1e6, 1e6 + 50.0]
+    # A real reset (a driver reload) counts on from zero, as before.
+    assert guard.gpu(gpu(0, energy_joules=20.0), 10.0).energy_joules == 1e6 + 70.0
 
 
 def test_reliability_and_link_counters_never_decrease_across_resets() -> None:
@@ -322,7 +335,7 @@ def test_reliability_and_link_counters_never_decrease_across_resets() -> None:
             clock_event_seconds=(("power", raw / 2),),
         )
 
-    values = [guard.gpu(reading(raw)) for raw in (5, 8, 2, 3)]
+    values = [guard.gpu(reading(raw), now) for now, raw in enumerate((5, 8, 2, 3))]
     assert [v.remapped_rows_uncorrectable for v in values] == [5, 8, 10, 11]
     assert [v.retired_pages_double_bit for v in values] == [5, 8, 10, 11]
     assert [v.pcie_replays for v in values] == [5, 8, 10, 11]

@@ -1,41 +1,22 @@
-"""Keeps exported counters monotonic across device resets, RAPL wrap-around, lost GPUs and
+"""Keeps exported counters monotonic across device resets (`device_counters`), lost GPUs and
 process churn."""
 
 from __future__ import annotations
 
 from itertools import compress, count, islice, repeat
 from operator import add, attrgetter, is_not, itemgetter, ne, sub
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, Iterable, Mapping
 
-from kepler_bridge.model import (
-    GpuReading,
-    NvLink,
-    ProcessCpu,
-    ProcessLabels,
-    process_labels,
-    replaced,
-)
+from kepler_bridge.model import GpuReading, ProcessCpu, ProcessLabels, process_labels
 from kepler_bridge.sampling import carry, monotonic
-from kepler_bridge.sampling.carry import code, integer, number, optional_number, text
-from kepler_bridge.sampling.monotonic import Monotonic, increase, monotonic_rows, monotonic_states
+from kepler_bridge.sampling.carry import integer, number, optional_number, text
+from kepler_bridge.sampling.device_counters import DeviceCounters
+from kepler_bridge.sampling.monotonic import increase
 from kepler_bridge.sampling.top import ShownRows, TopCounter
 
-Number = TypeVar("Number", int, float)
 _SECONDS = attrgetter("cpu_seconds")
 MAX_DEPARTED = 1024  # processes left out of a sample whose last seconds are remembered
 _CONTAINER_ID = itemgetter(2)
-# The device counters a source reads seldom (the nvml source every --nvml-counter-interval), so
-# most samples bring them unchanged; clock_event_seconds, a tuple of named counters, comes last.
-_SLOW_NAMES = (
-    "ecc_corrected_total",
-    "ecc_uncorrected_total",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "retired_pages_single_bit",
-    "retired_pages_double_bit",
-    "pcie_replays",
-)
-_SLOW = attrgetter(*_SLOW_NAMES, "clock_event_seconds")
 
 
 def _relabelled(
@@ -65,16 +46,14 @@ def _returned(
 
 
 class MonotonicCounters:
-    """Per-device and per-container counter state owned by the sampler thread.
+    """Per-device (`DeviceCounters`), per-process and per-container counter state owned by the
+    sampler thread.
 
     The per-process work of a sample is done over whole columns, in C where it can: with
     thousands of processes, most of which did not run, Python only touches the ones that did."""
 
     def __init__(self, process_limit: int | None = None) -> None:
-        self._gpu: dict[str, dict[str, Monotonic]] = {}  # uuid -> counter name -> state
-        # uuid -> the slow counters' raw values of its last reading and the values made of them
-        self._slow: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-        self._xid: dict[str, dict[int | str, Monotonic]] = {}
+        self.devices = DeviceCounters()
         self._process_seen: dict[ProcessLabels, float] = {}
         # The last seconds of processes left out of a sample (the --max-processes cap leaves out
         # those that run least), the newest MAX_DEPARTED: one that comes back counts from there.
@@ -91,8 +70,6 @@ class MonotonicCounters:
         self._shown: ShownRows[ProcessLabels, ProcessLabels, ProcessCpu] = ShownRows()
         # [pid, comm, container id, last CPU seconds, total] of each process of the last sample.
         self._rows = carry.Table(_cells, self._process_numbers)
-        # [uuid, counter name, last raw value, value] of each device counter.
-        self._gpu_rows = carry.Table(_cells, self._gpu_numbers)
         # [pid, comm, container id, last CPU seconds] of each departed process.
         self._departed_rows = carry.Table(_cells, self._departed_numbers)
         self._offset_rows = carry.Rows()
@@ -109,81 +86,11 @@ class MonotonicCounters:
 
     def forget(self, uuids: Iterable[str]) -> None:
         """Drop the counters of devices gone for good: if one comes back, they start again."""
-        for uuid in uuids:
-            self._gpu_rows.removed((uuid, name) for name in self._gpu.get(uuid, ()))
-            self._gpu.pop(uuid, None)
-            self._slow.pop(uuid, None)
-            self._xid.pop(uuid, None)
+        self.devices.forget(uuids)
 
-    def _value(self, uuid: str, name: str, raw: float) -> float:
-        device = self._gpu.get(uuid)
-        if device is None:
-            device = self._gpu[uuid] = {}
-        state = device.get(name)
-        if state is None:
-            state = device[name] = Monotonic()
-        if state.last_raw != raw:
-            self._gpu_rows.changed(((uuid, name),))
-        return state.update(raw)
-
-    def gpu(self, reading: GpuReading) -> GpuReading:
-        """Return the reading with its counters made monotonic per device uuid."""
-        if not reading.up:
-            return reading
-        uuid, xids = reading.uuid, reading.xid_errors
-        return replaced(
-            reading,
-            energy_joules=self._counter(uuid, "energy_joules", reading.energy_joules),
-            xid_errors=self._xids(uuid, xids) if xids else xids,
-            nvlinks=tuple(self._nvlink(uuid, link) for link in reading.nvlinks),
-            **self._slow_counters(reading),
-        )
-
-    def _slow_counters(self, reading: GpuReading) -> dict[str, Any]:
-        """The reading's slow counters made monotonic; where their raw values are those of the
-        device's last reading, the values made then (a counter that kept its raw value keeps
-        its value)."""
-        uuid, raw = reading.uuid, _SLOW(reading)
-        last = self._slow.get(uuid)
-        if last is not None and last[0] == raw:
-            return last[1]
-        made: dict[str, Any] = {
-            name: self._counter(uuid, name, value) for name, value in zip(_SLOW_NAMES, raw)
-        }
-        made["clock_event_seconds"] = self._named(uuid, "clock_event", raw[-1])
-        self._slow[uuid] = (raw, made)
-        return made
-
-    def _nvlink(self, uuid: str, link: NvLink) -> NvLink:
-        name = f"nvlink{link.link}"
-        return replaced(
-            link,
-            transmit_bytes=self._counter(uuid, f"{name}_transmit", link.transmit_bytes),
-            receive_bytes=self._counter(uuid, f"{name}_receive", link.receive_bytes),
-            errors=self._named(uuid, f"{name}_errors", link.errors),
-        )
-
-    def _named(
-        self, uuid: str, prefix: str, counts: tuple[tuple[str, Number], ...]
-    ) -> tuple[tuple[str, Number], ...]:
-        """Counters labelled by name (a reason, an error kind), each made monotonic."""
-        return tuple(
-            (name, type(raw)(self._value(uuid, f"{prefix}:{name}", raw))) for name, raw in counts
-        )
-
-    def _counter(self, uuid: str, name: str, raw: Number | None) -> Number | None:
-        """The monotonic value of one device counter, in the raw value's own type."""
-        return None if raw is None else type(raw)(self._value(uuid, name, raw))
-
-    def _xids(
-        self, uuid: str, counts: tuple[tuple[int | str, int], ...]
-    ) -> tuple[tuple[int | str, int], ...]:
-        """XID counts made monotonic per code. A code the source stopped listing (its count moved
-        to "other") is forgotten, so if it comes back its series starts again instead of counting
-        its old errors twice."""
-        known = self._xid.get(uuid, {})
-        states = self._xid[uuid] = {code: known.get(code) or Monotonic() for code, _ in counts}
-        return tuple((code, int(states[code].update(count))) for code, count in counts)
+    def gpu(self, reading: GpuReading, now: float) -> GpuReading:
+        """The reading with its counters made monotonic per device uuid (`DeviceCounters.gpu`)."""
+        return self.devices.gpu(reading, now)
 
     def cpu_increases(self, processes: Iterable[ProcessCpu]) -> dict[ProcessLabels, float]:
         """CPU seconds each process used since the last call; one seen for the first time counts
@@ -334,16 +241,10 @@ class MonotonicCounters:
     def _departed_numbers(self, keys: list[ProcessLabels]) -> Iterable[tuple[float]]:
         return zip(map(self._departed.__getitem__, keys))
 
-    def _gpu_numbers(self, keys: list[tuple[str, str]]) -> list[tuple[float | None, float]]:
-        """Each counter's last raw value (never None: updated when it was made) and value."""
-        states = [self._gpu[uuid][name] for uuid, name in keys]
-        return [(state.last_raw, state.value) for state in states]
-
     def state(self) -> dict[str, Any]:
         """Plain data for `StateFile.save`; `restore` takes it back."""
         return {
-            "gpu": self._gpu_rows,
-            "xid": monotonic_rows(self._xid),
+            **self.devices.state(),
             "processes": self._rows,
             "departed": self._departed_rows,
             "process_other": self._process_family.other,
@@ -353,17 +254,7 @@ class MonotonicCounters:
 
     def restore(self, state: object) -> None:
         """Take the state a previous worker saved; raises carry.BadState on a wrong value."""
-        self._gpu = monotonic_states(carry.field(state, "gpu"), text)
-        self._slow.clear()
-        if any(
-            counter.last_raw is None for device in self._gpu.values() for counter in device.values()
-        ):
-            raise carry.BadState("a device counter without its last raw value")
-        self._gpu_rows.clear()
-        self._gpu_rows.changed(
-            (uuid, name) for uuid, device in self._gpu.items() for name in device
-        )
-        self._xid = monotonic_states(carry.field(state, "xid"), code)
+        self.devices.restore(state)
         rows = carry.rows(carry.field(state, "processes"), integer, text, text, number, number)
         self._process_seen = {(pid, comm, cid): seen for pid, comm, cid, seen, _ in rows}
         self._process_total = {(pid, comm, cid): total for pid, comm, cid, _, total in rows}

@@ -249,7 +249,8 @@ class Sampler:
         container_ids = _container_ids(increases, reading.gpus)
         kube = self.environment.view(self.kube.view(), container_ids, increases, reading.gpus)
         node_gpus = tuple(
-            join_owners(self._counters.gpu(gpu), kube) for gpu in self._number(reading, started)
+            join_owners(self._counters.gpu(gpu, started), kube)
+            for gpu in self._number(reading, started)
         )
         TURNS.give_way()
         shown, other_seconds = self._counters.process_seconds(increases)
