@@ -218,6 +218,14 @@ def test_garbage_readings_are_dropped(fake_nvml: FakeNvml) -> None:
         assert agent.samples("gpu_up") == {"0": 1.0, "1": 1.0}
 
 
+def test_a_fan_above_its_rated_maximum_is_shown(fake_nvml: FakeNvml) -> None:
+    """nvmlDeviceGetFanSpeed: a percent of the fan's noise-tolerance maximum that "may exceed
+    100%", as when the fan runs hardest."""
+    fake_nvml.gpu(1, fan_speed=105)
+    with nvml_agent(fake_nvml) as agent:
+        assert agent.samples("gpu_fan_speed_ratio")["1"] == 1.05
+
+
 def test_lost_gpu_alone_goes_down_and_comes_back_with_monotonic_counters(
     fake_nvml: FakeNvml,
 ) -> None:

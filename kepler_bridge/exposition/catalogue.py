@@ -64,7 +64,10 @@ GPU_GAUGES: dict[str, tuple[str, str]] = {
     "gpu_power_limit_watts": ("power_limit_watts", "Enforced power limit."),
     "gpu_sm_clock_hertz": ("sm_clock_hertz", "SM (core) clock."),
     "gpu_memory_clock_hertz": ("memory_clock_hertz", "Memory clock."),
-    "gpu_fan_speed_ratio": ("fan_speed_ratio", "Fan speed as a fraction of its maximum (0..1)."),
+    "gpu_fan_speed_ratio": (
+        "fan_speed_ratio",
+        "Fan speed as a fraction of its rated maximum (above 1 where the driver says so).",
+    ),
     "gpu_pcie_transmit_bytes_per_second": (
         "pcie_transmit_bytes_per_second",
         "PCIe transmit throughput over 20 ms, measured once per --nvml-counter-interval.",

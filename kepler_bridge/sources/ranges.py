@@ -25,6 +25,13 @@ def ratio_from_percent(percent: float | None) -> float | None:
     return None if checked is None else checked / 100.0
 
 
+def fan_ratio_from_percent(percent: float | None) -> float | None:
+    """A fan's 0..200 % as a ratio: NVML's percent of the fan's noise-tolerance maximum "may
+    exceed 100 %"; sentinels dropped."""
+    checked = bounded(percent, 0, 200)
+    return None if checked is None else checked / 100.0
+
+
 def celsius(value: float | None) -> float | None:
     """Temperatures from 0 to 150 °C; negatives and sentinels dropped."""
     return bounded(value, 0, MAX_CELSIUS)

@@ -297,7 +297,7 @@ def _number_fields(numbers: list[Any]) -> dict[str, Any]:
         "energy_joules": energy / 1000 if energy is not None and energy < 2**63 else None,
         "sm_clock_hertz": ranges.hertz(sm * 1e6 if sm is not None else None),
         "memory_clock_hertz": ranges.hertz(memory * 1e6 if memory is not None else None),
-        "fan_speed_ratio": ranges.ratio_from_percent(fan),
+        "fan_speed_ratio": ranges.fan_ratio_from_percent(fan),
         "performance_state": pstate if pstate is not None and 0 <= pstate <= 15 else None,
         "temperature_celsius": ranges.celsius(celsius),
     }
