@@ -33,7 +33,14 @@ class Stuck:
             return self.hold.update(f.timestamp, False)
         self.peak = max(self.peak, f.power)
         limit = f.power_limit or self.peak
-        rising = (self.idle or f.power) + elapsed / 600.0
+        idle_now = f.utilization <= 0.05
+        if self.idle is None:
+            # First seen at work: its power says nothing of idle; a typical idle share until an
+            # idle sample says more (0.3 x the limit made a third-of-the-limit job "spinning").
+            self.idle = f.power if idle_now else 0.15 * limit
+        # The estimate creeps up only while idle: at work the board never shows its idle, and
+        # creeping there took it to 0.3 x the limit within hours of a long job.
+        rising = self.idle + (elapsed / 600.0 if idle_now else 0.0)
         self.idle = min(rising, f.power, 0.3 * limit)
         span = max(limit - self.idle, 1.0)
         low = self.idle + span * 0.12 / self.sensitivity
@@ -68,10 +75,12 @@ class MemoryLeak:
         self._judged: tuple[object, float | None, float, bool] | None = None
 
     def update(self, f: Features, elapsed: float) -> bool:
-        if f.memory_used is None or f.processes is None or not f.processes:
+        if f.memory_used is None or (f.processes is not None and not f.processes):
             self.points.clear()
             return self.hold.update(f.timestamp, False)
-        if f.processes != self.processes:
+        # None: the source cannot list processes (amdgpu); the steadiness of the climb still tells
+        # a leak from a load.
+        if f.processes is not None and f.processes != self.processes:
             self.processes = f.processes
             self.points.clear()
         if not self.points or f.timestamp - self.points[-1][0] >= self.STEP:

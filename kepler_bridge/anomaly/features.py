@@ -10,6 +10,10 @@ from kepler_bridge.model import GpuReading
 # the power cap apart: a board at its power limit is doing what it was set to do.
 POWER_CAP = "sw_power_cap"
 MIN_LIMIT_WATTS = 1.0
+# XIDs NVIDIA documents as an application's own fault, or its process killed: 13 graphics engine
+# exception, 31 MMU fault, 43 GPU stopped processing, 45 preemptive cleanup. A crash-looping pod
+# makes a few a minute on healthy hardware.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 SLOWDOWNS = frozenset(
     {
         "hw_slowdown",
@@ -57,7 +61,7 @@ def of(gpu: GpuReading, timestamp: float) -> Features:
         gpu.fan_speed_ratio,
         any(active for reason, active in gpu.throttled if reason in SLOWDOWNS),
         (
-            sum(count for _, count in gpu.xid_errors),
+            sum(count for code, count in gpu.xid_errors if code not in APPLICATION_XIDS),
             gpu.ecc_corrected_total,
             gpu.ecc_uncorrected_total,
             remapped,

@@ -74,8 +74,12 @@ class FrozenSensor:
         limit = f.power_limit or 1000.0
         frozen = False
         if f.power is not None:
-            runs["power"].update(f.power, now, elapsed, f.utilization)
-            frozen = runs["power"].frozen(now, 0.4, s)
+            run = runs["power"]
+            run.update(f.power, now, elapsed, f.utilization)
+            # An idle board's power, averaged and in whole watts (amdgpu), settles as its
+            # temperature does: a long run is unusual only where the board worked during it.
+            worked = f.utilization is None or run.driver_high > 0.05
+            frozen = run.frozen(now, 0.4, s, habit=worked)
         if f.temperature is not None:
             heat = self.heat.update(f.power, elapsed) if f.power is not None else None
             run = runs["temperature"]

@@ -30,6 +30,7 @@ class Cooling:
         self.bands = [Ewma(7200.0) for _ in range(BINS)]
         self.spread = [Ewma(7200.0, 1.0) for _ in range(BINS)]
         self.recent: deque[tuple[float, float, float]] = deque(maxlen=40)  # (t, °C, W), 10 s apart
+        self.limit: float | None = None  # the power limit the bands are shares of
         self.hold = Hold(60.0, 120.0)
 
     def update(self, f: Features, elapsed: float) -> bool:
@@ -38,6 +39,12 @@ class Cooling:
         watts = self.power.update(f.power, elapsed)
         degrees = self.temperature.update(f.temperature, elapsed)
         limit = f.power_limit or 1000.0
+        if self.limit is not None and abs(limit - self.limit) > 0.02 * self.limit:
+            # The bands are shares of the limit: a new limit (nvidia-smi -pl) puts other watts in
+            # each, so what they learned no longer holds.
+            self.bands = [Ewma(7200.0) for _ in range(BINS)]
+            self.spread = [Ewma(7200.0, 1.0) for _ in range(BINS)]
+        self.limit = limit
         band = min(BINS - 1, max(0, int(watts / limit * BINS)))
         # A die still cooling down after its load dropped is above the lower band, not failing.
         falling = len(self.recent) >= 7 and degrees < self.recent[-7][1] - 0.5
@@ -93,10 +100,18 @@ class Throttling:
         self.short = Ewma(30.0)
         self.usual = Ewma(6 * 3600.0)
         self.hold = Hold(60.0, 120.0)
+        self.idle_since: float | None = None
 
     def update(self, f: Features, elapsed: float) -> bool:
         if f.utilization is None or f.utilization < 0.3:
-            return self.hold.firing  # an idle GPU clocks down: says nothing either way
+            # An idle GPU clocks down: says nothing either way while it comes and goes, but an
+            # alarm does not outlast the work it was about by more than its clear time.
+            if self.idle_since is None:
+                self.idle_since = f.timestamp
+            elif f.timestamp - self.idle_since >= self.hold.clear:
+                self.hold.reset()
+            return self.hold.firing
+        self.idle_since = None
         # The power cap at the power limit is the board's setting at work; under it, a fault.
         at_limit = f.power is not None and f.power >= 0.9 * (f.power_limit or float("inf"))
         slow = f.throttled or (f.power_capped and not at_limit)

@@ -1,0 +1,173 @@
+"""The named detectors on what real boards do and the labelled traces do not model: long jobs at a
+third of the limit, a power limit changed at runtime, idle after a throttled job, applications'
+own XIDs, an idle board's whole watts, and a source that lists no processes."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Iterable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import anomaly_traces as traces  # noqa: E402
+
+from kepler_bridge.anomaly import features  # noqa: E402
+from kepler_bridge.anomaly.features import Features  # noqa: E402
+from kepler_bridge.anomaly.watch import named  # noqa: E402
+from kepler_bridge.model import GpuReading  # noqa: E402
+
+
+def sample(t: float, **values: object) -> Features:
+    """One sample of a working A100 (400 W limit), with `values` changed."""
+    given: dict[str, object] = dict(
+        timestamp=t, utilization=0.5, memory_used=20e9, memory_total=80e9, temperature=50.0,
+        power=200.0, power_limit=400.0, sm_clock=1.41e9, memory_clock=1.593e9, fan=None,
+        throttled=False, errors=(0, 0, 0, 0), processes=frozenset({1234}), power_capped=False,
+    )  # fmt: skip
+    given.update(values)
+    return Features(**given)  # type: ignore[arg-type]
+
+
+def fired(kind: str, samples: Iterable[Features | None]) -> list[float]:
+    """When the detector of `kind` fired, fed the samples in order (None: a gap)."""
+    detector, last, found = next(d for d in named(1.0) if d.kind == kind), None, []
+    for f in samples:
+        if f is None:
+            detector.gap()
+            last = None
+            continue
+        if detector.update(f, f.timestamp - last if last is not None else 0.0):
+            found.append(f.timestamp)
+        last = f.timestamp
+    return found
+
+
+class Board:
+    """Power follows the load; the die follows power through a thermal resistance with a minute's
+    lag, read in whole degrees with 0.4 degrees of sensor noise."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng, self.temperature = random.Random(seed), 27.0 + 0.12 * 52.0
+
+    def sample(self, t: float, dt: float, utilization: float, limit: float, r: float) -> Features:
+        watts = max(1.0, 52 + (230 - 52) * utilization + self.rng.gauss(0, 1.5))
+        self.temperature += (27.0 + r * watts - self.temperature) * min(1.0, dt / 60.0)
+        shown = float(round(self.temperature + self.rng.gauss(0, 0.4)))
+        return sample(t, utilization=utilization, power=round(watts, 3), power_limit=limit,
+                      temperature=shown)  # fmt: skip
+
+
+def test_a_long_job_at_a_third_of_the_limit_is_not_stuck() -> None:
+    """Small-batch inference: a kernel always running (100 %), few SMs busy, 135 W of 400. Seen
+    from the agent's start, or after half an hour idle, for 16 hours."""
+    rng = random.Random(1)
+
+    def job(t: float) -> Features:
+        return sample(t, utilization=1.0, power=round(135 + rng.gauss(0, 4), 3), temperature=55.0)
+
+    def idle(t: float) -> Features:
+        return sample(t, utilization=0.0, power=round(52 + rng.gauss(0, 0.5), 3), temperature=33.0)
+
+    assert not fired("stuck", (job(t) for t in range(3600)))
+    later = [idle(t) for t in range(0, 1800, 5)] + [job(t) for t in range(1800, 59400, 5)]
+    assert not fired("stuck", later)
+
+
+def test_a_power_limit_changed_at_runtime_is_no_cooling_failure_and_a_fan_failure_still_is() -> (
+    None
+):
+    """The bands are shares of the limit: raised from 250 to 400 W (nvidia-smi -pl) with the same
+    work, nothing; lowered from 400 to 250 W, then a fan failure (1.7 x the resistance): found."""
+    levels = (0.1, 0.3, 0.5, 0.7, 0.9, 0.6, 0.4, 0.2)  # steps every 15 min teach every band
+
+    def trace(before: float, after: float, fault_at: float | None, seed: int) -> list[Features]:
+        board, dt = Board(seed), 1.0
+        return [
+            board.sample(
+                float(t),
+                dt,
+                levels[int(t // 900) % len(levels)],
+                before if t < 6 * 3600 else after,
+                0.12 * (1.7 if fault_at is not None and t >= fault_at else 1.0),
+            )
+            for t in range(0, 12 * 3600)
+        ]
+
+    assert not [t for t in fired("cooling", trace(250.0, 400.0, None, 1)) if t >= 6 * 3600]
+    assert [t for t in fired("cooling", trace(400.0, 250.0, 9 * 3600, 2)) if t >= 9 * 3600]
+
+
+def test_a_throttling_alarm_ends_with_the_work_it_was_about() -> None:
+    """A power brake in a job's last 10 minutes, then a night idle: the alarm clears within its
+    clear time, not at the next job."""
+    rng, samples = random.Random(4), []
+    for t in range(0, 20 * 3600, 5):
+        job, brake = t < 6 * 3600, 6 * 3600 - 600 <= t < 6 * 3600
+        utilization = min(1.0, max(0.0, 0.9 + rng.gauss(0, 0.03))) if job else 0.0
+        clock = (0.9e9 if brake else 1.41e9) if job else 0.21e9
+        power = (300.0 if job else 55.0) + rng.gauss(0, 2)
+        samples.append(
+            sample(
+                t, utilization=round(utilization, 2), power=power, sm_clock=clock, throttled=brake
+            )  # fmt: skip
+        )
+    found = fired("throttling", samples)
+    assert found and found[0] < 6 * 3600, "the brake is found"
+    assert max(found) < 6 * 3600 + 900, f"still firing {max(found) / 3600:.1f} h in"
+
+
+def test_an_application_crash_looping_is_no_error_burst() -> None:
+    """Each crash of a pod's out-of-bounds bug logs XID 31 (MMU fault) and 43 (GPU stopped
+    processing), application faults on healthy hardware; Kubernetes restarts it with backoff."""
+    detector = next(d for d in named(1.0) if d.kind == "error_burst")
+    crashes, t = [], 3600
+    for backoff in (10, 20, 40, 80, 160, 300, 300):
+        crashes.append(t)
+        t += 30 + backoff
+    counts: dict[int | str, int] = {}
+    for now in range(7200):
+        if now in crashes:
+            counts = {31: counts.get(31, 0) + 1, 43: counts.get(43, 0) + 1}
+        gpu = GpuReading(
+            0, "GPU-0", "nvidia", "A100", utilization=0.5, power_watts=200.0,
+            ecc_corrected_total=0, ecc_uncorrected_total=0, xid_errors=tuple(counts.items()),
+        )  # fmt: skip
+        assert not detector.update(features.of(gpu, float(now)), 1.0 if now else 0.0), now
+
+
+def test_an_idle_boards_whole_watts_are_no_frozen_sensor() -> None:
+    """amdgpu's averaged power in whole watts sits on one watt while the board idles."""
+    rng = random.Random(5)
+    for interval in (1.0, 5.0):
+        samples, temperature = [], 40.0
+        for step in range(int(3 * 3600 / interval)):
+            t, busy = step * interval, step * interval < 3600
+            utilization = min(1.0, max(0.0, 0.6 + rng.gauss(0, 0.1))) if busy else 0.0
+            watts = 41.2 + 400 * utilization + rng.gauss(0, 3.0 if busy else 0.1)
+            temperature += (25 + 0.1 * watts - temperature) * min(1.0, interval / 60)
+            shown = round(temperature + (rng.gauss(0, 0.4) if busy else 0.0))
+            samples.append(
+                sample(
+                    t,
+                    utilization=round(utilization, 2),
+                    power=float(round(watts)),
+                    power_limit=560.0,
+                    temperature=float(shown),
+                    processes=None,
+                )  # fmt: skip
+            )
+        assert not fired("frozen_sensor", samples), interval
+
+
+def test_a_leak_is_found_where_the_source_lists_no_processes() -> None:
+    """amdgpu lists no processes (None): the benchmark's leak faults are found as where it does."""
+    for pattern in ("steady", "bursty"):
+        trace = traces.fault_trace("memory_leak", pattern, 201, 5.0)
+        assert trace.fault is not None
+        unlisted = [None if f is None else f._replace(processes=None) for f in trace.samples]
+        during = [
+            t for t in fired("memory_leak", unlisted) if trace.fault.start <= t <= trace.fault.end
+        ]
+        assert during, pattern
