@@ -156,6 +156,38 @@ def test_a_process_listed_in_several_utilization_samples_gets_its_latest_valid_o
     assert found == {"999001": 0.7, "999002": 0.4, "999003": 0.0}, stderr
 
 
+def test_a_utilization_sample_published_late_is_still_read(fake_nvml: FakeNvml) -> None:
+    """nvmlDeviceGetProcessUtilization returns the samples newer than the timestamp given, which
+    NVML's documentation says to take from the last query's samples: a sample stamped before the
+    agent's last call but published after it (or an NTP step) is read, not lost as 0 %."""
+    script = textwrap.dedent(
+        """
+        import json, sys, time
+        from pathlib import Path
+        sys.path.insert(0, sys.argv[3])
+        from fakenvml import FakeNvml
+        from kepler_bridge import config
+        from kepler_bridge.sources.nvml.source import NvmlSource
+
+        fake = FakeNvml(Path(sys.argv[1]), Path(sys.argv[2]), gpus=1)
+        now_us = lambda: int(time.time() * 1e6)
+        fake.processes(0, [{"pid": 1, "sm_util": 10, "timestamp": now_us() - 2_000_000}])
+        source = NvmlSource(config.load({"nvml_library": sys.argv[1]}, {}))
+        source.start()
+        first = source.read().gpus[0].processes[0].utilization
+        late = now_us() - 100_000  # before the read above, published after it
+        fake.processes(0, [{"pid": 1, "sm_util": 80, "timestamp": late}])
+        time.sleep(0.3)
+        second = source.read().gpus[0].processes[0].utilization
+        source.stop()
+        print(json.dumps([first, second]))
+        """
+    )
+    tests = str(Path(__file__).resolve().parent)
+    found, stderr = fake_nvml.printed(script, str(fake_nvml.config), tests)
+    assert found == [0.1, 0.8], stderr
+
+
 def test_memory_falls_back_to_v1(fake_nvml: FakeNvml) -> None:
     fake_nvml.gpu(1, memory_v2=False)
     with nvml_agent(fake_nvml) as agent:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-import time
 from operator import itemgetter
 from typing import Any, Callable
 
@@ -131,9 +130,10 @@ def _listed(
 
 
 def _utilization(device: Device) -> dict[int, float] | None:
-    """SM utilization per pid since the last sample; {} when nothing ran, None when not reported."""
+    """SM utilization per pid since the last sample; {} when nothing ran, None when not reported.
+    Asked for the samples after the newest one seen, as NVML's documentation says: not after the
+    clock at the last call, which loses a sample NVML publishes late (or after an NTP step)."""
     since = ctypes.c_ulonglong(device.last_process_sample_us)
-    device.last_process_sample_us = int(time.time() * 1e6)
     try:
         samples = device.query(
             "process_utilization",
@@ -151,6 +151,8 @@ def _utilization(device: Device) -> dict[int, float] | None:
         return None
     # A pid's latest sample last (the sort is stable: of two alike, the one NVML listed later).
     samples.sort(key=itemgetter(1))
+    if samples:
+        device.last_process_sample_us = max(device.last_process_sample_us, samples[-1][1])
     return {pid: PERCENTS[sm] for pid, _, sm, _, _, _ in samples if sm <= 100}
 
 
