@@ -19,6 +19,13 @@ MAX_EXACT = 2**53
 MAX_DEVICES = 256
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")
+# Readings with a physical range, which the sanitiser holds every source to, plug-ins included
+# (sampling/sanitize.py): a value outside it is a sentinel, garbage or a unit slip, and dropped.
+Ratio = float | None  # 0..1
+FanRatio = float | None  # 0..2: NVML's fan percent "may exceed 100%"
+Celsius = float | None  # -55..150: edge boards run below freezing
+Watts = float | None  # 0..5 kW
+Hertz = float | None  # 1 Hz..10 GHz
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,7 @@ class GpuProcess:
     pid: int
     comm: str = ""
     memory_used_bytes: int | None = None
-    utilization: float | None = None
+    utilization: Ratio = None
     container_id: str = ""
     owner: PodRef = NO_POD  # set by the sampler
 
@@ -108,11 +115,11 @@ class MigInstance:
     pids: tuple[int, ...] = ()  # its processes, each also one of the GPU's processes
     holders: tuple[Holder, ...] = ()  # set by the sampler: the containers assigned this device
     # GPM profiling of its GPU instance (nvmlGpmMigSampleGet), ratios 0..1; None: not reported.
-    sm_active: float | None = None
-    sm_occupancy: float | None = None
-    graphics_active: float | None = None
-    tensor_active: float | None = None
-    dram_active: float | None = None
+    sm_active: Ratio = None
+    sm_occupancy: Ratio = None
+    graphics_active: Ratio = None
+    tensor_active: Ratio = None
+    dram_active: Ratio = None
 
 
 @dataclass(frozen=True)
@@ -127,21 +134,21 @@ class GpuReading:
     error: str = ""
     driver_version: str = ""
     pci_bus_id: str = ""
-    utilization: float | None = None
-    memory_utilization: float | None = None
-    encoder_utilization: float | None = None
-    decoder_utilization: float | None = None
+    utilization: Ratio = None
+    memory_utilization: Ratio = None
+    encoder_utilization: Ratio = None
+    decoder_utilization: Ratio = None
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     memory_free_bytes: int | None = None
-    temperature_celsius: float | None = None
-    memory_temperature_celsius: float | None = None
-    power_watts: float | None = None
-    power_limit_watts: float | None = None
+    temperature_celsius: Celsius = None
+    memory_temperature_celsius: Celsius = None
+    power_watts: Watts = None
+    power_limit_watts: Watts = None
     energy_joules: float | None = None
-    sm_clock_hertz: float | None = None
-    memory_clock_hertz: float | None = None
-    fan_speed_ratio: float | None = None
+    sm_clock_hertz: Hertz = None
+    memory_clock_hertz: Hertz = None
+    fan_speed_ratio: FanRatio = None
     pcie_transmit_bytes_per_second: float | None = None
     pcie_receive_bytes_per_second: float | None = None
     performance_state: int | None = None
@@ -166,12 +173,12 @@ class GpuReading:
     holders: tuple[Holder, ...] = ()
     # GPM profiling (NVIDIA Hopper and newer), between the last two samples: ratios 0..1 and bytes
     # per second; (name, ratio) pairs for the SM pipes and the media engines.
-    sm_active: float | None = None
-    sm_occupancy: float | None = None
-    graphics_active: float | None = None
-    tensor_active: float | None = None
+    sm_active: Ratio = None
+    sm_occupancy: Ratio = None
+    graphics_active: Ratio = None
+    tensor_active: Ratio = None
     pipe_active: tuple[tuple[str, float], ...] = ()
-    dram_active: float | None = None
+    dram_active: Ratio = None
     profiled_pcie_transmit_bytes_per_second: float | None = None
     profiled_pcie_receive_bytes_per_second: float | None = None
     profiled_nvlink_transmit_bytes_per_second: float | None = None

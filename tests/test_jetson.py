@@ -109,6 +109,15 @@ def test_out_of_range_readings_are_dropped(tmp_path: Path) -> None:
     assert gpu.utilization is None and gpu.temperature_celsius is None and gpu.up
 
 
+def test_a_board_below_freezing_reports_its_temperature(tmp_path: Path) -> None:
+    """Thermal zones give signed millidegrees; an Orin is rated down to -25 °C."""
+    sysfs = FakeSysfs(tmp_path / "sys")
+    sysfs.jetson_orin(tmp_path / "proc")
+    sysfs.write(sysfs.root / "devices" / "virtual" / "thermal" / "thermal_zone1", {"temp": -4500})
+    (gpu,) = jetson(sysfs, tmp_path / "proc").read().gpus
+    assert gpu.temperature_celsius == -4.5
+
+
 def test_absent_on_other_machines(tmp_path: Path) -> None:
     sysfs = FakeSysfs(tmp_path / "sys")
     sysfs.amd_rx7900(0, "0000:03:00.0")

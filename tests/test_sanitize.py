@@ -65,6 +65,15 @@ NUMERIC = {
     for field in dataclasses.fields(GpuReading)
     if field.type in ("float | None", "int | None")
 }
+# Readings with a physical range (model.Ratio...): the range of each annotation.
+RANGES = {
+    "Ratio": (0.0, 1.0),
+    "FanRatio": (0.0, 2.0),
+    "Celsius": (-55.0, 150.0),
+    "Watts": (0.0, 5000.0),
+    "Hertz": (1.0, 10e9),
+}
+RANGED = {f.name: RANGES[f.type] for f in dataclasses.fields(GpuReading) if f.type in RANGES}
 # (label, ratio) pairs: each dropped alone when its ratio is unusable.
 RATIOS = ("pipe_active", "engine_active")
 FLAGS = [field.name for field in dataclasses.fields(GpuReading) if field.type == "bool | None"]
@@ -75,6 +84,8 @@ numbers = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
     st.sampled_from([-1, 0.5, 1.5e9, 2**53, 2**64, 1e300]),
 )
+# Near and across the physical ranges: a percent for a ratio, a cold board, a fan past 100 %.
+ranged = numbers | st.sampled_from([-4.5, -56.0, 1.05, 85.0, 150.0, 4000.0, 35_000.0, 0.0, 1.0])
 texts = st.text(st.characters(categories=["L", "N", "Cc", "Cs", "P", "Zs"]), max_size=6)
 
 
@@ -83,6 +94,7 @@ MIG_NUMERIC = {
     for field in dataclasses.fields(MigInstance)
     if field.type in ("float | None", "int | None")
 }
+MIG_RANGED = {f.name: RANGES[f.type] for f in dataclasses.fields(MigInstance) if f.type in RANGES}
 
 
 @st.composite
@@ -94,6 +106,7 @@ def mig_instances(draw: st.DrawFn) -> MigInstance:
         profile=draw(texts),
         pids=tuple(draw(st.lists(numbers, max_size=3))),
         **{name: draw(numbers) for name in MIG_NUMERIC},
+        **{name: draw(ranged) for name in MIG_RANGED},
     )
 
 
@@ -139,6 +152,7 @@ def gpus(draw: st.DrawFn, index: int) -> GpuReading:
         mig_instances=tuple(draw(st.lists(mig_instances(), max_size=2))),
         **{name: draw(st.none() | st.booleans() | numbers) for name in FLAGS},
         **{name: draw(numbers) for name in NUMERIC},
+        **{name: draw(ranged) for name in RANGED},
     )
 
 
@@ -232,6 +246,12 @@ def expected(raw: Any, whole: bool) -> float | int | None:
     return (math.floor(raw) if whole else raw) if usable else None
 
 
+def within(raw: Any, low: float, high: float) -> float | None:
+    """The rule of a reading with a physical range: a number in it as a float, else dropped."""
+    usable = isinstance(raw, (int, float)) and not isinstance(raw, bool)
+    return float(raw) if usable and low <= raw <= high else None
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(first=readings(), second=readings())
 def test_hostile_plugin_readings_reach_the_exporters_clean(
@@ -251,6 +271,8 @@ def test_hostile_plugin_readings_reach_the_exporters_clean(
                     assert getattr(gpu, name) == expected(
                         getattr(given_gpu, name), kind == "int | None"
                     ), name
+            for name, (low, high) in RANGED.items():
+                assert getattr(gpu, name) == within(getattr(given_gpu, name), low, high), name
             for name in RATIOS:
                 assert [value for _, value in getattr(gpu, name)] == [
                     expected(value, False)
@@ -284,6 +306,8 @@ def assert_mig_clean(given: tuple[MigInstance, ...], arrived: tuple[MigInstance,
         )
         for name, kind in MIG_NUMERIC.items():
             assert getattr(mig, name) == expected(getattr(raw, name), kind == "int | None"), name
+        for name, (low, high) in MIG_RANGED.items():
+            assert getattr(mig, name) == within(getattr(raw, name), low, high), name
         assert list(mig.pids) == [
             math.floor(pid) for pid in raw.pids if expected(pid, whole=True) is not None
         ]
@@ -291,6 +315,27 @@ def assert_mig_clean(given: tuple[MigInstance, ...], arrived: tuple[MigInstance,
 
 def render(snapshot: Snapshot) -> str:
     return prometheus.render(snapshot, lambda name: True).decode()
+
+
+def test_a_plugins_readings_outside_their_physical_range_are_dropped() -> None:
+    """A plug-in gives a percent where a ratio belongs, or a garbage temperature, power or clock:
+    dropped as the built-in sources drop them; a cold board and a fan past 100 % are kept."""
+    raw = GpuReading(
+        index=0, uuid="P-0", vendor="acme", model="npu", utilization=85.0,
+        temperature_celsius=4000.0, power_watts=35_000.0, sm_clock_hertz=0.0,
+        memory_temperature_celsius=-4.5, fan_speed_ratio=1.05,
+        processes=(GpuProcess(7, utilization=60.0), GpuProcess(8, utilization=0.6)),
+    )  # fmt: skip
+    agent = sampler(Slot("replay", Replay([SourceReading(gpus=(raw,))]), started=True))
+    (gpu,) = agent.sample().gpus
+    assert (gpu.utilization, gpu.temperature_celsius, gpu.power_watts, gpu.sm_clock_hertz) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert (gpu.memory_temperature_celsius, gpu.fan_speed_ratio) == (-4.5, 1.05)
+    assert [process.utilization for process in gpu.processes] == [None, 0.6]
 
 
 def test_a_source_reporting_more_than_max_devices_is_down_with_the_reason() -> None:

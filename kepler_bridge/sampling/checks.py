@@ -21,9 +21,10 @@ NONE = type(None)
 present = partial(is_not, None)
 
 
-def numbers(kind: type, optional: bool) -> Check:
+def numbers(kind: type, optional: bool, low: float = 0, high: float | None = None) -> Check:
     """The check of `real` (kind float) or `whole` (int): each value of that very type (or None,
-    where optional), from 0 below MAX_EXACT, no NaN."""
+    where optional), from 0 below MAX_EXACT, no NaN; or, of a physical range's rule, from `low`
+    to `high`."""
     kinds = {kind, NONE} if optional else {kind}
 
     def check(values: list[Any]) -> bool:
@@ -32,7 +33,8 @@ def numbers(kind: type, optional: bool) -> Check:
         found = list(filter(present, values)) if optional else values
         if not found:
             return True
-        if not (min(found) >= 0 and max(found) < MAX_EXACT):
+        top = max(found)
+        if not (min(found) >= low and (top < MAX_EXACT if high is None else top <= high)):
             return False
         total = sum(found)  # NaN where any is: in range, the sum of floats is finite
         return total == total

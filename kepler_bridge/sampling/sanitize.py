@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from itertools import chain, compress
-from operator import attrgetter, is_not, not_
+from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable
 
 from kepler_bridge.model import (
@@ -41,6 +41,8 @@ from kepler_bridge.model import (
 from kepler_bridge.printable import label_text
 from kepler_bridge.sampling import checks
 from kepler_bridge.sampling.checks import Check
+from kepler_bridge.sampling.seen import Seen
+from kepler_bridge.sources import ranges
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -79,6 +81,23 @@ def real(value: Any) -> float | None:
         except OverflowError:
             return None
     return value if 0 <= value < MAX_EXACT else None
+
+
+def _within(low: float, high: float) -> tuple[_Rule, bool, Check]:
+    """The rule of a reading with a physical range (model.Ratio, Celsius...): a number from `low`
+    to `high` as a float, else None."""
+
+    def rule(value: Any) -> float | None:
+        if type(value) is not float:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                return None
+            try:
+                value = float(value)
+            except OverflowError:
+                return None
+        return value if low <= value <= high else None  # NaN is neither
+
+    return rule, False, checks.numbers(float, True, low, high)
 
 
 def whole(value: Any) -> int | None:
@@ -160,47 +179,6 @@ def _record(value: Any, cls: type[DataclassInstance]) -> Any:
         if new is not old:
             changes[name] = new
     return replaced(value, **changes) if changes else value
-
-
-class Seen:
-    """The records of one class found clean, for the classes whose records sources keep from one
-    sample to the next: those of the last call that brought new ones, or moved them. It holds
-    them, so no id it knows is reused while it knows it, and nothing older: a replaced or dropped
-    record is let go at the next such call, not kept with the generations of a busy host."""
-
-    def __init__(self) -> None:
-        self._last: list[Any] = []  # the records known clean, in the order they came
-        self._ids: set[int] = set()  # and their ids
-        self._call: list[Any] = []
-        # Of the last call when it had as many records as the known: the known ones it does not
-        # hold in place, and its own records in those places.
-        self._swap: tuple[list[Any], list[Any]] | None = None
-
-    def unknown(self, records: list[Any]) -> list[Any]:
-        """Those of `records` not known clean."""
-        # Sources keep their rows in order, so a record mostly stands where it stood: compared
-        # in place (in C), and only those that moved or changed are looked up by id.
-        last, moved, self._swap = self._last, records, None
-        if len(records) == len(last):
-            places = list(map(is_not, records, last))
-            moved = list(compress(records, places))
-            self._swap = (list(compress(last, places)), moved)
-        if not moved:
-            return []
-        fresh = list(compress(moved, map(not_, map(self._ids.__contains__, map(id, moved)))))
-        self._call = records
-        if not fresh:  # only moved: known from here on where they stand now
-            self.add()
-        return fresh
-
-    def add(self) -> None:
-        """The records of the last `unknown` call are all clean: they are what is known now."""
-        if self._swap is None:
-            self._ids = set(map(id, self._call))
-        else:  # only the records in the places that changed: some, of thousands
-            self._ids.difference_update(map(id, self._swap[0]))
-            self._ids.update(map(id, self._swap[1]))
-        self._last, self._call, self._swap = self._call, [], None
 
 
 def _unchanged(records: list[Any], cls: type[DataclassInstance]) -> bool:
@@ -315,6 +293,11 @@ _TEXT, _FLAG = (utf8_text, checks.texts), (bool, checks.kinds(bool))
 # Under `from __future__ import annotations` dataclasses give the annotation as text.
 _RULES: dict[str | type, tuple[_Rule, bool, Check]] = {
     "float | None": (real, False, checks.numbers(float, True)),
+    "Ratio": _within(0.0, 1.0),
+    "FanRatio": _within(0.0, 2.0),
+    "Celsius": _within(ranges.MIN_CELSIUS, ranges.MAX_CELSIUS),
+    "Watts": _within(0.0, ranges.MAX_WATTS),
+    "Hertz": _within(1.0, ranges.MAX_HERTZ),
     "int | None": (whole, False, checks.numbers(int, True)),
     "float": (real, True, _REAL),
     "int": (whole, True, _WHOLE),

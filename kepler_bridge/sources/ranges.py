@@ -5,7 +5,7 @@ from __future__ import annotations
 from kepler_bridge.model import MAX_EXACT
 
 MAX_WATTS = 5_000.0
-MAX_CELSIUS = 150.0
+MIN_CELSIUS, MAX_CELSIUS = -55.0, 150.0  # edge boards run below freezing (Jetson Orin: -25)
 MAX_HERTZ = 10e9
 MAX_BYTES = MAX_EXACT
 MAX_BYTES_PER_SECOND = 1e12
@@ -33,8 +33,8 @@ def fan_ratio_from_percent(percent: float | None) -> float | None:
 
 
 def celsius(value: float | None) -> float | None:
-    """Temperatures from 0 to 150 °C; negatives and sentinels dropped."""
-    return bounded(value, 0, MAX_CELSIUS)
+    """Temperatures from -55 to 150 °C; sentinels (Jetson's -256 °C) dropped."""
+    return bounded(value, MIN_CELSIUS, MAX_CELSIUS)
 
 
 def watts(value: float | None) -> float | None:
