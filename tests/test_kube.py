@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from agent import Agent
 from cpu_helpers import Burner
-from kepler_bridge.kube.metadata import KubeMetadata
+from kepler_bridge.kube.metadata import NOTICE_ASKS, KubeMetadata
 from kepler_bridge.kube.pods import STATUS_LISTS, containers_of
 from kepler_bridge.kube.view import Assignment, KubeView, device_key, device_owners
 from kepler_bridge.model import GpuProcess, GpuReading, PodRef
@@ -243,22 +243,48 @@ def test_refreshes_in_the_background_and_soon_after_an_unknown_container() -> No
             wait_for(lambda: A in kube.view().containers, 5, "the new pod's container", step=0.02)
             assert kube.view().containers == EXPECTED  # long before the 60 s period
             asked = len(metaserver.requests)
-            kube.notice([A, "f" * 64])  # A is known; an unknown id asks once, not at every sample
-            wait_for(
-                lambda: len(metaserver.requests) > asked,
-                5,
-                "a pod list for the unknown id",
-                step=0.02,
-            )
-            for _ in range(5):
+            # A is known; an unknown id asks at first sight, then after 2, 4, 8 and 16 least
+            # periods (0.1, 0.2, 0.4, 0.8 s), not at every sample (each 0.05 s: a period).
+            for _ in range(40):
+                kube.notice([A, "f" * 64])
+                time.sleep(0.05)
+            assert asked + 3 <= len(metaserver.requests) <= asked + NOTICE_ASKS
+            settled = len(metaserver.requests)
+            for _ in range(10):
                 kube.notice(["f" * 64])
-                time.sleep(
-                    0.1
-                )  # two refresh periods (min_period) each: time enough to ask again, were it to
-            assert len(metaserver.requests) == asked + 1
+                time.sleep(0.1)
+            assert len(metaserver.requests) == settled, "asked NOTICE_ASKS times, no more"
         finally:
             kube.stop()
             assert "kepler-bridge-kube" not in {thread.name for thread in threading.enumerate()}
+
+
+def test_a_container_listed_after_its_first_early_refresh_is_soon_known() -> None:
+    """A container's first process runs before its pod list names it: the early refresh it asks
+    for finds nothing, and the next asks find it, long before the period."""
+    with FakeKube(pod_list(pod("ml", "train-0", ("main", f"docker://{D}")))) as metaserver:
+        kube = KubeMetadata(
+            make_config(
+                kube_source="metaserver", metaserver_url=metaserver.url, pod_resources_socket=""
+            ),
+            environ={},
+            period=60.0,
+            min_period=0.05,
+        )
+        kube.start()
+        try:
+            wait_for(lambda: D in kube.view().containers, 5, "the first pod list", step=0.02)
+            kube.notice([A])  # its process runs; the pod list does not name it yet
+            wait_for(lambda: len(metaserver.requests) >= 2, 5, "the early refresh", step=0.02)
+            metaserver.pods = PODS  # the kubelet's status now has its containerID
+            wait_for(
+                lambda: kube.notice([A]) or A in kube.view().containers,
+                5,
+                "the container known after a later ask",
+                step=0.05,
+            )
+        finally:
+            kube.stop()
 
 
 def test_device_keys() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Iterable, Mapping
 
 from kepler_bridge.config import Config
@@ -18,6 +19,10 @@ log = logging.getLogger(__name__)
 REFRESH_SECONDS = 30.0
 MIN_REFRESH_SECONDS = 2.0
 MAX_NOTICED = 10000
+# How often an unknown container asks for an early refresh: at first sight, then again after 2, 4,
+# 8 and 16 times the least refresh period. A container's first process runs before the kubelet,
+# and the API server after it, lists its id: one early refresh mostly comes too soon.
+NOTICE_ASKS = 5
 
 
 class KubeMetadata:
@@ -40,7 +45,7 @@ class KubeMetadata:
         self._containers: dict[str, PodRef] = {}
         self._assignments: tuple[Assignment, ...] = ()
         self._preferred: Endpoint | None = None
-        self._noticed: set[str] = set()
+        self._noticed: dict[str, tuple[int, float]] = {}  # id -> (asks so far, when to ask again)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -66,14 +71,19 @@ class KubeMetadata:
             self._thread.join(timeout)
             self._thread = None
 
-    def notice(self, container_ids: Iterable[str]) -> None:
-        """Ask for an early refresh when containers the view does not name show up (each id asks
-        once)."""
-        new = set(container_ids) - self._noticed - self._view.containers.keys()
-        if new:
-            if len(self._noticed) > MAX_NOTICED:
-                self._noticed.clear()
-            self._noticed |= new
+    def notice(self, container_ids: Iterable[str], now: float | None = None) -> None:
+        """Ask for an early refresh when containers the view does not name show up: each id at
+        first sight and NOTICE_ASKS - 1 times more, each wait twice the last."""
+        now = time.monotonic() if now is None else now
+        noticed, asked = self._noticed, False
+        for container in set(container_ids) - self._view.containers.keys():
+            asks, due = noticed.get(container, (0, now))
+            if asks < NOTICE_ASKS and now >= due:
+                noticed[container] = (asks + 1, now + self.min_period * 2 ** (asks + 1))
+                asked = True
+        if asked:
+            if len(noticed) > MAX_NOTICED:
+                noticed.clear()
             self._wake.set()
 
     def refresh(self) -> None:
