@@ -3,6 +3,7 @@ sample's owner."""
 
 from __future__ import annotations
 
+import time
 from typing import Iterable
 
 from kepler_bridge.exposition import prometheus
@@ -51,7 +52,7 @@ class Node(Source):
     name = "node"
 
     def start(self) -> None:
-        self.samples = 0
+        self.samples, self.started = 0, time.monotonic()
 
     def read(self) -> SourceReading:
         self.samples += 1
@@ -63,7 +64,13 @@ class Node(Source):
         return SourceReading(
             gpus=(
                 GpuReading(
-                    0, "GPU-0", "nvidia", "A100", energy_joules=300.0 * n, processes=processes
+                    0,
+                    "GPU-0",
+                    "nvidia",
+                    "A100",
+                    # 300 W: a counter that grows faster than a board can is taken for garbage
+                    energy_joules=300.0 * (time.monotonic() - self.started),
+                    processes=processes,
                 ),
                 GpuReading(1, "AMD-1", "amd", "MI210", power_watts=200.0, lists_processes=False),
             ),

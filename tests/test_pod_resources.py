@@ -20,7 +20,7 @@ from kepler_bridge.sources.amdgpu import AmdgpuSource
 from kepler_bridge.sources.ascend import AscendSource
 from kepler_bridge.sources.command import parse as parse_command
 from kepler_bridge.sources.intel import IntelSource
-from kubefakes import FakePodResources, list_response
+from kubefakes import FakeKube, FakePodResources, list_response, pod, pod_list
 from scaffold import by_name, make_config
 from test_ascend import fake_npu_smi, table
 
@@ -89,6 +89,31 @@ def test_last_assignments_kept_while_the_kubelet_restarts(tmp_path: Path) -> Non
         metadata.view().devices == owners
         and "keeping the last assignments" in metadata.errors["devices"]
     )
+
+
+def test_a_finished_pod_still_listed_by_pod_resources_holds_no_device(tmp_path: Path) -> None:
+    """pod-resources lists the devices of pods in phase Succeeded or Failed too (kubernetes#119423):
+    a Job's card, reassigned when it finished, would have two holders and no one owner."""
+    done = pod("ml", "etl-job-x7", ("main", f"containerd://{'1' * 64}"))
+    done["status"]["phase"] = "Succeeded"
+    running = pod("ml", "train-0", ("main", f"containerd://{'2' * 64}"))
+    running["status"]["phase"] = "Running"
+    socket, card = tmp_path / "kubelet.sock", "0000:c3:00.0"
+    reply = list_response(
+        [
+            ("ml", "etl-job-x7", [("main", [("amd.com/gpu", [card])])]),
+            ("ml", "train-0", [("main", [("amd.com/gpu", [card])])]),
+        ]
+    )
+    with FakeKube(pod_list(done, running)) as server, FakePodResources(socket, reply):
+        metadata = KubeMetadata(
+            make_config(
+                kube_source="metaserver", metaserver_url=server.url, pod_resources_socket=socket
+            ),
+            environ={},
+        )
+        metadata.refresh()
+    assert metadata.view().devices == {card: (PodRef("ml", "train-0", "main"),)}
 
 
 def test_each_vendors_plugin_id_finds_the_device_its_source_reads(tmp_path: Path) -> None:

@@ -7,12 +7,12 @@ import http.client
 import os
 import ssl
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, NamedTuple
 from urllib.parse import quote
 
 from kepler_bridge.config import Config
 from kepler_bridge.kube import bounded_get
-from kepler_bridge.kube.pods import containers_of, read_pod_list
+from kepler_bridge.kube.pods import containers_of, finished_pods, read_pod_list
 from kepler_bridge.model import PodRef
 
 
@@ -80,8 +80,15 @@ def _tls(config: Config) -> ssl.SSLContext:
     )
 
 
-def fetch_pods(endpoint: Endpoint, config: Config) -> dict[str, PodRef]:
-    """Container id -> container for the endpoint's pods; KubeError says why not."""
+class Pods(NamedTuple):
+    """An endpoint's pod list: container id -> container, and the pods that finished."""
+
+    containers: dict[str, PodRef]
+    finished: frozenset[tuple[str, str]]
+
+
+def fetch_pods(endpoint: Endpoint, config: Config) -> Pods:
+    """The endpoint's pods; KubeError says why not."""
     if not endpoint.url:
         raise KubeError(
             f"{endpoint.name}: KUBERNETES_SERVICE_HOST is not set (the agent runs outside a pod): "
@@ -110,7 +117,8 @@ def fetch_pods(endpoint: Endpoint, config: Config) -> dict[str, PodRef]:
             f"{_advice(endpoint, reply.status, config)}"
         )
     try:
-        return containers_of(read_pod_list(reply.body, config.kube_max_reply_bytes))
+        pod_list = read_pod_list(reply.body, config.kube_max_reply_bytes)
+        return Pods(containers_of(pod_list), finished_pods(pod_list))
     except (ValueError, RecursionError) as err:  # a broken or hostile answer
         raise KubeError(f"{where}: {err}") from None
 

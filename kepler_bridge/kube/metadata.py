@@ -43,6 +43,7 @@ class KubeMetadata:
         self.errors: dict[str, str] = {}
         self._view = KubeView()
         self._containers: dict[str, PodRef] = {}
+        self._finished: frozenset[tuple[str, str]] = frozenset()  # pods that ended for good
         self._assignments: tuple[Assignment, ...] = ()
         self._preferred: Endpoint | None = None
         self._noticed: dict[str, tuple[int, float]] = {}  # id -> (asks so far, when to ask again)
@@ -94,15 +95,19 @@ class KubeMetadata:
         # No socket (EdgeCore serves none) or no answer: the sampler learns devices from the
         # containers' environment, and the last assignments pod-resources gave still win.
         answered = bool(self.socket) and os.path.exists(self.socket) and self._refresh_devices()
+        # pod-resources may still list the devices of pods that finished (kubernetes#119423),
+        # which a new pod holds now: a second holder would take the device's energy from it.
+        finished = self._finished
+        held = [a for a in self._assignments if (a.owner.namespace, a.owner.pod) not in finished]
         self._view = KubeView(
-            self._containers, device_owners(self._assignments), learn_from_environment=not answered
+            self._containers, device_owners(held), learn_from_environment=not answered
         )
 
     def _refresh_pods(self) -> None:
         problems = []
         for endpoint in sorted(self.endpoints, key=lambda endpoint: endpoint != self._preferred):
             try:
-                self._containers = fetch_pods(endpoint, self.config)
+                self._containers, self._finished = fetch_pods(endpoint, self.config)
             except KubeError as err:
                 problems.append(str(err))
                 continue

@@ -11,7 +11,10 @@ from kepler_bridge.printable import label_text
 
 STATUS_LISTS = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
 # Every key containers_of reads; parsing keeps no other.
-READ_KEYS = frozenset(("items", "metadata", "status", "namespace", "name", "containerID"))
+READ_KEYS = frozenset(("items", "metadata", "status", "namespace", "name", "containerID", "phase"))
+# Pods whose containers all ended for good: pod-resources may still list their devices (fixed only
+# in Kubernetes 1.35, kubernetes#119423), which a new pod holds now.
+FINISHED_PHASES = frozenset(("Succeeded", "Failed"))
 READ_KEYS |= frozenset(STATUS_LISTS)
 # A pod list has one JSON value per 15 bytes or more (managedFields are the densest part). Parsed,
 # a value costs up to ~150 bytes (small objects of kept keys; nested empty lists cost ~30 bytes per
@@ -73,6 +76,19 @@ def containers_of(pod_list: Any) -> dict[str, PodRef]:
                         namespace, name, label_text(_field(container, "name", str, kind))
                     )
     return found
+
+
+def finished_pods(pod_list: Any) -> frozenset[tuple[str, str]]:
+    """(namespace, name) of the list's pods in phase Succeeded or Failed; ValueError as
+    `containers_of`."""
+    found = set()
+    for pod in _field(pod_list, "items", list, "PodList"):
+        pod = _checked(pod, dict, "items[]")
+        metadata, status = _field(pod, "metadata", dict, "pod"), _field(pod, "status", dict, "pod")
+        if _field(status, "phase", str, "status") in FINISHED_PHASES:
+            namespace = label_text(_field(metadata, "namespace", str, "metadata"))
+            found.add((namespace, label_text(_field(metadata, "name", str, "metadata"))))
+    return frozenset(found)
 
 
 def _field(parent: dict, key: str, kind: type, where: str) -> Any:
