@@ -186,3 +186,21 @@ def test_two_gpus_down_at_the_start_keep_an_index_each(fake_nvml: FakeNvml) -> N
     """
     found, stderr = run(fake_nvml, setup, body)
     assert found == [[0, True, "0"], [1, False, ""], [2, False, ""], [3, True, "3"]], stderr
+
+
+def test_a_gpu_down_at_the_start_keeps_its_index_once_back(fake_nvml: FakeNvml) -> None:
+    """Down before NVML gave its uuid, GPU 0 is numbered by its place; back with its uuid, it
+    keeps that index (gpu="0", and dcgm's device="nvidia0"), not the next unused one."""
+    setup = "fake.gpu(0, lost=True)"
+    body = """
+        from kepler_bridge.sampling.device_index import DeviceIndexes
+        indexes = DeviceIndexes()
+        first = indexes.number(source.read().gpus, 0.0)
+        fake.gpu(0, lost=False)
+        time.sleep(0.5)  # past the backoff of a GPU that failed: acquired again at the next read
+        again = indexes.number(source.read().gpus, 1.0)
+        print(json.dumps([[[gpu.index, gpu.up, gpu.uuid[-1:]] for gpu in found]
+                          for found in (first, again)]))
+    """
+    found, stderr = run(fake_nvml, setup, body)
+    assert found == [[[0, False, ""], [1, True, "1"]], [[0, True, "0"], [1, True, "1"]]], stderr

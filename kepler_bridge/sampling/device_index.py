@@ -1,7 +1,8 @@
 """Node-wide `gpu` indexes that stay with a device for the agent's life, and when it is gone.
 
 A device keeps its index whatever order the sources list devices in, and an
-index is never reused. One
+index is never reused; one down at its first sight (no uuid yet, known by
+its place in its source's list) keeps that index once its uuid comes. One
 absent from the readings for `--device-grace` is forgotten: the sampler
 drops its counters too, and if it comes back it starts again like a new
 device. At most MAX_ABSENT absent devices are remembered, the longest
@@ -44,10 +45,23 @@ class DeviceIndexes:
                 continue
             listed.add(chip)
             if identity not in self._known:
-                self._known[identity], self._next = self._next, self._next + 1
+                self._take_index(identity, (gpu.vendor, f"#{gpu.index}"), numbered)
             self._seen[identity] = now
             numbered[identity] = replaced(gpu, index=self._known[identity])
         return tuple(sorted(numbered.values(), key=lambda gpu: gpu.index))
+
+    def _take_index(
+        self, identity: Identity, placeholder: Identity, numbered: dict[Identity, GpuReading]
+    ) -> None:
+        """Give a device seen for the first time an index: the one it had while down at its
+        first sight (known by its place, not yet by its uuid), so its series keep their `gpu`
+        label, else the next unused."""
+        if identity[1] != placeholder[1] and placeholder in self._known:
+            if placeholder not in numbered:  # not another device down in that place now
+                self._known[identity] = self._known.pop(placeholder)
+                del self._seen[placeholder]
+                return
+        self._known[identity], self._next = self._next, self._next + 1
 
     def expire(self, now: float, grace: float) -> set[str]:
         """Forget the devices absent for more than `grace` seconds, and the longest absent beyond
