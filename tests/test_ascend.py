@@ -1,4 +1,5 @@
-"""The ascend source: recorded `npu-smi info` tables (910B, 310P3, 310B) through a fake npu-smi."""
+"""The ascend source: recorded `npu-smi info` tables (910B, 310P3, 310B, A3) through a fake
+npu-smi."""
 
 from __future__ import annotations
 
@@ -49,6 +50,18 @@ def test_910b_hbm_is_the_device_memory() -> None:
         41,
         35,
     )
+
+
+def test_an_a3_names_its_chips_with_the_family_before_them() -> None:
+    """npu-smi 25.5 on an Atlas A3 (a published table) prints "Ascend910" and a Phy-Id column:
+    the device plugin's id is still Ascend910-<id>, the model not "Ascend Ascend910"."""
+    source = AscendSource(make_config())
+    source.driver_version = ""
+    readings = [source._reading(index, chip) for index, chip in enumerate(parse(table("a3"))[1])]
+    assert [(gpu.model, gpu.device_ids) for gpu in readings] == [
+        ("Ascend 910", ("Ascend910-0",)),
+        ("Ascend 910", ("Ascend910-1",)),
+    ]
 
 
 def test_310p3_memory_usage_and_na_power() -> None:

@@ -106,7 +106,7 @@ class AscendSource(Source):
             index=index,
             uuid=f"ASCEND-{chip.bus_id or f'npu{chip.npu}'}-{chip.chip}",
             vendor=VENDOR,
-            model=f"Ascend {chip.name}",
+            model=f"Ascend {_family_name(chip.name)}",
             driver_version=self.driver_version,
             pci_bus_id=chip.bus_id,
             device_ids=_plugin_ids(chip),
@@ -135,11 +135,16 @@ def parse(text: str) -> tuple[str, list[Chip]]:
 def _plugin_ids(chip: Chip) -> tuple[str, ...]:
     """The name Ascend's device plugin gives the chip in pod-resources: Ascend910-<id> (910
     series), Ascend310P-<id>."""
-    family = _FAMILY.match(chip.name)
+    family = _FAMILY.match(_family_name(chip.name))
     if family is None:
         return ()
     digits, letter = family.groups()
     return (f"Ascend{digits}{letter if digits == '310' else ''}-{chip.device}",)
+
+
+def _family_name(name: str) -> str:
+    """The chip's name without the "Ascend" newer npu-smi puts before it (Atlas A3: Ascend910)."""
+    return name.removeprefix("Ascend").lstrip()
 
 
 def _blocks(text: str) -> list[list[list[str]]]:
