@@ -70,6 +70,19 @@ def test_values_arrive_in_contract_units(sysfs: FakeSysfs) -> None:
         assert body["usedMemory"] == 51 * GIB and body["totalMemory"] == 88 * GIB
 
 
+def test_an_apus_soc_power_is_not_the_gpus(tmp_path: Path) -> None:
+    """On an APU power1_average is the whole SoC's, CPU cores included ("On APUs this includes the
+    CPU", the kernel's amdgpu docs), which RAPL's package counts: taken as the GPU's, the socket's
+    energy would count twice."""
+    tree = FakeSysfs(tmp_path / "sys")
+    tree.amd_phoenix_apu(0, "0000:c4:00.0")
+    source = AmdgpuSource(make_config(sysfs=str(tree.root)))
+    source.start()
+    (gpu,) = source.read().gpus
+    assert (gpu.power_watts, gpu.power_limit_watts, gpu.energy_joules) == (None, None, None)
+    assert gpu.utilization == 0.2 and gpu.temperature_celsius == 52.0
+
+
 @pytest.mark.e2e
 def test_out_of_range_readings_are_dropped(sysfs: FakeSysfs) -> None:
     device = sysfs.root / "devices" / "pci0000:00" / "0000:03:00.0"

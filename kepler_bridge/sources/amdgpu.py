@@ -105,15 +105,18 @@ def _sensors(hwmon: Hwmon) -> _Sensors:
     power = hwmon.value("power1_average")
     if power is None:
         power = hwmon.value("power1_input")
+    # An APU's power (and cap) is the SoC's, CPU cores included, which RAPL counts already (the
+    # kernel's amdgpu thermal doc); only APUs have the vddnb rail.
+    apu = "vddnb" in hwmon.channels("in")
     return _Sensors(
         # MI-series cards have no edge sensor: their junction sensor is the core temperature.
         temperature_celsius=ranges.celsius(
             scaled(hwmon.labelled("temp", ("edge", "junction", "temp1")), 1000)
         ),
         memory_temperature_celsius=ranges.celsius(scaled(hwmon.labelled("temp", ("mem",)), 1000)),
-        power_watts=ranges.watts(scaled(power, 1e6)),
-        power_limit_watts=ranges.watts(scaled(hwmon.value("power1_cap"), 1e6)),
-        energy_joules=ranges.joules(scaled(hwmon.value("energy1_input"), 1e6)),
+        power_watts=None if apu else ranges.watts(scaled(power, 1e6)),
+        power_limit_watts=None if apu else ranges.watts(scaled(hwmon.value("power1_cap"), 1e6)),
+        energy_joules=None if apu else ranges.joules(scaled(hwmon.value("energy1_input"), 1e6)),
         sm_clock_hertz=ranges.hertz(hwmon.labelled("freq", ("sclk", "freq1"))),
         memory_clock_hertz=ranges.hertz(hwmon.labelled("freq", ("mclk", "freq2"))),
         fan_speed_ratio=_fan(hwmon),
