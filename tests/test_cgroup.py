@@ -124,6 +124,21 @@ def test_innermost_container_wins() -> None:
     assert container_id_from_path(f"/docker/{outer}/docker/{inner}") == inner
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        f"/kubepods/burstable/pod{POD}/{ID}/docker/{'b' * 64}",
+        f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_SYSTEMD}.slice/"
+        f"cri-containerd-{ID}.scope/docker/{'b' * 64}",
+    ],
+    ids=["cgroupfs v1", "systemd v2"],
+)
+def test_a_docker_in_docker_sidecars_containers_are_the_pods_container(path: str) -> None:
+    """dockerd in a pod's container (a CI runner's dind sidecar) nests its containers below it:
+    the kubelet lists the pod's container, which the work belongs to, not the inner ones."""
+    assert container_id_from_path(path) == ID
+
+
 def test_read_container_id_from_a_procfs_tree(tmp_path: Path) -> None:
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "cgroup").write_text(FIXTURES["crio systemd v2"])
@@ -168,6 +183,17 @@ def test_a_process_ended_in_a_container_newer_than_the_walk_is_its_siblings(
     (tmp_path / "proc" / "42" / "cgroup").write_text(f"0::/cri-containerd-{ID}.scope\n")
     assert source._container(42, os.stat(scope).st_ino, now=1) == ID
     assert source.cgroups.container_id(os.stat(scope).st_ino, now=2) == ID
+
+
+def test_the_cgroup_walk_books_a_dind_sidecars_containers_to_the_pods(tmp_path: Path) -> None:
+    unified = tmp_path / "fs" / "cgroup"
+    pod_container = unified / "kubepods" / f"pod{POD}" / ID
+    inner = pod_container / "docker" / ("b" * 64)
+    inner.mkdir(parents=True)
+    (unified / "cgroup.controllers").write_text("cpu memory\n")
+    index = CgroupIdIndex(str(tmp_path))
+    assert index.container_id(os.stat(inner).st_ino, now=0) == ID
+    assert index.container_id(os.stat(pod_container).st_ino, now=0) == ID
 
 
 def test_host_cgroups_are_indexed_so_they_do_not_bring_the_walk_back(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Container ids from cgroup paths (cgroup v1 and v2, every common runtime and driver).
 
-Recognised path components (the innermost match wins, so a pod inside a
-kind/docker node yields the pod's container):
+Recognised path components (below a pod's cgroup the first, so a pod inside a
+kind/docker node and a docker-in-docker sidecar's containers yield the pod's
+container; elsewhere the innermost):
 
 - docker:      ``/docker/<id>``, ``/system.slice/docker-<id>.scope``
 - containerd:  ``cri-containerd-<id>.scope``, ``/kubepods/.../pod<uid>/<id>``,
@@ -28,13 +29,20 @@ _ID = re.compile(
     r"(?:(?:docker|cri-containerd|crio|cri-o|libpod-payload|libpod|containerd|nerdctl|podman)[-:])?"
     r"([0-9a-f]{64})(?:\.scope)?$"
 )
+# A pod's cgroup: cgroupfs's pod<uid>, systemd's kubepods[-<qos>]-pod<uid with _>.slice (a static
+# pod's uid is 32 hex digits).
+_POD = re.compile(r"^(?:kubepods(?:-[a-z]+)?-)?pod[0-9a-f][0-9a-f_-]{31,35}(?:\.slice)?$")
 # Where the unified (v2) hierarchy is mounted: pure v2 hosts, then hybrid v1/v2 hosts.
 _CGROUP2_MOUNTS = ("fs/cgroup", "fs/cgroup/unified")
 
 
 def container_id_from_path(path: str) -> str:
-    """The container id in one cgroup path, or '' for host processes."""
-    for part in reversed(path.split("/")):
+    """The container id in one cgroup path, or '' for host processes: the pod's container where the
+    path has a pod (what the kubelet lists, also for containers a docker-in-docker sidecar nests
+    below it), else the innermost."""
+    parts = path.split("/")
+    pods = [at for at, part in enumerate(parts) if _POD.match(part)]
+    for part in parts[pods[-1] + 1 :] if pods else reversed(parts):
         match = _ID.match(part)
         if match:
             return match.group(1)
@@ -99,9 +107,9 @@ class CgroupIdIndex:
             ids[os.stat(self.root).st_ino] = ""
         except OSError:
             pass
-        pending = [(self.root, "")]
+        pending = [(self.root, "", False)]
         while pending:
-            directory, inherited = pending.pop()
+            directory, inherited, in_pod = pending.pop()
             try:
                 entries = list(os.scandir(directory))
             except OSError:
@@ -109,9 +117,12 @@ class CgroupIdIndex:
             for entry in entries:
                 if not entry.is_dir(follow_symlinks=False):
                     continue
-                found = container_id_from_path(entry.name) or inherited
+                if in_pod and inherited:  # below a pod the first container is the pod's
+                    found = inherited
+                else:
+                    found = container_id_from_path(entry.name) or inherited
                 ids[entry.inode()] = found
-                pending.append((entry.path, found))
+                pending.append((entry.path, found, in_pod or bool(_POD.match(entry.name))))
         self._ids = ids
 
 
