@@ -11,6 +11,7 @@ absent forgotten first, so a source inventing uuids costs bounded memory.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable
 
 from kepler_bridge.model import MAX_DEVICES, GpuReading, replaced
@@ -18,6 +19,7 @@ from kepler_bridge.sampling import carry
 from kepler_bridge.sampling.carry import integer, number, text
 
 MAX_ABSENT = MAX_DEVICES
+log = logging.getLogger(__name__)
 
 Identity = tuple[str, str]  # vendor, uuid
 
@@ -29,6 +31,7 @@ class DeviceIndexes:
         self._known: dict[Identity, int] = {}
         self._seen: dict[Identity, float] = {}  # monotonic time of the last sample listing it
         self._next = 0
+        self._twice: set[str] = set()  # uuids found listed twice, told once
 
     def number(self, gpus: Iterable[GpuReading], now: float) -> tuple[GpuReading, ...]:
         """The readings with their node-wide index, in index order.
@@ -42,6 +45,7 @@ class DeviceIndexes:
             identity = (gpu.vendor, gpu.uuid or f"#{gpu.index}")
             chip = gpu.uuid or identity
             if chip in listed:
+                self._listed_twice(gpu)
                 continue
             listed.add(chip)
             if identity not in self._known:
@@ -49,6 +53,20 @@ class DeviceIndexes:
             self._seen[identity] = now
             numbered[identity] = replaced(gpu, index=self._known[identity])
         return tuple(sorted(numbered.values(), key=lambda gpu: gpu.index))
+
+    def _listed_twice(self, gpu: GpuReading) -> None:
+        """Say once per uuid that a second device with it is left out: the same chip through two
+        sources, or two chips a broken board or VM gives one uuid."""
+        if gpu.uuid not in self._twice and len(self._twice) < MAX_DEVICES:
+            self._twice.add(gpu.uuid)
+            log.warning(
+                "device uuid %s is listed twice (again by %s as device %d, pci %s): only the first "
+                "is read; if they are two chips, their board or VM gives them one uuid",
+                gpu.uuid,
+                gpu.vendor,
+                gpu.index,
+                gpu.pci_bus_id or "unknown",
+            )
 
     def _take_index(
         self, identity: Identity, placeholder: Identity, numbered: dict[Identity, GpuReading]
