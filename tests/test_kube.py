@@ -220,17 +220,20 @@ def test_auto_prefers_the_metaserver_then_the_kubelet(
     assert [endpoint.name for endpoint in no_token.endpoints] == ["metaserver"]
 
 
+def refreshing(metaserver: FakeKube) -> KubeMetadata:
+    """Metadata from `metaserver`, refreshing in the background every 60 s, at least 0.05 s
+    apart."""
+    config = make_config(
+        kube_source="metaserver", metaserver_url=metaserver.url, pod_resources_socket=""
+    )
+    kube = KubeMetadata(config, environ={}, period=60.0, min_period=0.05)
+    kube.start()
+    return kube
+
+
 def test_refreshes_in_the_background_and_soon_after_an_unknown_container() -> None:
     with FakeKube(pod_list(pod("ml", "train-0", ("main", f"docker://{D}")))) as metaserver:
-        kube = KubeMetadata(
-            make_config(
-                kube_source="metaserver", metaserver_url=metaserver.url, pod_resources_socket=""
-            ),
-            environ={},
-            period=60.0,
-            min_period=0.05,
-        )
-        kube.start()
+        kube = refreshing(metaserver)
         try:
             wait_for(
                 lambda: kube.view().containers == {D: PodRef("ml", "train-0", "main")},
@@ -263,15 +266,7 @@ def test_a_container_listed_after_its_first_early_refresh_is_soon_known() -> Non
     """A container's first process runs before its pod list names it: the early refresh it asks
     for finds nothing, and the next asks find it, long before the period."""
     with FakeKube(pod_list(pod("ml", "train-0", ("main", f"docker://{D}")))) as metaserver:
-        kube = KubeMetadata(
-            make_config(
-                kube_source="metaserver", metaserver_url=metaserver.url, pod_resources_socket=""
-            ),
-            environ={},
-            period=60.0,
-            min_period=0.05,
-        )
-        kube.start()
+        kube = refreshing(metaserver)
         try:
             wait_for(lambda: D in kube.view().containers, 5, "the first pod list", step=0.02)
             kube.notice([A])  # its process runs; the pod list does not name it yet

@@ -71,16 +71,22 @@ def reading(value: Any) -> SourceReading:
     return _records((value,), SourceReading)[0]
 
 
+def _as_float(value: Any) -> float | None:
+    """A real number (not a bool) as a float; None for anything else or beyond a float."""
+    if type(value) is float:
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def real(value: Any) -> float | None:
     """A number from 0 to 2**53 as a float, else None (NaN, infinities, negatives, non-numbers)."""
-    if type(value) is not float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            return None
-        try:
-            value = float(value)
-        except OverflowError:
-            return None
-    return value if 0 <= value < MAX_EXACT else None
+    number = _as_float(value)
+    return number if number is not None and 0 <= number < MAX_EXACT else None
 
 
 def _within(low: float, high: float) -> tuple[_Rule, bool, Check]:
@@ -88,14 +94,8 @@ def _within(low: float, high: float) -> tuple[_Rule, bool, Check]:
     to `high` as a float, else None."""
 
     def rule(value: Any) -> float | None:
-        if type(value) is not float:
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                return None
-            try:
-                value = float(value)
-            except OverflowError:
-                return None
-        return value if low <= value <= high else None  # NaN is neither
+        number = _as_float(value)
+        return number if number is not None and low <= number <= high else None  # NaN: neither
 
     return rule, False, checks.numbers(float, True, low, high)
 
