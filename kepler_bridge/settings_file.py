@@ -76,6 +76,9 @@ def read(path: str, keys: Collection[str]) -> dict[str, object]:
     return result
 
 
+NESTED = "nested too deeply; a setting is a value or a flat list"
+
+
 def _parse(path: str, text: str) -> object:
     """The document in a config file: JSON where the name ends in .json, else YAML."""
     try:
@@ -89,9 +92,7 @@ def _parse(path: str, text: str) -> object:
             "config", path, f"JSON syntax error at line {err.lineno}: {err.msg}"
         ) from None
     except RecursionError:
-        raise ConfigError(
-            "config", path, "nested too deeply; a setting is a value or a flat list"
-        ) from None
+        raise ConfigError("config", path, NESTED) from None
     except ValueError as err:  # JSON integers longer than Python converts (4300 digits)
         raise ConfigError(
             "config", path, f"cannot read a number: {str(err).split(':')[0]}"
@@ -122,6 +123,8 @@ def _yaml(path: str, text: str) -> object:
         mark = getattr(err, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        if problem == "exceeded maximum nesting depth":  # libyaml's limit, 1000 levels
+            raise ConfigError("config", path, NESTED) from None
         raise ConfigError("config", path, f"YAML syntax error{line}: {problem}") from None
 
 
