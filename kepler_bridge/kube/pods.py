@@ -4,7 +4,7 @@ MetaServer alike)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterator
 
 from kepler_bridge.model import PodRef
 from kepler_bridge.printable import label_text
@@ -57,16 +57,8 @@ def containers_of(pod_list: Any) -> dict[str, PodRef]:
     Anything shaped unlike a PodList (null where an object, list or string belongs) is a
     ValueError: the endpoint that sent it is broken, and the next one is asked.
     """
-    if not isinstance(pod_list, dict):
-        raise ValueError("not a PodList: expected a JSON object with an items list")
     found: dict[str, PodRef] = {}
-    for pod in _field(pod_list, "items", list, "PodList"):
-        pod = _checked(pod, dict, "items[]")
-        metadata, status = _field(pod, "metadata", dict, "pod"), _field(pod, "status", dict, "pod")
-        namespace, name = (
-            label_text(_field(metadata, "namespace", str, "metadata")),
-            label_text(_field(metadata, "name", str, "metadata")),
-        )
+    for namespace, name, status in _pods(pod_list):
         for kind in STATUS_LISTS:
             for container in _field(status, kind, list, "status"):
                 container = _checked(container, dict, f"status.{kind}[]")
@@ -81,14 +73,22 @@ def containers_of(pod_list: Any) -> dict[str, PodRef]:
 def finished_pods(pod_list: Any) -> frozenset[tuple[str, str]]:
     """(namespace, name) of the list's pods in phase Succeeded or Failed; ValueError as
     `containers_of`."""
-    found = set()
+    return frozenset(
+        (namespace, name)
+        for namespace, name, status in _pods(pod_list)
+        if _field(status, "phase", str, "status") in FINISHED_PHASES
+    )
+
+
+def _pods(pod_list: Any) -> Iterator[tuple[str, str, dict]]:
+    """Each pod's namespace, name and status; ValueError where the list is shaped unlike one."""
+    if not isinstance(pod_list, dict):
+        raise ValueError("not a PodList: expected a JSON object with an items list")
     for pod in _field(pod_list, "items", list, "PodList"):
         pod = _checked(pod, dict, "items[]")
         metadata, status = _field(pod, "metadata", dict, "pod"), _field(pod, "status", dict, "pod")
-        if _field(status, "phase", str, "status") in FINISHED_PHASES:
-            namespace = label_text(_field(metadata, "namespace", str, "metadata"))
-            found.add((namespace, label_text(_field(metadata, "name", str, "metadata"))))
-    return frozenset(found)
+        namespace = label_text(_field(metadata, "namespace", str, "metadata"))
+        yield namespace, label_text(_field(metadata, "name", str, "metadata")), status
 
 
 def _field(parent: dict, key: str, kind: type, where: str) -> Any:

@@ -53,6 +53,11 @@ class BadState(ValueError):
     """The saved state is not what this agent writes: counters restart from zero."""
 
 
+def own_cells(key: K) -> K:
+    """The head of a `Table` row whose key is its first cells: the key itself."""
+    return key
+
+
 def make_dir() -> str:
     """A new private directory for the state, named after the master's pid, once the ones of
     masters that no longer run are removed.

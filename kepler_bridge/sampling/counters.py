@@ -69,9 +69,9 @@ class MonotonicCounters:
         self._total_keys: list[ProcessLabels] | None = []
         self._shown: ShownRows[ProcessLabels, ProcessLabels, ProcessCpu] = ShownRows()
         # [pid, comm, container id, last CPU seconds, total] of each process of the last sample.
-        self._rows = carry.Table(_cells, self._process_numbers)
+        self._rows = carry.Table(carry.own_cells, self._process_numbers)
         # [pid, comm, container id, last CPU seconds] of each departed process.
-        self._departed_rows = carry.Table(_cells, self._departed_numbers)
+        self._departed_rows = carry.Table(carry.own_cells, self._departed_numbers)
         self._offset_rows = carry.Rows()
         self._rebase = False
 
@@ -217,7 +217,7 @@ class MonotonicCounters:
             self._total_keys = keys
         self._rows.changed(grew)  # cpu_increases marked the new and the gone
         shown = self._process_family.update(self._process_total, grew)
-        rows = self._shown.rows(shown, _cells, _process_row)
+        rows = self._shown.rows(shown, carry.own_cells, _process_row)
         return tuple(rows), self._process_family.other
 
     def containers(self, increases: Mapping[ProcessLabels, float]) -> tuple[tuple[str, float], ...]:
@@ -271,10 +271,6 @@ class MonotonicCounters:
         )
         found = carry.rows(carry.field(state, "containers"), text, number)
         self._container_total = {cid: seconds for cid, seconds in found}
-
-
-def _cells(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    return key
 
 
 def _process_values(value: object) -> dict[ProcessLabels, float]:

@@ -38,7 +38,7 @@ class DeviceCounters:
         self._xid: dict[str, dict[int | str, Monotonic]] = {}
         self._energy_at: dict[str, float] = {}  # uuid -> when its energy was last read
         # [uuid, counter name, last raw value, value] of each device counter.
-        self._rows = carry.Table(_cells, self._numbers)
+        self._rows = carry.Table(carry.own_cells, self._numbers)
 
     def forget(self, uuids: Iterable[str]) -> None:
         """Drop the counters of devices gone for good: if one comes back, they start again."""
@@ -153,7 +153,3 @@ class DeviceCounters:
         self._rows.clear()
         self._rows.changed((uuid, name) for uuid, device in self._gpu.items() for name in device)
         self._xid = monotonic_states(carry.field(state, "xid"), code)
-
-
-def _cells(key: tuple[Any, ...]) -> tuple[Any, ...]:
-    return key
