@@ -127,6 +127,30 @@ def _answers(sock: socket.socket, count: int) -> list[bytes]:
     return statuses
 
 
+def test_heads_whose_lines_end_in_a_bare_lf_are_answered_as_node_exporter_answers_them(
+    hostile_agent: Agent,
+) -> None:
+    """`printf 'GET /metrics HTTP/1.0\\n\\n' | nc` gets the metrics, as from node_exporter;
+    pipelined and mixed line ends too. A bare CR is still refused."""
+    with socket.create_connection(("127.0.0.1", hostile_agent.port), timeout=5) as sock:
+        sock.sendall(
+            b"GET /healthz HTTP/1.1\nHost: x\n\n"
+            b"GET /nope HTTP/1.1\r\nHost: x\n\r\n"
+            b"GET /healthz HTTP/1.1\nHost: x\r\n\n"
+        )
+        assert _answers(sock, 3) == [b"200", b"404", b"200"]
+    with socket.create_connection(("127.0.0.1", hostile_agent.port), timeout=5) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.0\n\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.0 200"), answer[:80]
+    assert b"\ngpu_up{" in answer
+    with socket.create_connection(("127.0.0.1", hostile_agent.port), timeout=5) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\rHost: x\r\n\r\n")
+        assert sock.recv(64).startswith(b"HTTP/1.1 400")
+
+
 def test_pipelined_requests_behind_an_answer_the_client_reads_slowly_are_all_answered(
     hostile_agent: Agent,
 ) -> None:

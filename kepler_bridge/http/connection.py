@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import math
+import re
 import selectors
 import socket
 import ssl
@@ -28,6 +29,11 @@ RECV_BYTES = 64 * 1024
 # is full and then raises SSLWantWriteError without saying how much it took: written a record at a
 # time, each record the client takes counts as progress (the write timeout restarts).
 TLS_RECORD_BYTES = 16 * 1024
+# A head ends at an empty line. RFC 9112 2.2 lets a server take a bare LF for a line's end, as
+# node_exporter (Go) and Python's http.server do; gunicorn's parser wants CRLF, so such a head is
+# given it with each LF made CRLF. A bare CR stays what it was: gunicorn refuses it.
+_HEAD_END = re.compile(rb"\n\r?\n")
+_LINE_END = re.compile(rb"\r?\n")
 
 
 def unmapped(address: tuple) -> tuple:
@@ -83,13 +89,16 @@ class Conn:
         return selectors.EVENT_READ
 
     def take_head(self) -> bytes | None:
-        """The next complete request head, taken off the buffer; None while it is incomplete."""
-        end = self.inbuf.find(b"\r\n\r\n", max(0, self.scanned - 3))
-        if end < 0:
+        """The next complete request head, taken off the buffer, each line ending in CRLF; None
+        while it is incomplete."""
+        found = _HEAD_END.search(self.inbuf, max(0, self.scanned - 2))
+        if found is None:
             self.scanned = len(self.inbuf)
             return None
-        end += 4
+        end = found.end()
         head, self.inbuf, self.scanned = bytes(self.inbuf[:end]), self.inbuf[end:], 0
+        if head.count(b"\n") != head.count(b"\r\n"):
+            head = _LINE_END.sub(b"\r\n", head)
         return head
 
     def receive(self) -> int | None:
