@@ -281,6 +281,32 @@ def test_a_worker_that_replaces_a_crashed_one_keeps_the_reloaded_settings(tmp_pa
         )
 
 
+@pytest.mark.e2e
+def test_a_worker_started_while_the_file_is_broken_runs_the_settings_last_in_force(
+    tmp_path: Path,
+) -> None:
+    """Not the start-up ones: the master holds what the last reload took."""
+    path = tmp_path / "agent.yaml"
+    _write(path, _settings(metrics_deny=["gpu_temperature"]))
+    with Agent("--config", str(path)) as agent:
+        _write(path, _settings(metrics_deny=["gpu_power"]))
+        agent.wait_for(
+            lambda: "gpu_power_watts" not in _names(agent), what="the new deny list applied"
+        )
+        path.write_text("interval: [not, a, duration\n")
+        agent.wait_for(lambda: "settings not reloaded" in agent.output(), what="the refusal logged")
+        (crashed,) = agent.worker_pids()
+        os.kill(crashed, signal.SIGKILL)
+        agent.wait_for(
+            lambda: agent.worker_pids() not in ([], [crashed]), timeout=30, what="a new worker"
+        )
+        agent.wait_for(lambda: agent.get("/readyz").status_code == 200, what="the new worker ready")
+        names = _names(agent)
+        assert "gpu_power_watts" not in names and "gpu_temperature_celsius" in names, (
+            "the new worker went back to the start-up settings"
+        )
+
+
 def test_a_reloaded_process_grace_reaches_the_cpu_source(tmp_path: Path) -> None:
     """The procfs source drops an ended process by the grace in force, not the start-up one."""
     proc = tmp_path / "proc"

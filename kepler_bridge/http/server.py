@@ -10,7 +10,6 @@ import errno
 import gc
 import logging
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -21,7 +20,7 @@ from gunicorn import sock as gunicorn_sock
 from gunicorn.app.base import BaseApplication
 
 from kepler_bridge.config import Config
-from kepler_bridge.http import kept_files, preflight, supervisor
+from kepler_bridge.http import held_settings, kept_files, preflight, supervisor
 from kepler_bridge.http.host import ConnectionSettings
 from kepler_bridge.http.kept_files import KeptFiles
 from kepler_bridge.http.tls import CertificatePair
@@ -120,6 +119,8 @@ class AgentApplication(BaseApplication):
         self.sampler: Sampler | None = None
         self.anomaly: AnomalyMonitor | None = None
         self.state_dir = state_dir
+        self.kept = kept
+        self.held: int | None = None  # the master's settings file, told each reload taken
         web = WebConfigFile(config.web_config_file, kept) if config.web_config_file else None
         tls = CertificatePair(config.tls_cert, config.tls_key, kept) if config.tls_cert else None
         self.connections = ConnectionSettings(
@@ -156,7 +157,12 @@ class AgentApplication(BaseApplication):
 
         store = SnapshotStore()
         sampler = Sampler(
-            self.config, store, state_dir=self.state_dir, flags=self.flags, check=preflight.check
+            self.config,
+            store,
+            state_dir=self.state_dir,
+            flags=self.flags,
+            check=preflight.check,
+            remember=self.remember,
         )
         self.sampler = sampler
         settle_collector()
@@ -167,6 +173,16 @@ class AgentApplication(BaseApplication):
         self.anomaly.start()
         settings = DerivedSettings(lambda: sampler.config, WebSettings.of)
         return create_app(store, settings, alive=sampler.alive, web=self.connections.web)
+
+    def remember(self, config: Config) -> None:
+        """Hold `config`, the settings a reload put in force, for the master's next worker."""
+        if self.held is None:
+            return
+        files = self.kept.files if self.kept is not None else {}
+        try:
+            held_settings.write(self.held, (config, dict(self.flags or {}), files))
+        except OSError as err:
+            log.warning("a worker started after this one will run older settings: %s", err)
 
     def reload(self) -> None:
         """Re-read the settings and sample now (SIGHUP in the worker)."""
@@ -244,8 +260,7 @@ def serve(config: Config, flags: Mapping[str, object] | None = None) -> int:
     state_dir = carry.make_dir()
     # The settings as validated here, for every worker the master starts: a memory file that
     # only this process tree holds (the worker reads it back, from its own parent).
-    settings = os.memfd_create("kepler-bridge-settings", 0)
-    os.write(settings, pickle.dumps((config, dict(flags or {}), _kept(config))))
+    settings = held_settings.create((config, dict(flags or {}), _kept(config)))
     os.set_inheritable(settings, True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -296,11 +311,10 @@ def worker_main(argv: list[str]) -> int:
 
 def _worker(options: argparse.Namespace) -> tuple[AgentApplication, EventLoopWorker]:
     """The application and gunicorn's worker, from what the master hands over."""
-    size = os.fstat(options.settings_fd).st_size
-    config, flags, kept = pickle.loads(os.pread(options.settings_fd, size, 0))
-    os.close(options.settings_fd)
+    config, flags, kept = held_settings.read(options.settings_fd)
     sock = socket.socket(fileno=options.listen_fd)
     app = AgentApplication(config, sock, flags, options.state_dir, KeptFiles(kept))
+    app.held = options.settings_fd
     cfg = app.cfg
     logger = cfg.logger_class(cfg)
     listeners = gunicorn_sock.create_sockets(cfg, logger)

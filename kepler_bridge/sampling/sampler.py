@@ -58,10 +58,12 @@ class Sampler:
         state_dir: str = "",
         flags: Mapping[str, object] | None = None,
         check: Callable[[Config], None] | None = None,
+        remember: Callable[[Config], None] | None = None,
     ) -> None:
         """`flags`: the command line the settings came from; with it, `reload()` and a change of
         the config file re-read the settings at the next sample, refused where `check` (what
-        start-up checks beyond each value) raises ConfigError."""
+        start-up checks beyond each value) raises ConfigError, and told to `remember` once
+        taken."""
         self.config = config
         self.store = store
         self.slots = build_slots(config) if slots is None else slots
@@ -77,6 +79,7 @@ class Sampler:
         # Errors of sources with no slot now (a command unset by a reload), kept for their return.
         self._retired_errors: dict[str, int] = {}
         self._check = check
+        self._remember = remember
         self._settings = SettingsWatch(flags, config.config_file, self._acceptable)
         if state_dir:
             self._take_over(state_file.load(state_dir))
@@ -214,6 +217,8 @@ class Sampler:
             new = self._settings.new_settings(self.config)
             if new is not None:
                 self.configure(new)
+                if self._remember is not None:
+                    self._remember(new)
             snapshot = self.sample()
             TURNS.give_way()
             # Saved before publishing: a new worker continues from at least what any scrape saw.
