@@ -338,6 +338,23 @@ def test_a_plugins_readings_outside_their_physical_range_are_dropped() -> None:
     assert [process.utilization for process in gpu.processes] == [None, 0.6]
 
 
+def test_a_pid_a_plugin_lists_twice_on_a_device_is_one_process_its_first_row() -> None:
+    """Two rows of one pid would be two series of one name and labels (a scrape refuses them)
+    and two shares of the device's energy; on another device the pid is its own row."""
+    twice = (GpuProcess(7, "a", 1 << 20, 0.25), GpuProcess(8), GpuProcess(7, "a", 1 << 21, 0.5))
+    raw = SourceReading(
+        gpus=(
+            GpuReading(index=0, uuid="P-0", vendor="acme", model="npu", processes=twice),
+            GpuReading(index=1, uuid="P-1", vendor="acme", model="npu", processes=twice[:1]),
+        )
+    )
+    agent = sampler(Slot("replay", Replay([raw]), started=True))
+    first, second = agent.sample().gpus
+    kept = [(row.pid, row.memory_used_bytes) for row in first.processes]
+    assert kept == [(7, 1 << 20), (8, None)]
+    assert [row.pid for row in second.processes] == [7]
+
+
 def test_a_source_reporting_more_than_max_devices_is_down_with_the_reason() -> None:
     many = SourceReading(
         gpus=tuple(
@@ -468,10 +485,10 @@ def test_gpu_process_rows_are_known_clean_and_let_go_like_cpu_rows() -> None:
     rows = tuple(GpuProcess(pid, f"p{pid}", 2**30 + pid, 0.5) for pid in range(1, 50))
     for _ in range(3):
         assert sanitize.reading(reading(rows)).gpus[0].processes == rows
-    bad = (GpuProcess(1, "p1", -1, 0.5), GpuProcess(2, "p\x1b[2J2", utilization=math.nan))
+    bad = (GpuProcess(100, "p1", -1, 0.5), GpuProcess(101, "p\x1b[2J2", utilization=math.nan))
     cleaned = sanitize.reading(reading(rows + bad)).gpus[0].processes
     assert cleaned[: len(rows)] == rows and all(map(operator.is_, cleaned, rows))
-    assert cleaned[len(rows) :] == (GpuProcess(1, "p1", None, 0.5), GpuProcess(2, "p2"))
+    assert cleaned[len(rows) :] == (GpuProcess(100, "p1", None, 0.5), GpuProcess(101, "p2"))
     freed = weakref.ref(rows[0])
     del rows, cleaned
     for sample in range(100):  # rows that change every sample

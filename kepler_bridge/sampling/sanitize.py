@@ -260,6 +260,31 @@ def _nested(cls: type[DataclassInstance]) -> tuple[_Rule, bool, Check]:
     )
 
 
+def _unique_pids(processes: tuple) -> bool:
+    return len(processes) < 2 or len(set(map(_PID, processes))) == len(processes)
+
+
+def _first_of_each_pid(processes: tuple) -> tuple:
+    """A device's processes with each pid once, its first row: two rows of one pid would be two
+    series of one name and labels, which a scrape refuses, and two shares of its energy."""
+    if _unique_pids(processes):
+        return processes
+    rows: dict[int, GpuProcess] = {}
+    for row in processes:
+        rows.setdefault(row.pid, row)
+    return tuple(rows.values())
+
+
+def _device_processes() -> tuple[_Rule, bool, Check]:
+    """The rule, and its check, of a device's processes: clean records, each pid once."""
+    rule, required, check = _nested(GpuProcess)
+    return (
+        lambda values: _first_of_each_pid(rule(values)),
+        required,
+        lambda values: check(values) and all(map(_unique_pids, values)),
+    )
+
+
 def _optional(cls: type[DataclassInstance]) -> tuple[_Rule, bool, Check]:
     return (
         lambda value: None if value is None else _record(value, cls),
@@ -285,6 +310,7 @@ def _constant(value: Any) -> tuple[_Rule, bool, Check]:
 
 # Checks of values that must be there: required fields, tuple elements and pair values.
 _REAL, _WHOLE = checks.REAL, checks.WHOLE
+_PID = attrgetter("pid")
 _TEXT, _FLAG = (utf8_text, checks.texts), (bool, checks.kinds(bool))
 
 
@@ -307,7 +333,7 @@ _RULES: dict[str | type, tuple[_Rule, bool, Check]] = {
     "tuple[tuple[str, bool], ...]": _pairs(_TEXT, _FLAG),
     "tuple[tuple[str, float], ...]": _pairs(_TEXT, (real, _REAL)),
     "tuple[tuple[int | str, int], ...]": _pairs((_xid_code, checks.xid_codes), (whole, _WHOLE)),
-    "tuple[GpuProcess, ...]": _nested(GpuProcess),
+    "tuple[GpuProcess, ...]": _device_processes(),
     "tuple[GpuReading, ...]": _nested(GpuReading),
     "tuple[ProcessCpu, ...]": _nested(ProcessCpu),
     "tuple[RaplZone, ...]": _nested(RaplZone),
