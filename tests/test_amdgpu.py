@@ -4,6 +4,7 @@ in the real agent."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -159,6 +160,41 @@ def test_every_card_gone_marks_the_source_down_and_the_agent_keeps_serving(
         )
         assert "every AMD GPU failed" in agent.get("/readyz").json()["reason"]
         assert agent.get("/v1/collect").json()["test-node"]["deviceNum"] == 2
+
+
+def test_a_runtime_suspended_card_is_read_without_waking_it(
+    sysfs: FakeSysfs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle dGPU the kernel suspended reads as idle, from files that do not wake it: not its
+    busy percents, hwmon or RAS counters, which would resume it at every sample. Awake again, or
+    where runtime PM is unsupported (an APU), it is read whole."""
+    device = sysfs.root / "devices" / "pci0000:00" / "0000:03:00.0"
+    source = AmdgpuSource(make_config(sysfs=str(sysfs.root)))
+    source.start()
+    opened: list[str] = []
+    read_text = Path.read_text
+
+    def reading(path: Path, *args: Any, **kwargs: Any) -> str:
+        opened.append(str(path))
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", reading)
+    for status in ("suspended", "unsupported", "active"):
+        sysfs.write(device / "power", {"runtime_status": status})
+        opened.clear()
+        asleep, awake = source.read().gpus
+        touched = {Path(path).name for path in opened if path.startswith(str(device))}
+        if status == "suspended":
+            assert touched == {"runtime_status", "mem_info_vram_used", "mem_info_vram_total"}
+            assert (asleep.utilization, asleep.memory_utilization) == (0.0, 0.0)
+            assert (asleep.temperature_celsius, asleep.power_watts, asleep.energy_joules) == (
+                (None,) * 3
+            )
+        else:
+            assert {"gpu_busy_percent", "umc_err_count"} <= touched, status
+            assert asleep.utilization == 0.37 and asleep.temperature_celsius == 45.0
+        assert (asleep.memory_used_bytes, asleep.memory_total_bytes) == (3 * GIB, 24 * GIB)
+        assert awake.utilization == 1.0
 
 
 def test_absent_without_an_amdgpu_card(tmp_path: Path) -> None:

@@ -71,21 +71,35 @@ class AmdgpuSource(Source):
                 "amdgpu unbound; check dmesg",
             )
         device = card.drm.device
+        # The memory files read the driver's books; the others ask the chip.
         used = ranges.byte_count(read_int(device / "mem_info_vram_used"))
         total = ranges.byte_count(read_int(device / "mem_info_vram_total"))
+        identity = replace(
+            identity,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            memory_free_bytes=ranges.free_bytes(total, used),
+        )
+        if _asleep(device):
+            return replace(identity, utilization=0.0, memory_utilization=0.0)
         hwmon = device_hwmon(device, ("amdgpu",))
         corrected, uncorrected = _ecc(device)
         reading = replace(
             identity,
             utilization=ranges.ratio_from_percent(read_int(device / "gpu_busy_percent")),
             memory_utilization=ranges.ratio_from_percent(read_int(device / "mem_busy_percent")),
-            memory_used_bytes=used,
-            memory_total_bytes=total,
-            memory_free_bytes=ranges.free_bytes(total, used),
             ecc_corrected_total=corrected,
             ecc_uncorrected_total=uncorrected,
         )
         return replace(reading, **_sensors(hwmon)) if hwmon else reading
+
+
+def _asleep(device: Path) -> bool:
+    """Whether the card is runtime-suspended (an idle dGPU of a laptop or a PRIME box): reading
+    its busy percents, hwmon or RAS counters would wake it, every sample, for good, and its first
+    readings awake show activity it did not have. power/runtime_status wakes nothing; anything but
+    "suspended" (active, unsupported on an APU, no file) reads the card."""
+    return read_text(device / "power" / "runtime_status") == "suspended"
 
 
 class _Sensors(TypedDict):
