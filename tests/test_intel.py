@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,6 +82,43 @@ def test_a_card_that_goes_away_is_down_alone(sysfs: FakeSysfs) -> None:
     card.unlink()
     first, second = source.read().gpus
     assert first.up and not second.up and "card1 (0000:00:02.0) is gone" in second.error
+
+
+def test_a_runtime_suspended_card_is_read_without_waking_it(
+    sysfs: FakeSysfs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its hwmon (energy, temperatures) and an xe GT's frequency would wake it: a suspended card
+    gives its memory only, and its power no rate across the sleep."""
+    sysfs.intel_dg2_i915(0, "0000:05:00.0")
+    sysfs.intel_bmg_xe(1, "0000:06:00.0")
+    devices = [
+        sysfs.root / "devices" / "pci0000:00" / bus for bus in ("0000:05:00.0", "0000:06:00.0")
+    ]
+    source = intel.IntelSource(make_config(sysfs=sysfs.root))
+    source.start()
+    opened: list[str] = []
+    read_text = Path.read_text
+
+    def reading(path: Path, *args: Any, **kwargs: Any) -> str:
+        opened.append(str(path))
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", reading)
+    for status in ("active", "suspended", "active"):
+        for device in devices:
+            sysfs.write(device / "power", {"runtime_status": status})
+        opened.clear()
+        i915, xe = source.read().gpus
+        touched = {Path(path).name for path in opened}
+        assert (i915.memory_total_bytes, i915.memory_used_bytes) == (16 * GIB, 4 * GIB)
+        assert xe.memory_total_bytes == 12 * GIB
+        if status == "suspended":
+            assert not touched & {"energy1_input", "act_freq", "temp2_input", "power1_max"}
+            assert (i915.energy_joules, xe.sm_clock_hertz, xe.temperature_celsius) == (None,) * 3
+        else:
+            assert {"energy1_input", "act_freq", "gt_act_freq_mhz"} <= touched
+            assert (i915.energy_joules, xe.sm_clock_hertz) == (5000.0, 2.85e9)
+        assert i915.power_watts is None  # no rate on a first reading, nor across a sleep
 
 
 def test_absent_without_an_intel_card(sysfs: FakeSysfs) -> None:

@@ -16,6 +16,7 @@ from kepler_bridge.sources.sysfs import (
     drm_cards,
     read_int,
     read_text,
+    runtime_suspended,
     scaled,
     whole_number,
 )
@@ -80,7 +81,7 @@ class AmdgpuSource(Source):
             memory_total_bytes=total,
             memory_free_bytes=ranges.free_bytes(total, used),
         )
-        if _asleep(device):
+        if runtime_suspended(device):
             return replace(identity, utilization=0.0, memory_utilization=0.0)
         hwmon = device_hwmon(device, ("amdgpu",))
         corrected, uncorrected = _ecc(device)
@@ -92,14 +93,6 @@ class AmdgpuSource(Source):
             ecc_uncorrected_total=uncorrected,
         )
         return replace(reading, **_sensors(hwmon)) if hwmon else reading
-
-
-def _asleep(device: Path) -> bool:
-    """Whether the card is runtime-suspended (an idle dGPU of a laptop or a PRIME box): reading
-    its busy percents, hwmon or RAS counters would wake it, every sample, for good, and its first
-    readings awake show activity it did not have. power/runtime_status wakes nothing; anything but
-    "suspended" (active, unsupported on an APU, no file) reads the card."""
-    return read_text(device / "power" / "runtime_status") == "suspended"
 
 
 class _Sensors(TypedDict):

@@ -23,6 +23,7 @@ from kepler_bridge.sources.sysfs import (
     drm_cards,
     read_int,
     read_text,
+    runtime_suspended,
     scaled,
 )
 
@@ -91,7 +92,16 @@ class IntelSource(Source):
                 error=f"{drm.name} ({drm.pci_bus_id}) is gone: the card was removed or "
                 f"{drm.driver} unbound; check dmesg",
             )
-        used, total = _memory(drm)
+        used, total = _memory(drm)  # the driver's books: they wake nothing
+        identity = replace(
+            identity,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            memory_free_bytes=ranges.free_bytes(total, used),
+        )
+        if runtime_suspended(drm.device):
+            card.last_energy = None  # no rate across the sleep: the counter may restart
+            return identity
         mhz = _frequency_mhz(drm)
         # Device-level hwmon only: i915 also registers per-GT ones ("i915_gt0") under the same
         # device.
@@ -103,9 +113,6 @@ class IntelSource(Source):
         )
         reading = replace(
             identity,
-            memory_used_bytes=used,
-            memory_total_bytes=total,
-            memory_free_bytes=ranges.free_bytes(total, used),
             energy_joules=energy,
             power_watts=card.power(energy, now),
             sm_clock_hertz=ranges.hertz(mhz * MHZ if mhz is not None else None),

@@ -24,6 +24,14 @@ def read_text(path: Path) -> str | None:
         return None
 
 
+def runtime_suspended(device: Path) -> bool:
+    """Whether the PCI device is runtime-suspended (an idle dGPU of a laptop or a PRIME box):
+    reading what asks the chip (busy percents, hwmon, RAS, an xe GT's frequency) would wake it,
+    every sample, for good. power/runtime_status wakes nothing; anything but "suspended" (active,
+    unsupported on an APU, no file) is awake."""
+    return read_text(device / "power" / "runtime_status") == "suspended"
+
+
 def read_int(path: Path) -> int | None:
     """A file holding one decimal integer."""
     return whole_number(read_text(path))
