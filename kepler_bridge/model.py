@@ -7,7 +7,7 @@ from every output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter, is_, itemgetter
 from typing import Any, Hashable, Mapping, NamedTuple, TypeVar
 
@@ -216,6 +216,9 @@ class ProcessCpu:
     comm: str
     cpu_seconds: float
     container_id: str = ""
+    # When it started (the source's units, 0 if not known): a pid reused under the same labels is
+    # another process, whose counter starts again even when it reads no less than the last one.
+    start: int = field(default=0, compare=False)
 
     @property
     def key(self) -> ProcessKey:

@@ -330,6 +330,28 @@ def test_a_process_that_execs_or_moves_counts_its_seconds_once() -> None:
         assert {key[0]: seconds for key, seconds in increases.items()} == expected, at
 
 
+def test_a_pid_taken_again_under_the_same_labels_counts_from_its_own_start() -> None:
+    """Another process on a pid (its start changed) with the same comm and container counts whole,
+    even with more seconds than the one before had; that one keeps what it counted. So for rows
+    kept by the source (eBPF, procfs) and rows made afresh, and after an exec."""
+    for fresh in (False, True):
+        counters = MonotonicCounters()
+        first = [ProcessCpu(pid, "job", 2.0, "x", start=10) for pid in (1, 2, 3, 4)]
+        assert sum(counters.cpu_increases(first).values()) == 8.0
+        again = [ProcessCpu(1, "job", 3.0, "x", start=90), *first[1:]]
+        if fresh:
+            again = [dataclasses.replace(row) for row in again]
+        increases = counters.cpu_increases(again)
+        assert increases[(1, "job", "x")] == 3.0, f"fresh rows: {fresh}"
+        assert sum(increases.values()) == 3.0
+    counters = MonotonicCounters()
+    counters.cpu_increases([ProcessCpu(7, "sh", 1.0, "", start=5)])
+    # Pid 7 gone under "sh" and shown under "python": an exec counts on, another process whole.
+    exec_ = counters.cpu_increases([ProcessCpu(7, "python", 1.5, "", start=5)])
+    other = counters.cpu_increases([ProcessCpu(7, "sh", 2.5, "", start=8)])
+    assert (exec_[(7, "python", "")], other[(7, "sh", "")]) == (0.5, 2.5)
+
+
 def test_a_process_left_out_and_back_counts_what_it_used_meanwhile_once() -> None:
     counters = MonotonicCounters()
     samples = [

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpu_helpers import Burner
+from kepler_bridge.sampling.counters import MonotonicCounters
 from kepler_bridge.sources.base import SourceAbsent
 from kepler_bridge.sources.procfs import CLOCK_TICKS, ProcfsSource, parse_stat
 from scaffold import make_config, stat_line
@@ -184,3 +185,29 @@ def test_a_stat_line_read_again_is_taken_only_when_it_changed(tmp_path: Path) ->
     assert rows()[2] == ("new", pytest.approx(5))
     (proc / "2" / "stat").unlink()
     assert set(rows()) == {1}
+
+
+@pytest.mark.parametrize("grace", ["30s", "0"])
+def test_a_pid_taken_again_under_the_same_labels_counts_each_process_whole(
+    tmp_path: Path, grace: str
+) -> None:
+    """A process ends and another takes its pid with the same comm and container, within the
+    grace or after it, with more CPU time than the first had: the counters count both whole."""
+    proc = host_proc(
+        tmp_path / "proc", {1: stat_line(1, "init", 3, 1, 1), 2: stat_line(2, "job", 100, 0, 50)}
+    )
+    source = ProcfsSource(make_config(procfs=str(proc), process_grace=grace))
+    source.start()
+    counters = MonotonicCounters()
+
+    def counted() -> float:
+        increases = counters.cpu_increases(source.read().processes)
+        return sum(seconds for key, seconds in increases.items() if key[0] == 2) * CLOCK_TICKS
+
+    assert counted() == pytest.approx(100)
+    (proc / "2" / "stat").unlink()  # it ended
+    assert counted() == 0
+    (proc / "2" / "stat").write_text(stat_line(2, "job", 140, 10, 90))  # started at tick 90
+    assert counted() == pytest.approx(150)
+    (proc / "2" / "stat").write_text(stat_line(2, "job", 160, 10, 90))
+    assert counted() == pytest.approx(20)

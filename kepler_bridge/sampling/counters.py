@@ -15,6 +15,7 @@ from kepler_bridge.sampling.monotonic import increase
 from kepler_bridge.sampling.top import ShownRows, TopCounter
 
 _SECONDS = attrgetter("cpu_seconds")
+_START = attrgetter("start")
 MAX_DEPARTED = 1024  # processes left out of a sample whose last seconds are remembered
 _CONTAINER_ID = itemgetter(2)
 
@@ -24,25 +25,39 @@ def _relabelled(
     seen: Mapping[ProcessLabels, float],
     gone: set[ProcessLabels],
     new: set[ProcessLabels],
+    starts: tuple[Mapping[ProcessLabels, int], Mapping[ProcessLabels, int]],
 ) -> dict[ProcessLabels, float]:
     """The `new` keys of processes whose labels changed, each with its seconds under the old
-    ones: its pid's among the `gone` keys of `last`, where its counter in `seen` did not drop."""
-    old = {key[0]: last[key] for key in gone}
-    return {key: old[key[0]] for key in new if key[0] in old and seen[key] >= old[key[0]]}
+    ones: its pid's among the `gone` keys of `last`, where its counter in `seen` did not drop and
+    its start is the one it had (`starts`: then, where known, and now)."""
+    then, now = starts
+    old = {key[0]: (last[key], then.get(key)) for key in gone}
+    return {
+        key: old[key[0]][0]
+        for key in new
+        if key[0] in old and seen[key] >= old[key[0]][0] and old[key[0]][1] in (None, now[key])
+    }
 
 
 def _returned(
-    departed: dict[ProcessLabels, float],
+    departed: tuple[dict[ProcessLabels, float], dict[ProcessLabels, int]],
     seen: Mapping[ProcessLabels, float],
     new: set[ProcessLabels],
+    now: Mapping[ProcessLabels, int],
     rows: carry.Table,
 ) -> dict[ProcessLabels, float]:
     """The `new` keys that left an earlier sample, each with its seconds then (taken out of
-    `departed` and its `rows`), where its counter did not drop (else a new process with the same
-    labels)."""
-    found = {key: departed.pop(key) for key in new if key in departed}
+    `departed`, seconds and starts, and its `rows`), where its counter did not drop and its start
+    (`now`) is the one it had, if known (else a new process with the same labels)."""
+    seconds_then, starts_then = departed
+    found = {key: seconds_then.pop(key) for key in new if key in seconds_then}
     rows.removed(found)
-    return {key: seconds for key, seconds in found.items() if seen[key] >= seconds}
+    started = {key: starts_then.pop(key, None) for key in found}
+    return {
+        key: seconds
+        for key, seconds in found.items()
+        if seen[key] >= seconds and started[key] in (None, now[key])
+    }
 
 
 class MonotonicCounters:
@@ -58,6 +73,7 @@ class MonotonicCounters:
         # The last seconds of processes left out of a sample (the --max-processes cap leaves out
         # those that run least), the newest MAX_DEPARTED: one that comes back counts from there.
         self._departed: dict[ProcessLabels, float] = {}
+        self._departed_start: dict[ProcessLabels, int] = {}  # where known (not saved)
         self._process_total: dict[ProcessLabels, float] = {}
         self._process_family: TopCounter[ProcessLabels] = TopCounter(process_limit)
         self._container_total: dict[str, float] = {}
@@ -65,6 +81,7 @@ class MonotonicCounters:
         # None: not known (a restored state).
         self._keys: list[ProcessLabels] | None = []
         self._seconds: list[float] = []
+        self._starts: list[int] = []  # the start of each of `_keys`' processes
         self._last_rows: tuple[ProcessCpu, ...] = ()  # the rows `_keys` and `_seconds` came from
         self._total_keys: list[ProcessLabels] | None = []
         self._shown: ShownRows[ProcessLabels, ProcessLabels, ProcessCpu] = ShownRows()
@@ -94,32 +111,34 @@ class MonotonicCounters:
 
     def cpu_increases(self, processes: Iterable[ProcessCpu]) -> dict[ProcessLabels, float]:
         """CPU seconds each process used since the last call; one seen for the first time counts
-        whole, one whose counter dropped (a new process with the same labels) counts from zero.
-        A process whose labels changed, or that comes back after being left out, counts on from
-        what was counted (`_counted`)."""
+        whole, one whose counter dropped or whose start changed (a new process with the same
+        labels) counts from zero. A process whose labels changed, or that comes back after being
+        left out, counts on from what was counted (`_counted`)."""
         rows = tuple(processes)
         if self._rebase:
             self._rebase = False
             now = dict(zip(map(process_labels, rows), map(_SECONDS, rows)))
             self._rows.changed(monotonic.rebased(self._process_seen, now))
             self._departed_rows.changed(monotonic.rebased(self._departed, now))
+            self._departed_start.clear()
+            self._keys = None  # the other source's starts are not this one's
         replaced_at = self._replaced_rows(rows)
         if replaced_at is not None:
             return self._same_processes(rows, replaced_at)
         keys = list(map(process_labels, rows))
-        seconds = list(map(_SECONDS, rows))
-        if keys == self._keys and len(keys) == len(self._process_seen):
+        seconds, starts = list(map(_SECONDS, rows)), list(map(_START, rows))
+        if keys == self._keys and len(keys) == len(self._process_seen) and starts == self._starts:
             return self._same_processes(
                 rows, list(compress(count(), map(ne, seconds, self._seconds)))
             )
         last, seen = self._process_seen, dict(zip(keys, seconds))
         gone, new = last.keys() - seen.keys(), seen.keys() - last.keys()
-        before = self._counted(keys, seen, gone, new)
+        before = self._counted(keys, seen, gone, new, starts)
         gained = list(map(sub, seconds, before))
         if gained and min(gained) < 0:
             gained = list(map(increase, before, seconds))
         self._process_seen = seen
-        self._keys, self._seconds, self._last_rows = keys, seconds, rows
+        self._keys, self._seconds, self._starts, self._last_rows = keys, seconds, starts, rows
         self._rows.changed(compress(keys, map(ne, seconds, before)))
         self._rows.changed(new)
         self._rows.removed(gone)
@@ -135,34 +154,48 @@ class MonotonicCounters:
         seen: Mapping[ProcessLabels, float],
         gone: set[ProcessLabels],
         new: set[ProcessLabels],
+        starts: list[int],
     ) -> list[float]:
-        """The seconds counted already of each key: the last sample's; for a `new` key whose
-        labels changed (exec, a cgroup move: its pid `gone` under the old labels, its counter not
-        below theirs) those under the old labels, for one back after being left out those it had
-        then; else 0. The processes `gone` are remembered."""
+        """The seconds counted already of each key: the last sample's unless its process started
+        again (`starts`); for a `new` key whose labels changed (exec, a cgroup move: its pid
+        `gone` under the old labels, its counter not below theirs, its start the same) those under
+        the old labels, for one back after being left out those it had then; else 0. The
+        processes `gone` are remembered."""
         last = self._process_seen
         before = list(map(last.get, keys, repeat(0.0)))
+        then = {} if self._keys is None else dict(zip(self._keys, self._starts))
+        for at in compress(count(), map(ne, starts, map(then.get, keys, starts))):
+            before[at] = 0.0  # its pid was taken again by a process with the same labels
+        now = dict(zip(keys, starts)) if new and (gone or self._departed) else {}
         if gone and new:
-            relabelled = _relabelled(last, seen, gone, new)
+            relabelled = _relabelled(last, seen, gone, new, (then, now))
             if relabelled:
                 before = list(map(relabelled.get, keys, before))
         if new and self._departed:
-            returned = _returned(self._departed, seen, new, self._departed_rows)
+            departed = (self._departed, self._departed_start)
+            returned = _returned(departed, seen, new, now, self._departed_rows)
             if returned:
                 before = list(map(returned.get, keys, before))
         if gone:
-            self._depart(last, gone)
+            self._depart(last, gone, then)
         return before
 
-    def _depart(self, last: Mapping[ProcessLabels, float], gone: set[ProcessLabels]) -> None:
-        """Remember the last seconds of the processes `gone` from this sample, the newest
-        MAX_DEPARTED."""
+    def _depart(
+        self,
+        last: Mapping[ProcessLabels, float],
+        gone: set[ProcessLabels],
+        then: Mapping[ProcessLabels, int],
+    ) -> None:
+        """Remember the last seconds (and starts, where known: `then`) of the processes `gone`
+        from this sample, the newest MAX_DEPARTED."""
         departed = self._departed
         departed.update(zip(gone, map(last.__getitem__, gone)))
+        self._departed_start.update((key, then[key]) for key in gone if key in then)
         self._departed_rows.changed(gone)
         oldest = list(islice(departed, max(len(departed) - MAX_DEPARTED, 0)))
         for key in oldest:
             del departed[key]
+            self._departed_start.pop(key, None)
         self._departed_rows.removed(oldest)
 
     def _replaced_rows(self, rows: tuple[ProcessCpu, ...]) -> list[int] | None:
@@ -184,16 +217,20 @@ class MonotonicCounters:
     ) -> dict[ProcessLabels, float]:
         """`cpu_increases` of the last sample's processes, in the same order: only the rows at
         `places` are looked at, and the keys stay the very objects of the last sample."""
-        keys, last, seen = self._keys or [], self._seconds, self._process_seen
+        keys, last, seen, starts = self._keys or [], self._seconds, self._process_seen, self._starts
         increases = dict.fromkeys(seen, 0.0)
         moved: list[ProcessLabels] = []
         for at in places:
-            seconds = rows[at].cpu_seconds
-            if seconds != last[at]:
-                key = keys[at]
-                increases[key] = increase(last[at], seconds)
-                seen[key] = last[at] = seconds
-                moved.append(key)
+            row = rows[at]
+            seconds = row.cpu_seconds
+            if row.start != starts[at]:  # its pid taken again under the same labels: counts whole
+                increases[keys[at]], starts[at] = seconds, row.start
+            elif seconds != last[at]:
+                increases[keys[at]] = increase(last[at], seconds)
+            else:
+                continue
+            seen[keys[at]] = last[at] = seconds
+            moved.append(keys[at])
         self._last_rows = rows
         self._rows.changed(moved)
         return increases
@@ -263,6 +300,7 @@ class MonotonicCounters:
         self._rows.changed(self._process_seen)
         left = carry.rows(carry.field(state, "departed"), integer, text, text, number)
         self._departed = {(pid, comm, cid): seconds for pid, comm, cid, seconds in left}
+        self._departed_start = {}
         self._departed_rows.clear()
         self._departed_rows.changed(self._departed)
         self._process_family.restore(

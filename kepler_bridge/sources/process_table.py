@@ -152,7 +152,7 @@ class ProcessTable:
         self._cap()
         for key in self._stale:
             e = self._entries[key]
-            self._rows[key] = ProcessCpu(e.pid, e.comm, e.cpu_seconds, e.container_id)
+            self._rows[key] = ProcessCpu(e.pid, e.comm, e.cpu_seconds, e.container_id, e.start)
         self._stale.clear()
         if len(self._rows) == len(self._current):  # one process per pid: no labels are shared
             return tuple(self._rows.values())
