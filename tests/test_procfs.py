@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpu_helpers import Burner
+from cpu_helpers import Burner, container_cgroup
 from kepler_bridge.sampling.counters import MonotonicCounters
 from kepler_bridge.sources.base import SourceAbsent
 from kepler_bridge.sources.procfs import CLOCK_TICKS, ProcfsSource, parse_stat
@@ -211,3 +211,52 @@ def test_a_pid_taken_again_under_the_same_labels_counts_each_process_whole(
     assert counted() == pytest.approx(150)
     (proc / "2" / "stat").write_text(stat_line(2, "job", 160, 10, 90))
     assert counted() == pytest.approx(20)
+
+
+def test_a_process_that_ran_follows_its_cgroup_move_once_due(tmp_path: Path) -> None:
+    """A process moved to a container's cgroup is booked there at the first read after it ran
+    once `cgroup_recheck` seconds passed since its cgroup was last read; not before (cheap)."""
+    proc = host_proc(
+        tmp_path / "proc", {1: stat_line(1, "init", 3, 1, 1), 2: stat_line(2, "job", 10, 0, 50)}
+    )
+    source = ProcfsSource(make_config(procfs=str(proc)))
+    now = [0.0]
+    source.table.clock = lambda: now[0]
+    source.cgroup_recheck = 5.0
+    source.start()
+    ran = iter(range(11, 100))
+
+    def container_after(seconds: float, run: bool) -> str:
+        now[0] += seconds
+        if run:
+            (proc / "2" / "stat").write_text(stat_line(2, "job", next(ran), 0, 50))
+        return {row.pid: row.container_id for row in source.read().processes}[2]
+
+    assert container_after(0, run=False) == ""
+    (proc / "2" / "cgroup").write_text(f"0::/system.slice/docker-{ID}.scope\n")  # moved
+    assert container_after(10, run=False) == ""  # asleep: not read
+    assert container_after(0, run=True) == ID
+    (proc / "2" / "cgroup").write_text("0::/user.slice\n")  # moved out
+    assert container_after(2.5, run=True) == ID  # read too lately
+    assert container_after(2.5, run=True) == ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="moving a process between cgroups needs root")
+def test_a_real_cgroup_move_is_followed() -> None:
+    """What runc exec or systemd-run does to a running process: a cgroup v2 move into a
+    container's cgroup and out again, each followed at the next read after it ran."""
+    source = ProcfsSource(make_config())
+    source.start()
+    source.cgroup_recheck = 0.0
+
+    def container_of(pid: int) -> str:
+        return next(row for row in source.read().processes if row.pid == pid).container_id
+
+    with container_cgroup("procfs-test", ID) as cgroup, Burner() as burner:
+        assert container_of(burner.pid) != ID
+        (cgroup / "cgroup.procs").write_text(str(burner.pid))
+        burner.burn(0.05)
+        assert container_of(burner.pid) == ID
+        (cgroup.parent / "cgroup.procs").write_text(str(burner.pid))  # no container's
+        burner.burn(0.05)
+        assert container_of(burner.pid) == ""

@@ -45,8 +45,11 @@ class TrackedProcess:
     # Kept by the ebpf source to notice exec (comm change) and cgroup moves cheaply.
     raw_comm: bytes = b""
     cgroup_id: int = 0
-    # Kept by the procfs source: the last /proc/<pid>/stat line, not parsed again while the same.
+    # Kept by the procfs source: the last /proc/<pid>/stat line, not parsed again while the same,
+    # and the last /proc/<pid>/cgroup text with when it is next read (`clock` time).
     raw_stat: bytes = b""
+    raw_cgroup: bytes = b""
+    cgroup_due: float = 0.0
 
 
 class ProcessTable:

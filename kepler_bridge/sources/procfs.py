@@ -1,8 +1,11 @@
 """CPU time per process from /proc/<pid>/stat: the fallback when eBPF cannot load.
 
 It sees only processes alive at a sample; one that starts and ends between
-two samples is missed (the ebpf source counts those). With ``--procfs
-/host/proc`` and hostPID the pids and comms are the host's.
+two samples is missed (the ebpf source counts those). A process's cgroup is
+read when it is first seen, then again when it has run and CGROUP_RECHECK
+seconds have passed since the last read: a process moved to another container
+is booked to it from then on. With ``--procfs /host/proc`` and hostPID the pids
+and comms are the host's.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ from dataclasses import dataclass
 
 from kepler_bridge.model import CpuTimes, SourceReading
 from kepler_bridge.sources.base import SourceAbsent
-from kepler_bridge.sources.cgroup import read_container_id
+from kepler_bridge.sources.cgroup import container_id, read_raw_cgroup
 from kepler_bridge.sources.process_table import ProcessSource, TrackedProcess
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 STAT_BYTES = 4096
+# Seconds between two reads of a running process's cgroup: how long after a move its CPU time may
+# still go to the container it left (one read per process that ran, at most, every 5 s).
+CGROUP_RECHECK = 5.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class ProcfsSource(ProcessSource):
     """Reads utime+stime of every process each interval."""
 
     name = "procfs"
+    cgroup_recheck = CGROUP_RECHECK
 
     def start(self) -> None:
         if not os.path.isfile(f"{self.config.procfs}/self/stat"):
@@ -93,7 +100,7 @@ class ProcfsSource(ProcessSource):
             )
 
     def read(self) -> SourceReading:
-        procfs = self.config.procfs
+        procfs, now = self.config.procfs, self.table.clock()
         alive: set[int] = set()
         for pid in list_pids(procfs):
             raw = read_raw_stat(procfs, pid)
@@ -103,12 +110,12 @@ class ProcfsSource(ProcessSource):
             if entry is not None and raw == entry.raw_stat:  # a sleeper: nothing to parse
                 self.table.revive(entry)
                 alive.add(pid)
-            elif self._changed(pid, raw, entry):
+            elif self._changed(pid, raw, entry, now):
                 alive.add(pid)
         self.table.end_missing(alive)
         return SourceReading(processes=self.table.rows())
 
-    def _changed(self, pid: int, raw: bytes, entry: TrackedProcess | None) -> bool:
+    def _changed(self, pid: int, raw: bytes, entry: TrackedProcess | None, now: float) -> bool:
         """Take a process's stat line that differs from the last one read; False when it cannot
         be parsed or the process is gone."""
         try:
@@ -118,16 +125,30 @@ class ProcfsSource(ProcessSource):
         if entry is None or entry.start != stat.start:
             if self.table.shut_out(pid, stat.start, stat.cpu_seconds):
                 return False
-            container_id = read_container_id(self.config.procfs, pid)
-            if container_id is None:
+            cgroup = read_raw_cgroup(self.config.procfs, pid)
+            if cgroup is None:
                 return False
-            entry = self.table.begin(pid, stat.start, stat.comm, container_id, stat.cpu_seconds)
+            found = container_id(cgroup.decode(errors="replace"))
+            entry = self.table.begin(pid, stat.start, stat.comm, found, stat.cpu_seconds)
+            entry.raw_cgroup, entry.cgroup_due = cgroup, now + self.cgroup_recheck
         else:
             self.table.revive(entry)
-            self.table.relabel(entry, stat.comm, entry.container_id)
+            self.table.relabel(entry, stat.comm, self._container_id(entry, now))
             self.table.count(entry, stat.cpu_seconds)
         entry.raw_stat = raw
         return True
+
+    def _container_id(self, entry: TrackedProcess, now: float) -> str:
+        """The container of a process that ran: its cgroup read again where due (a cgroup move is
+        followed then), parsed only when it changed."""
+        if now < entry.cgroup_due:
+            return entry.container_id
+        entry.cgroup_due = now + self.cgroup_recheck
+        cgroup = read_raw_cgroup(self.config.procfs, entry.pid)
+        if cgroup is None or cgroup == entry.raw_cgroup:  # gone: its stat was the last news
+            return entry.container_id
+        entry.raw_cgroup = cgroup
+        return container_id(cgroup.decode(errors="replace"))
 
     def describe(self, reading: SourceReading) -> str:
         return (
