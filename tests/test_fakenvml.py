@@ -866,6 +866,32 @@ def test_register_unsupported_event_type(fake_nvml: FakeNvml, nvml: NvmlProcess)
     )
 
 
+def test_event_wait_answers_gpu_is_lost_while_a_gpu_of_its_set_is(
+    fake_nvml: FakeNvml, nvml: NvmlProcess
+) -> None:
+    """A set with a lost GPU registered gives the events from before the loss, then answers
+    every wait GPU_IS_LOST, naming no GPU, while later events wait; a set without that GPU goes
+    on. A GPU's own error for the wait acts alike, at once."""
+    xid = pynvml.nvmlEventTypeXidCriticalError
+    both, first = nvml.call("nvmlEventSetCreate"), nvml.call("nvmlEventSetCreate")
+    for handle, event_set in ((H(0), both), (H(1), both), (H(0), first)):
+        nvml.call("nvmlDeviceRegisterEvents", handle, xid, event_set)
+    fake_nvml.add_xid(0, 48)
+    fake_nvml.gpu(1, lost=True)
+    raises(nvml, "NVMLError_GpuIsLost", "nvmlDeviceGetUUID", H(1))  # the loss seen
+    fake_nvml.add_xid(0, 79)
+    assert nvml.call("nvmlEventSetWait", both, 0)["eventData"] == 48
+    raises(nvml, "NVMLError_GpuIsLost", "nvmlEventSetWait", both, 0)
+    raises(nvml, "NVMLError_GpuIsLost", "nvmlEventSetWait", both, 50)
+    assert [nvml.call("nvmlEventSetWait", first, 1000)["eventData"] for _ in "ab"] == [48, 79]
+    fake_nvml.gpu(1, lost=False, errors={"nvmlEventSetWait_v2": pynvml.NVML_ERROR_UNKNOWN})
+    raises(nvml, "NVMLError_Unknown", "nvmlEventSetWait", both, 0)
+    fake_nvml.gpu(1, errors={})
+    assert nvml.call("nvmlEventSetWait", both, 1000)["eventData"] == 79  # kept meanwhile
+    fake_nvml.set(device_count=1)  # GPU 1 gone
+    raises(nvml, "NVMLError_GpuIsLost", "nvmlEventSetWait", both, 0)
+
+
 # --------------------------------------------------------------------------
 # GPM
 # --------------------------------------------------------------------------

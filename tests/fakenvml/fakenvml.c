@@ -529,6 +529,9 @@ typedef struct {
     size_t nprocs;
     xid_cfg *xids;
     size_t nxids;
+    /* Per GPU lost (`lost`, or past a lowered device_count): the xid lines there were when a
+     * config first showed it lost; SIZE_MAX while it is not. Set by maybe_reload_locked. */
+    size_t lost_at[MAX_GPUS];
     struct mig_config *mig; /* section "MIG" */
 } config_t;
 
@@ -920,6 +923,19 @@ __attribute__((destructor)) static void fakenvml_unload(void)
 
 /* Re-read the config when it changed. force: always re-read.
  * Returns 0 when a config is loaded (new or kept), -1 when none could be read. */
+/* c->lost_at from the config it replaces (NULL: none): a GPU lost in both keeps its line. */
+static void mark_lost(config_t *c, const config_t *old)
+{
+    for (unsigned int i = 0; i < MAX_GPUS; i++) {
+        if (i < c->device_count && !c->gpus[i].lost)
+            c->lost_at[i] = SIZE_MAX;
+        else if (old && old->lost_at[i] < c->nxids)
+            c->lost_at[i] = old->lost_at[i];
+        else
+            c->lost_at[i] = c->nxids;
+    }
+}
+
 static int maybe_reload_locked(int force)
 {
     struct stat st;
@@ -947,6 +963,7 @@ static int maybe_reload_locked(int force)
             config_free(c);
             return (g_cfg && !force) ? 0 : -1;
         }
+        mark_lost(c, g_cfg);
         config_free(g_cfg);
         g_cfg = c;
         free(g_cfg_text);
@@ -2258,6 +2275,29 @@ static void wait_config(const cfg_watch *w, long long ms)
     }
 }
 
+/* What a wait on `set` answers before any event while a GPU registered in it has its own
+ * `errors`/`not_supported` entry for nvmlEventSetWait_v2; 0 while none has. */
+static nvmlReturn_t set_gpus_rc(const struct fake_event_set *set, const config_t *cfg)
+{
+    for (unsigned int i = 0; i < MAX_GPUS && i < cfg->device_count; i++) {
+        nvmlReturn_t rc = set->mask[i] ? gpu_field_rc(&cfg->gpus[i], "nvmlEventSetWait_v2", "") : 0;
+        if (rc)
+            return rc;
+    }
+    return NVML_SUCCESS;
+}
+
+/* The first xid line a wait on `set` cannot deliver: where the first of its GPUs was lost. From
+ * there on it answers GPU_IS_LOST, naming no GPU, as NVML's; SIZE_MAX while none is lost. */
+static size_t set_lost_at(const struct fake_event_set *set, const config_t *cfg)
+{
+    size_t at = SIZE_MAX;
+    for (unsigned int i = 0; i < MAX_GPUS; i++)
+        if (set->mask[i] && cfg->lost_at[i] < at)
+            at = cfg->lost_at[i];
+    return at;
+}
+
 EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
                                         unsigned int timeoutms)
 {
@@ -2275,7 +2315,7 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
 
     long long deadline = mono_ms() + (long long)timeoutms;
     for (;;) {
-        nvmlReturn_t rc = NVML_ERROR_TIMEOUT;
+        nvmlReturn_t rc = NVML_ERROR_TIMEOUT, refused;
         int delivered = 0;
         pthread_mutex_lock(&g_lock);
         if (g_refcount <= 0) {
@@ -2286,10 +2326,13 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
             rc = g_cfg->fail_all;
         } else if (!set_valid(set)) {
             rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else if ((refused = set_gpus_rc(set, g_cfg)) != NVML_SUCCESS) {
+            rc = refused;
         } else {
+            size_t lost_at = set_lost_at(set, g_cfg);
             if (set->cursor > g_cfg->nxids)
                 set->cursor = g_cfg->nxids; /* list shrank: writer started over */
-            while (set->cursor < g_cfg->nxids) {
+            while (set->cursor < g_cfg->nxids && set->cursor < lost_at) {
                 const xid_cfg *x = &g_cfg->xids[set->cursor++];
                 if (x->gpu < 0 || x->gpu >= MAX_GPUS || (unsigned int)x->gpu >= g_cfg->device_count)
                     continue;
@@ -2304,6 +2347,8 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
                 rc = NVML_SUCCESS;
                 break;
             }
+            if (!delivered && set->cursor >= lost_at)
+                rc = NVML_ERROR_GPU_IS_LOST;
         }
         pthread_mutex_unlock(&g_lock);
         long long left = deadline - mono_ms();
