@@ -115,6 +115,51 @@ def test_mig_devices_through_pynvml_and_a_destroyed_one_answers_not_found(
     assert stale == "6"  # NOT_FOUND
 
 
+def test_mig_processes_come_from_the_mig_devices_where_the_parent_list_is_refused(
+    fake_nvml: FakeNvml,
+) -> None:
+    """NVML lists a MIG parent's processes to a privileged caller only (NO_PERMISSION to
+    others): the MIG devices' own lists give them then, with their memory, in their instances."""
+    two_instances(fake_nvml)
+    fake_nvml.gpu(0, errors={"compute_processes": pynvml.NVML_ERROR_NO_PERMISSION})
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import pynvml
+        from kepler_bridge import config
+        from kepler_bridge.sampling.gpu_energy import mig_shares
+        from kepler_bridge.sources.nvml.source import NvmlSource
+
+        source = NvmlSource(config.load({"nvml_library": sys.argv[1]}, {}))
+        source.start()
+        try:
+            pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0))
+        except pynvml.NVMLError as err:
+            refused = err.value
+        found = []
+        for _ in range(2):
+            gpu = source.read().gpus[0]
+            found.append([
+                gpu.up,
+                [[proc.pid, proc.memory_used_bytes] for proc in gpu.processes],
+                [[mig.gpu_instance, list(mig.pids)] for mig in gpu.mig_instances],
+                mig_shares(gpu),
+            ])
+        source.stop()
+        print(json.dumps([refused, found]))
+        """
+    )
+    (refused, found), stderr = fake_nvml.printed(script)
+    assert refused == pynvml.NVML_ERROR_NO_PERMISSION
+    expected = [
+        True,
+        [[999001, 3 * GIB], [999002, GIB]],
+        [[1, [999001]], [2, [999002]]],
+        [0.75, 0.25],  # by the instances' compute slices, 3 and 1
+    ]
+    assert found == [expected, expected], stderr
+
+
 def assigned() -> bytes:
     return list_response(
         [

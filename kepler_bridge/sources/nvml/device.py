@@ -79,6 +79,8 @@ class Device:
     gpm: Gpm = field(default_factory=Gpm)
     mig_profiles: dict[int, Any] | None = None  # mig.py's GPU instance profiles, asked once
     mig_enabled: bool = False  # mig.py's MIG mode as last asked
+    # Used memory by pid over the MIG devices' own process lists, as mig.py last read them.
+    mig_processes: dict[int, int | None] = field(default_factory=dict)
     lists: dict[str, Any] = field(default_factory=dict)  # processes.py's list calls, by name
     # reliability.py's slow counters (GpuReading fields) as last read, and when; links.py's
     # error counters of each link that was up.

@@ -1,7 +1,8 @@
 """MIG: the GPU instances and compute instances of a GPU in MIG mode, read through MIG handles.
 
 Each MIG device (a compute instance of a GPU instance, the unit the kubelet assigns) gives its
-ids, uuid, memory (its GPU instance's) and processes; the GPU instance's profile names it
+ids, uuid, memory (its GPU instance's) and processes (with their memory, the GPU's processes
+where NVML refuses the parent's list: processes.py); the GPU instance's profile names it
 (`1g.10gb`). A MIG device destroyed between samples is simply not listed; one destroyed while it
 is read is skipped. Each GPU instance carries its GPM activity (`nvmlGpmMigSampleGet`, by GPU
 instance id, sampled by gpm.py).
@@ -71,9 +72,11 @@ def _instances(device: Device) -> tuple[MigInstance, ...]:
     h = device.handle
     count = device.query("mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0
     found, unnamed = [], False
+    listed: dict[int, int | None] = {}  # used memory by pid over the MIG devices' processes
     for index in range(count):
         try:
-            found.append(_instance(device, pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index)))
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index)
+            found.append(_instance(device, mig, listed))
         except pynvml.NVMLError as err:
             unnamed = unnamed or err.value in CANNOT  # left out, its GPU read as ever
             if err.value not in CANNOT + GONE:
@@ -82,13 +85,14 @@ def _instances(device: Device) -> tuple[MigInstance, ...]:
         device.cannot(UNNAMED)  # for doctor
     else:
         device.unsupported.pop(UNNAMED, None)
+    device.mig_processes = listed
     return tuple(found)
 
 
-def _instance(device: Device, mig: Any) -> MigInstance:
-    """One MIG device by its handle; raises NVMLError (GONE) when it was destroyed meanwhile, or
-    when NVML cannot tell its ids or uuid (CANNOT). Its memory, profile and processes are
-    absent where NVML cannot report them."""
+def _instance(device: Device, mig: Any, listed: dict[int, int | None]) -> MigInstance:
+    """One MIG device by its handle, its processes' used memory added to `listed` by pid; raises
+    NVMLError (GONE) when it was destroyed meanwhile, or when NVML cannot tell its ids or uuid
+    (CANNOT). Its memory, profile and processes are absent where NVML cannot report them."""
     gpu_instance = pynvml.nvmlDeviceGetGpuInstanceId(mig)
     memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, mig)
     total = None if memory is None else ranges.byte_count(memory.total)
@@ -97,7 +101,7 @@ def _instance(device: Device, mig: Any) -> MigInstance:
         used = None
     profile = _profile(device, gpu_instance)
     processes = _optional(running_processes, device, COMPUTE, mig) or ()
-    return MigInstance(
+    instance = MigInstance(
         gpu_instance=gpu_instance,
         compute_instance=pynvml.nvmlDeviceGetComputeInstanceId(mig),
         uuid=text(pynvml.nvmlDeviceGetUUID, mig),
@@ -107,6 +111,10 @@ def _instance(device: Device, mig: Any) -> MigInstance:
         memory_total_bytes=total,
         pids=tuple(sorted({pid for pid, _ in processes})),
     )
+    for pid, process_used in processes:
+        if listed.get(pid) is None:
+            listed[pid] = process_used
+    return instance
 
 
 def _profile(device: Device, gpu_instance: int) -> Profile:

@@ -56,12 +56,7 @@ def pid_namespace_problem(procfs: str) -> str:
 
 def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:
     """The compute and graphics processes on the GPU, by pid; comm and container looked up once."""
-    h = device.handle
-    memory: dict[int, int | None] = {}
-    for name, call in (("compute_processes", COMPUTE), ("graphics_processes", GRAPHICS)):
-        for pid, used in device.query(name, running_processes, device, call, h) or ():
-            if memory.get(pid) is None:
-                memory[pid] = used
+    memory = _memory(device)
     if not memory:
         device.process_rows, device.process_inputs = {}, None
         return ()
@@ -84,6 +79,24 @@ def gpu_processes(device: Device, procfs: str) -> tuple[GpuProcess, ...]:
         rows[pid] = row
     device.process_rows = rows
     return tuple(rows.values())
+
+
+def _memory(device: Device) -> dict[int, int | None]:
+    """Used memory by pid over the compute and graphics lists; where NVML refuses a MIG parent's
+    compute list (to a caller without privileges), its MIG devices' own, as mig.py read them."""
+    h = device.handle
+    compute = device.query("compute_processes", running_processes, device, COMPUTE, h)
+    if compute is None and device.mig_enabled:
+        compute = device.mig_processes.items()
+    memory: dict[int, int | None] = {}
+    for listed in (
+        compute,
+        device.query("graphics_processes", running_processes, device, GRAPHICS, h),
+    ):
+        for pid, used in listed or ():
+            if memory.get(pid) is None:
+                memory[pid] = used
+    return memory
 
 
 def running_processes(device: Device, call: str, handle: Any) -> list[tuple[int, int | None]]:

@@ -222,10 +222,10 @@ class NvmlSource(Source):
         fields.update(_memory(device))
         fields.update(self.pcie.reading(device.index, device.handle, device.counters_due))
         fields["memory_temperature_celsius"] = _memory_temperature(device)
-        fields["processes"] = gpu_processes(device, self.config.procfs)
         fields.update(device.profiling())
         fields.update(reliability(device))
-        add_mig(device, fields)
+        add_mig(device, fields)  # first: a MIG parent's processes may be its MIG devices'
+        fields["processes"] = gpu_processes(device, self.config.procfs)
         return made(GpuReading, fields)
 
 
