@@ -1104,6 +1104,67 @@ def test_a_sample_takes_the_xids_nvml_holds_and_at_most_its_bound(fake_nvml: Fak
     assert threads == 1, "the nvml source started a thread"
 
 
+def test_xids_of_the_other_gpus_go_on_while_one_is_lost_and_its_own_once_back(
+    fake_nvml: FakeNvml,
+) -> None:
+    """NVML answers each wait on an event set that holds a lost GPU GPU_IS_LOST, naming none:
+    the source waits on a new set of the GPUs that register, the lost one down, one call a read,
+    and registers that one again when it comes back."""
+    script = textwrap.dedent(
+        """
+        import ctypes, json, sys, time
+        from pathlib import Path
+        sys.path.insert(0, sys.argv[2])
+        from fakenvml import FakeNvml
+        from kepler_bridge import config
+        from kepler_bridge.sources.nvml.source import NvmlSource
+
+        fake = FakeNvml(Path(sys.argv[1]), Path(sys.argv[3]), gpus=2, processes_per_gpu=0)
+        source = NvmlSource(config.load({"nvml_library": sys.argv[1], "interval": "0.2s"}, {}))
+        source.start()
+        library = ctypes.CDLL(sys.argv[1])
+        library.fakenvml_call_count.restype = ctypes.c_ulonglong
+        found = []
+
+        def read(*xids):
+            for gpu, code in xids:
+                fake.add_xid(gpu, code)
+            waits = library.fakenvml_call_count(b"nvmlEventSetWait_v2")
+            gpus = source.read().gpus
+            waits = library.fakenvml_call_count(b"nvmlEventSetWait_v2") - waits
+            found.append([[gpu.up, dict(gpu.xid_errors)] for gpu in gpus] + [waits])
+
+        read((0, 79))
+        fake.gpu(1, lost=True)
+        read()
+        read((0, 48), (1, 13))
+        read((0, 31))
+        fake.gpu(1, lost=False)
+        time.sleep(0.3)  # a GPU that failed is acquired again an interval later
+        read()
+        read((1, 94), (0, 63))
+        source.stop()
+        print(json.dumps(found))
+        """
+    )
+    found, stderr = fake_nvml.printed(script, str(Path(__file__).parent), str(fake_nvml.config))
+    ups = [[up for up, _ in reading[:2]] for reading in found]
+    assert ups == [[True, True], [True, False], [True, False], [True, False], [True, True]] + [
+        [True, True]
+    ], stderr
+    counts = [[xids for _, xids in reading[:2]] for reading in found]
+    assert counts == [
+        [{"79": 1}, {}],
+        [{"79": 1}, {}],
+        [{"79": 1, "48": 1}, {}],  # GPU 1's XID 13 went with its registration
+        [{"79": 1, "48": 1, "31": 1}, {}],
+        [{"79": 1, "48": 1, "31": 1}, {}],
+        [{"79": 1, "48": 1, "31": 1, "63": 1}, {"94": 1}],
+    ], stderr
+    # No wait loops on the error: each read waits once, and twice when it takes an event.
+    assert [reading[2] for reading in found] == [2, 1, 2, 2, 1, 3], stderr
+
+
 def test_a_gpu_lost_and_back_is_named_for_the_pcie_it_cannot_report_now(
     fake_nvml: FakeNvml,
 ) -> None:

@@ -64,7 +64,8 @@ class XidEvents:
     def __init__(self) -> None:
         self.counter = XidCounter()
         self._set: object | None = None
-        self._by_handle: dict[int | None, int] = {}
+        self._by_handle: dict[int | None, int] = {}  # registered in the set: address -> index
+        self._handles: dict[int, Any] = {}  # the handle of each GPU up, by index (`renew`)
         # nvmlEventSetWait_v2 called as pynvml would, without its wrapper: no record made and no
         # exception raised per call (it times out at almost every one).
         self._wait: Any = None
@@ -89,8 +90,11 @@ class XidEvents:
     def watch(self, index: int, handle: Any) -> None:
         """Register the GPU of this NVML index, just acquired, for XID events: once per handle,
         so a GPU that was down at the start, or came back with a new handle, is counted too."""
+        if self._set is None:
+            return
+        self._handles[index] = handle
         address = ctypes.cast(handle, ctypes.c_void_p).value
-        if self._set is None or address in self._by_handle:
+        if address in self._by_handle:
             return
         try:
             pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self._set)
@@ -99,12 +103,30 @@ class XidEvents:
             return
         self._by_handle[address] = index
 
+    def forget(self, index: int) -> None:
+        """The GPU of this NVML index failed: left out of a new set (`renew`) until acquired."""
+        self._handles.pop(index, None)
+
     def stop(self) -> None:
         """Free the event set; before nvmlShutdown."""
         if self._set is not None:
             _free(self._set)
             self._set = None
         self._by_handle.clear()
+        self._handles.clear()
+
+    def renew(self) -> None:
+        """A new event set of the GPUs up that register now (a lost one does not): NVML answers
+        every wait on a set holding a lost GPU GPU_IS_LOST. The events the old one held are lost."""
+        handles = list(self._handles.items())
+        self.stop()
+        try:
+            self._set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as err:
+            log.info("XID events unavailable: %s", err)
+            return
+        for index, handle in handles:
+            self.watch(index, handle)
 
     def drain(self) -> None:
         """Count the XIDs of watched GPUs the driver holds now (at most MAX_EVENTS_PER_SAMPLE: the
@@ -115,6 +137,10 @@ class XidEvents:
         pointer = ctypes.byref(data)
         for _ in range(MAX_EVENTS_PER_SAMPLE):
             result = wait(self._set, pointer, 0)
+            if result == pynvml.NVML_ERROR_GPU_IS_LOST:
+                log.info("XID events: a GPU is lost; waiting on the others")
+                self.renew()  # the next sample waits on the new set
+                return
             if result != pynvml.NVML_SUCCESS:
                 if result != pynvml.NVML_ERROR_TIMEOUT:
                     log.debug("nvmlEventSetWait: %s", pynvml.NVMLError(result))

@@ -199,6 +199,7 @@ class NvmlSource(Source):
         )
         device.fail(error, self.config.interval, now)
         self.pcie.forget(device.index)
+        self.xids.forget(device.index)
         return self._down(device)
 
     def _values(self, device: Device) -> GpuReading:
