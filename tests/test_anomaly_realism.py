@@ -1,13 +1,15 @@
 """The named detectors on what real boards do and the labelled traces do not model: long jobs at a
-third of the limit, a power limit changed at runtime, idle after a throttled job, applications'
-own XIDs, an idle board's whole watts, and a source that lists no processes."""
+third of the limit, a power limit changed at runtime, a room that warms and cools with the day,
+idle after a throttled job, applications' own XIDs, an idle board's whole watts, a source that
+lists no processes, and a leak that grows in bursts."""
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
@@ -51,9 +53,11 @@ class Board:
     def __init__(self, seed: int) -> None:
         self.rng, self.temperature = random.Random(seed), 27.0 + 0.12 * 52.0
 
-    def sample(self, t: float, dt: float, utilization: float, limit: float, r: float) -> Features:
+    def sample(
+        self, t: float, dt: float, utilization: float, limit: float, r: float, room: float = 27.0
+    ) -> Features:
         watts = max(1.0, 52 + (230 - 52) * utilization + self.rng.gauss(0, 1.5))
-        self.temperature += (27.0 + r * watts - self.temperature) * min(1.0, dt / 60.0)
+        self.temperature += (room + r * watts - self.temperature) * min(1.0, dt / 60.0)
         shown = float(round(self.temperature + self.rng.gauss(0, 0.4)))
         return sample(t, utilization=utilization, power=round(watts, 3), power_limit=limit,
                       temperature=shown)  # fmt: skip
@@ -97,6 +101,46 @@ def test_a_power_limit_changed_at_runtime_is_no_cooling_failure_and_a_fan_failur
 
     assert not [t for t in fired("cooling", trace(250.0, 400.0, None, 1)) if t >= 6 * 3600]
     assert [t for t in fired("cooling", trace(400.0, 250.0, 9 * 3600, 2)) if t >= 9 * 3600]
+
+
+def day(seed: int, days: float, swing: float, fault: Callable[[float], float]) -> list[Features]:
+    """`days` of a server whose traffic follows the day (busiest at noon, a tenth of it at night)
+    in a room `swing` °C warmer at 15:00 and as much cooler at 03:00, a sample every 5 s;
+    `fault(t)` multiplies the heatsink's thermal resistance."""
+    board, rng, samples = Board(seed), random.Random(seed), []
+    for step in range(int(days * 86400 / 5)):
+        t, hour = step * 5.0, step * 5.0 / 3600 % 24
+        traffic = 0.1 + 0.8 * max(0.0, math.sin(2 * math.pi * (hour - 6) / 24))
+        utilization = round(min(1.0, max(0.0, traffic + rng.gauss(0, 0.05))), 2)
+        room = 27.0 + swing * math.sin(2 * math.pi * (hour - 9) / 24)
+        samples.append(board.sample(t, 5.0, utilization, 400.0, 0.12 * fault(t), room))
+    return samples
+
+
+def test_a_room_that_warms_and_cools_with_the_day_is_no_cooling_failure() -> None:
+    """Each power band is visited at its own hours: the morning's band, taught in a cooler room,
+    saw the warm afternoon as a hotter die. Three days at +-3 and +-4 °C: nothing."""
+    for seed, swing in ((1, 3.0), (2, 4.0)):
+        found = fired("cooling", day(seed, 3.0, swing, lambda t: 1.0))
+        assert not found, f"+-{swing} °C: fires from {found[0] / 3600:.1f} h" if found else ""
+
+
+def test_a_fan_failure_in_a_room_that_warms_and_cools_is_still_found() -> None:
+    """The same days and room: a fan that fails on the second afternoon (1.7 x the resistance at
+    once) and one whose bearing wears over half an hour to 1.5 x (a rise the room's offset may
+    not follow) are found while they last, and nothing fires before."""
+    failed = 86400 + 14 * 3600.0
+
+    def at_once(t: float) -> float:
+        return 1.7 if failed <= t < failed + 1800 else 1.0
+
+    def worn(t: float) -> float:
+        return 1.0 + 0.5 * min(1.0, max(0.0, (t - failed) / 1800)) if t < failed + 3600 else 1.0
+
+    for seed, fault in ((3, at_once), (4, worn)):
+        found = fired("cooling", day(seed, 2.0, 4.0, fault))
+        assert found and found[0] >= failed, found[:1]
+        assert [t for t in found if t < failed + 3600], "found while it lasts"
 
 
 def test_a_throttling_alarm_ends_with_the_work_it_was_about() -> None:

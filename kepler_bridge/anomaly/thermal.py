@@ -9,6 +9,7 @@ from kepler_bridge.anomaly.features import Features
 from kepler_bridge.anomaly.signals import Ewma, Hold
 
 BINS = 10
+ROOM_RATE = 3.0 / 3600.0  # °C a second: the fastest a room's (an inlet's) air warms or cools
 
 
 class Cooling:
@@ -19,7 +20,15 @@ class Cooling:
     and airflow; a failed fan, a clogged filter or dried thermal paste raise that resistance, so the
     same watts give more degrees. The learned curve is per power band (power smoothed over a
     minute, the die's thermal lag, and temperature with it), learned slowly and hardly at all
-    from samples far off it."""
+    from samples far off it.
+
+    The room's temperature moves every band alike, and a band learns only while visited: one
+    taught at night would take the afternoon's warmer room for a fault. So the bands learn the
+    curve less a room offset, shared by all, that follows what the visited band is off by: from
+    every sample within that band's margin (a die warming up and one cooling down cancel out), not
+    from suspect ones, and never faster than a room changes (ROOM_RATE), where a failed fan raises
+    the die tens of degrees in minutes: the offset neither takes in a fault nor teaches it to the
+    bands."""
 
     kind = "cooling"
 
@@ -29,6 +38,7 @@ class Cooling:
         self.temperature = Ewma(45.0)  # smoothed, so that bursts cancel out of the residual
         self.bands = [Ewma(7200.0) for _ in range(BINS)]
         self.spread = [Ewma(7200.0, 1.0) for _ in range(BINS)]
+        self.room = 0.0  # °C the room is above where the bands learned it
         self.recent: deque[tuple[float, float, float]] = deque(maxlen=40)  # (t, °C, W), 10 s apart
         self.limit: float | None = None  # the power limit the bands are shares of
         self.hold = Hold(60.0, 120.0)
@@ -44,11 +54,12 @@ class Cooling:
             # each, so what they learned no longer holds.
             self.bands = [Ewma(7200.0) for _ in range(BINS)]
             self.spread = [Ewma(7200.0, 1.0) for _ in range(BINS)]
+            self.room = 0.0
         self.limit = limit
         band = min(BINS - 1, max(0, int(watts / limit * BINS)))
         # A die still cooling down after its load dropped is above the lower band, not failing.
         falling = len(self.recent) >= 7 and degrees < self.recent[-7][1] - 0.5
-        hot = self._hot(band, degrees, elapsed if self._settled(degrees) else 0.0) and not falling
+        hot = self._hot(band, degrees, elapsed, self._settled(degrees)) and not falling
         if not self.recent or f.timestamp - self.recent[-1][0] >= 10.0:
             self.recent.append((f.timestamp, degrees, watts))
         return self.hold.update(f.timestamp, hot or self._climbing_at_full_fan(f))
@@ -58,17 +69,25 @@ class Cooling:
         only then does it teach the curve, so a die still warming up does not."""
         return len(self.recent) >= 7 and abs(degrees - self.recent[-7][1]) < 1.0
 
-    def _hot(self, band: int, temperature: float, elapsed: float) -> bool:
+    def _hot(self, band: int, temperature: float, elapsed: float, settled: bool) -> bool:
         mean, spread = self.bands[band], self.spread[band]
         known = mean.seen >= 600.0
         margin = max(5.0, 4.0 * spread.value) / self.sensitivity
-        excess = temperature - mean.value if known else 0.0
+        excess = temperature - self.room - mean.value if known else 0.0
         # A sample far above the curve teaches it 50 times slower, so a fault is not learned away.
-        learn = elapsed if excess < margin else elapsed / 50.0
+        learn = (elapsed if excess < margin else elapsed / 50.0) if settled else 0.0
+        if known and abs(excess) < margin:
+            self._follow_room(excess, elapsed)
         if known:
             spread.update(abs(excess), learn)
-        mean.update(temperature, learn)
+        mean.update(temperature - self.room, learn)
         return excess >= margin
+
+    def _follow_room(self, excess: float, elapsed: float) -> None:
+        """Move the room offset a share of `excess` (a 30-minute half-life), at most ROOM_RATE."""
+        elapsed = max(elapsed, 0.0)
+        step = excess * (1.0 - 0.5 ** (elapsed / 1800.0))
+        self.room += max(-ROOM_RATE * elapsed, min(ROOM_RATE * elapsed, step))
 
     def _climbing_at_full_fan(self, f: Features) -> bool:
         if f.fan is None or f.fan < 0.95 or len(self.recent) < 13:
