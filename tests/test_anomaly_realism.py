@@ -215,3 +215,62 @@ def test_a_leak_is_found_where_the_source_lists_no_processes() -> None:
             t for t in fired("memory_leak", unlisted) if trace.fault.start <= t <= trace.fault.end
         ]
         assert during, pattern
+
+
+def serving(seed: int, total: float, interval: float, memory: Callable[[float], float]) -> list:
+    """Three hours of a server at 60 % of its board (one process), memory in use `memory(t)`."""
+    rng = random.Random(seed)
+    return [
+        sample(
+            t,
+            utilization=round(min(1.0, max(0.0, 0.6 + rng.gauss(0, 0.08))), 2),
+            memory_used=float(int(min(total, memory(t)))),
+            memory_total=total,
+        )
+        for t in (step * interval for step in range(int(3 * 3600 / interval)))
+    ]
+
+
+def test_a_leak_that_grows_in_bursts_is_found() -> None:
+    """A process that leaks a batch's buffers once a minute (50-200 MiB on a 24 GB card, 200-400
+    MiB on an 80 GB one, at a random second of each minute; flat between), from 30 minutes in
+    until the card is full in 1-3 hours: found within 15 minutes, sampled every 1 s or 5 s."""
+    mib = 2.0**20
+    for seed, total, model, low, high, interval in (
+        (1, 24e9, 12e9, 50, 200, 5.0),
+        (2, 24e9, 14e9, 50, 200, 1.0),
+        (3, 80e9, 40e9, 200, 400, 5.0),
+        (4, 80e9, 45e9, 200, 400, 1.0),
+    ):
+        rng, start = random.Random(seed), 1800.0
+        bursts = [(start + 60.0 * n + rng.uniform(0, 60), rng.uniform(low, high) * mib)
+                  for n in range(180)]  # fmt: skip
+
+        def memory(t: float) -> float:
+            return model + sum(size for at, size in bursts if at <= t)
+
+        found = fired("memory_leak", serving(seed, total, interval, memory))
+        assert found and found[0] >= start, (seed, found[:1])
+        assert found[0] < start + 900, (seed, (found[0] - start) / 60)
+
+
+def test_a_reload_a_warm_up_and_a_servers_sawtooth_are_no_leak() -> None:
+    """The same servers, healthy: the model reloaded in place every 40 minutes (out to 1 GB, back
+    at 1 GB/s) and a cache warming up in a staircase after each load (+2, +1, +0.5 GB a minute or
+    two apart); or requests' buffers of 0.5-2 GB taken and freed every 20-90 s."""
+    for seed, total, model, interval in ((5, 24e9, 12e9, 5.0), (6, 80e9, 40e9, 1.0)):
+        rng, buffers, t = random.Random(seed), [(0.0, 0.0)], 0.0  # (from, bytes)
+        while t < 3 * 3600:
+            buffers += [(t, rng.uniform(0.5, 2.0) * 1e9), (t + rng.uniform(10, 40), 0.0)]
+            t += rng.uniform(20, 90)
+
+        def reloaded(t: float) -> float:
+            since = t % 2400
+            warm = sum(size for at, size in ((60, 2e9), (150, 1e9), (300, 0.5e9)) if since >= at)
+            return min(model, 1e9 + since * 1e9) + warm
+
+        def sawtooth(t: float) -> float:
+            return model + next(size for at, size in reversed(buffers) if at <= t)
+
+        for memory in (reloaded, sawtooth):
+            assert not fired("memory_leak", serving(seed, total, interval, memory)), seed

@@ -54,20 +54,25 @@ class Stuck:
 
 
 class MemoryLeak:
-    """Device memory in use rising steadily for three minutes while the same processes run and
-    the load does not grow.
+    """Device memory in use rising steadily for three minutes, or in bursts for twelve, while the
+    same processes run and the load does not grow.
 
     Frameworks allocate their pools and caches as a model loads or a batch size grows, then hold
     them; memory that keeps climbing in small steps under an unchanged process set and load is
-    memory that is allocated and never freed."""
+    memory that is allocated and never freed. A leak of a batch's buffers, or one per periodic
+    job, climbs in bursts (once a minute, flat between) that most 15-second steps miss: a second
+    window, a point a minute for twelve minutes, takes a climb spread over all its quarters at half
+    the pace, where a model (re)load or a cache's warm-up is one step up, then flat."""
 
     kind = "memory_leak"
     STEP = 15.0  # seconds per point of the window
     POINTS = 13
+    MINUTE = 60.0  # seconds per point of the bursts' window, POINTS long too
 
     def __init__(self, sensitivity: float = 1.0) -> None:
         self.sensitivity = sensitivity
         self.points: deque[tuple[float, float, float]] = deque(maxlen=self.POINTS)  # t, bytes, util
+        self.minutes: deque[tuple[float, float, float]] = deque(maxlen=self.POINTS)
         self.processes: frozenset[int] | None = None
         self.hold = Hold(0.0, 120.0)
         # `_leaking`'s last verdict and what it depends on: the last point (the very tuple: a new
@@ -76,15 +81,19 @@ class MemoryLeak:
 
     def update(self, f: Features, elapsed: float) -> bool:
         if f.memory_used is None or (f.processes is not None and not f.processes):
-            self.points.clear()
+            self._clear()
             return self.hold.update(f.timestamp, False)
         # None: the source cannot list processes (amdgpu); the steadiness of the climb still tells
         # a leak from a load.
         if f.processes is not None and f.processes != self.processes:
             self.processes = f.processes
-            self.points.clear()
+            self._clear()
         if not self.points or f.timestamp - self.points[-1][0] >= self.STEP:
-            self.points.append((f.timestamp, f.memory_used, f.utilization or 0.0))
+            point = (f.timestamp, f.memory_used, f.utilization or 0.0)
+            self.points.append(point)
+            # Only with a point of the window: the verdict changes with the window's last point.
+            if not self.minutes or f.timestamp - self.minutes[-1][0] >= self.MINUTE:
+                self.minutes.append(point)
         return self.hold.update(f.timestamp, self._judge(f.memory_total))
 
     def _judge(self, total: float | None) -> bool:
@@ -101,20 +110,37 @@ class MemoryLeak:
         return judged[3]
 
     def _leaking(self, total: float | None) -> bool:
-        points = self.points
-        if len(points) < self.POINTS:
+        if len(self.points) < self.POINTS:
             return False
-        total = total or max(p[1] for p in points)
-        steps = [b[1] - a[1] for a, b in zip(points, list(points)[1:])]
-        rising = sum(step > 0 for step in steps)
-        falls = min(steps) < -0.002 * total
-        growth = points[-1][1] - points[0][1]
+        total = total or max(p[1] for p in self.points)
         needed = max(256 * 2**20, 0.01 * total) / self.sensitivity
+        steps = self._climb(self.points, total, needed)
+        if steps and sum(step > 0 for step in steps) >= len(steps) - 2:
+            return True
+        # In bursts: twice the growth in twelve minutes, a sixteenth of it in each quarter at least.
+        steps = self._climb(self.minutes, total, 2 * needed)
+        if not steps:
+            return False
+        quarter = len(steps) // 4
+        return min(sum(steps[i : i + quarter]) for i in range(0, len(steps), quarter)) >= needed / 8
+
+    def _climb(
+        self, points: deque[tuple[float, float, float]], total: float, needed: float
+    ) -> list[float]:
+        """The steps of a full window that grew by `needed` with no fall, its load not rising;
+        none where it did not."""
+        if len(points) < self.POINTS or points[-1][1] - points[0][1] < needed:
+            return []
+        steps = [b[1] - a[1] for a, b in zip(points, list(points)[1:])]
         half = len(points) // 2
         load = [p[2] for p in points]
         busier = sum(load[half:]) / (len(load) - half) - sum(load[:half]) / half
-        return rising >= len(steps) - 2 and not falls and growth >= needed and busier < 0.15
+        return steps if min(steps) >= -0.002 * total and busier < 0.15 else []
+
+    def _clear(self) -> None:
+        self.points.clear()
+        self.minutes.clear()
 
     def gap(self) -> None:
-        self.points.clear()
+        self._clear()
         self.hold.reset()
