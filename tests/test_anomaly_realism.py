@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import anomaly_traces as traces  # noqa: E402
 
-from kepler_bridge.anomaly import features  # noqa: E402
+from kepler_bridge.anomaly import features, thermal  # noqa: E402
 from kepler_bridge.anomaly.features import Features  # noqa: E402
 from kepler_bridge.anomaly.watch import named  # noqa: E402
 from kepler_bridge.model import GpuReading  # noqa: E402
@@ -123,6 +123,20 @@ def test_a_room_that_warms_and_cools_with_the_day_is_no_cooling_failure() -> Non
     for seed, swing in ((1, 3.0), (2, 4.0)):
         found = fired("cooling", day(seed, 3.0, swing, lambda t: 1.0))
         assert not found, f"+-{swing} °C: fires from {found[0] / 3600:.1f} h" if found else ""
+
+
+def test_a_load_that_climbs_through_new_bands_is_no_warmer_room() -> None:
+    """The labelled traces' diurnal days, in a room that does not change: the morning's load
+    climbs through bands first learned then, high in each as it goes; the room's offset stays
+    well inside the 5 °C margin (following every band, it reached 11 °C and fired after a fault
+    had taught a band)."""
+    for seed in (1, 2, 3):
+        detector, last, room = thermal.Cooling(), None, 0.0
+        for f in traces.clean_trace("diurnal", seed, 5.0).samples:
+            assert f is not None
+            detector.update(f, f.timestamp - last if last is not None else 0.0)
+            last, room = f.timestamp, max(room, abs(detector.room))
+        assert room < 4.0, (seed, room)
 
 
 def test_a_fan_failure_in_a_room_that_warms_and_cools_is_still_found() -> None:

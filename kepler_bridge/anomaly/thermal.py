@@ -24,11 +24,14 @@ class Cooling:
 
     The room's temperature moves every band alike, and a band learns only while visited: one
     taught at night would take the afternoon's warmer room for a fault. So the bands learn the
-    curve less a room offset, shared by all, that follows what the visited band is off by: from
-    every sample within that band's margin (a die warming up and one cooling down cancel out), not
-    from suspect ones, and never faster than a room changes (ROOM_RATE), where a failed fan raises
-    the die tens of degrees in minutes: the offset neither takes in a fault nor teaches it to the
-    bands."""
+    curve less a room offset, shared by all, that follows what a band is off by when the device
+    comes back to it (a band first learned now says nothing of the room: following it took the
+    curve's own rise through a morning's new bands for a room 10 °C warmer); only from samples
+    within the band's margin, not from suspect ones, and never faster than a room changes
+    (ROOM_RATE), where a failed fan raises the die tens of degrees in minutes: the offset neither
+    takes in a fault nor teaches it to the bands. A band's mean is the curve at its middle, and
+    the line to its neighbour's gives the curve elsewhere in it (a rising load sits high in each
+    band it crosses, which the offset took for a warmer room too)."""
 
     kind = "cooling"
 
@@ -39,6 +42,7 @@ class Cooling:
         self.bands = [Ewma(7200.0) for _ in range(BINS)]
         self.spread = [Ewma(7200.0, 1.0) for _ in range(BINS)]
         self.room = 0.0  # °C the room is above where the bands learned it
+        self.visiting, self.returned = -1, False  # the band now, and whether it was known then
         self.recent: deque[tuple[float, float, float]] = deque(maxlen=40)  # (t, °C, W), 10 s apart
         self.limit: float | None = None  # the power limit the bands are shares of
         self.hold = Hold(60.0, 120.0)
@@ -54,12 +58,13 @@ class Cooling:
             # each, so what they learned no longer holds.
             self.bands = [Ewma(7200.0) for _ in range(BINS)]
             self.spread = [Ewma(7200.0, 1.0) for _ in range(BINS)]
-            self.room = 0.0
+            self.room, self.visiting = 0.0, -1
         self.limit = limit
-        band = min(BINS - 1, max(0, int(watts / limit * BINS)))
+        share = watts / limit * BINS
+        band = min(BINS - 1, max(0, int(share)))
         # A die still cooling down after its load dropped is above the lower band, not failing.
         falling = len(self.recent) >= 7 and degrees < self.recent[-7][1] - 0.5
-        hot = self._hot(band, degrees, elapsed, self._settled(degrees)) and not falling
+        hot = self._hot(band, share, degrees, elapsed, self._settled(degrees)) and not falling
         if not self.recent or f.timestamp - self.recent[-1][0] >= 10.0:
             self.recent.append((f.timestamp, degrees, watts))
         return self.hold.update(f.timestamp, hot or self._climbing_at_full_fan(f))
@@ -69,19 +74,39 @@ class Cooling:
         only then does it teach the curve, so a die still warming up does not."""
         return len(self.recent) >= 7 and abs(degrees - self.recent[-7][1]) < 1.0
 
-    def _hot(self, band: int, temperature: float, elapsed: float, settled: bool) -> bool:
+    def _hot(
+        self, band: int, share: float, temperature: float, elapsed: float, settled: bool
+    ) -> bool:
         mean, spread = self.bands[band], self.spread[band]
         known = mean.seen >= 600.0
         margin = max(5.0, 4.0 * spread.value) / self.sensitivity
-        excess = temperature - self.room - mean.value if known else 0.0
+        # The band's mean is its middle's: where in the band the power is moves the curve too.
+        tilt = self._tilt(band, share)
+        excess = temperature - self.room - mean.value - tilt if known else 0.0
         # A sample far above the curve teaches it 50 times slower, so a fault is not learned away.
         learn = (elapsed if excess < margin else elapsed / 50.0) if settled else 0.0
-        if known and abs(excess) < margin:
+        if band != self.visiting:
+            self.visiting, self.returned = band, known
+        if self.returned and abs(excess) < margin:
             self._follow_room(excess, elapsed)
         if known:
             spread.update(abs(excess), learn)
-        mean.update(temperature - self.room, learn)
+        mean.update(temperature - self.room - tilt, learn)
         return excess >= margin
+
+    def _tilt(self, band: int, share: float) -> float:
+        """How much warmer than the band's middle the curve is at `share`, in the line to the
+        nearer known neighbouring band (the other one where only it is known)."""
+        offset = max(-0.5, min(0.5, share - band - 0.5))
+        if self.bands[band].seen < 600.0:
+            return 0.0
+        lower = band > 0 and self.bands[band - 1].seen >= 600.0
+        upper = band < BINS - 1 and self.bands[band + 1].seen >= 600.0
+        if not (lower or upper):
+            return 0.0
+        other = band + 1 if upper and (offset > 0 or not lower) else band - 1
+        slope = (self.bands[other].value - self.bands[band].value) / (other - band)
+        return max(0.0, slope) * offset
 
     def _follow_room(self, excess: float, elapsed: float) -> None:
         """Move the room offset a share of `excess` (a 30-minute half-life), at most ROOM_RATE."""
