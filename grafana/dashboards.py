@@ -767,9 +767,11 @@ def fleet() -> dict[str, Any]:
     ]
     variables = [
         variable("node", "label_values(node:gpu:count, node)", "Node"),
+        # CPU or GPU: most namespaces have CPU energy only.
         variable(
             "namespace",
-            "label_values(namespace:kepler_bridge_pod_gpu_joules:rate5m, namespace)",
+            'label_values({__name__=~"namespace:kepler_bridge_pod_(cpu|gpu)_joules:rate5m"}, '
+            "namespace)",
             "Namespace",
         ),
     ]

@@ -19,6 +19,7 @@ from assets import (
     metric_names,
     panel_queries,
     recording_rules,
+    variable_queries,
 )
 from promserver import binary
 
@@ -145,6 +146,42 @@ def test_power_by_namespace_adds_each_namespaces_cpu_and_gpu_power(tmp_path: Pat
             }
         ],
     }
+    _promtool_passes(tmp_path, case)
+
+
+def test_fleet_namespace_variable_lists_namespaces_with_cpu_energy_only(tmp_path: Path) -> None:
+    # Most namespaces use no GPU: the variable must offer them for the CPU side of the panels.
+    (expr,) = (
+        e
+        for dashboard, name, e in variable_queries()
+        if (dashboard, name) == ("Accelerator fleet", "namespace")
+    )
+    series = [("gpu", "ml"), ("cpu", "ml"), ("cpu", "web")]
+    case = {
+        "interval": "1m",
+        "input_series": [
+            {
+                "series": f'namespace:kepler_bridge_pod_{kind}_joules:rate5m{{namespace="{ns}"}}',
+                "values": "10x5",
+            }
+            for kind, ns in series
+        ],
+        "promql_expr_test": [
+            {
+                "expr": f"clamp_max({expr}, 1)",
+                "eval_time": "3m",
+                "exp_samples": [
+                    {"labels": '{namespace="ml"}', "value": 1},
+                    {"labels": '{namespace="web"}', "value": 1},
+                ],
+            }
+        ],
+    }
+    _promtool_passes(tmp_path, case)
+
+
+def _promtool_passes(tmp_path: Path, case: dict) -> None:
+    """Run one promtool unit-test case (no rules) and require it to pass."""
     path = tmp_path / "panel.test.yml"
     path.write_text(yaml.safe_dump({"rule_files": [], "tests": [case]}))
     run = subprocess.run(
