@@ -9,6 +9,7 @@ import pytest
 
 from agent import Agent
 from fixtures.sysfs import FakeSysfs
+from kepler_bridge.sources import jetson as jetson_module
 from kepler_bridge.sources.base import SourceAbsent
 from kepler_bridge.sources.jetson import JetsonSource
 from scaffold import make_config
@@ -98,6 +99,44 @@ def test_a_rail_whose_channel_another_takes_is_found_again(tmp_path: Path) -> No
     assert gpu.up and gpu.power_watts is None
     sysfs.write(hwmon, {"in1_label": "VDD_GPU_SOC", "in2_label": "VDD_CPU_CV"})
     assert source.read().gpus[0].power_watts == 6.0
+
+
+def test_sensors_whose_drivers_probe_after_start_are_found(tmp_path: Path) -> None:
+    """At boot the Jetson's drivers probe in any order: jetson-stats #425 and #889 saw the nvgpu
+    devfreq node appear after its service started. A GPU found before its INA3221 (hwmon) and
+    thermal drivers probe must gain power and temperature when they do, not stay without."""
+    sysfs = FakeSysfs(tmp_path / "sys")
+    sysfs.jetson_orin_jp6(tmp_path / "proc")
+    source = jetson(sysfs, tmp_path / "proc")
+    for _ in range(5):
+        gpu = source.read().gpus[0]
+        assert gpu.up and gpu.utilization == 0.4 and gpu.power_watts is None
+    sysfs.jetson_orin_sensors()
+    readings = [source.read().gpus[0] for _ in range(65)]  # looked for at least once a minute
+    assert readings[-1].power_watts == 7.0  # VDD_GPU_SOC: 5000 mV x 1400 mA
+    assert readings[-1].temperature_celsius == 43.0  # gpu-thermal
+    assert "power rail VDD_GPU_SOC" in source.describe(source.read())
+
+
+def test_a_missing_rail_is_looked_for_on_a_back_off_not_each_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Jetson samples every second: while the INA3221 driver is unbound (hwmon gone), looking
+    for the rail each sample would walk class/hwmon and bus/i2c every second."""
+    sysfs = FakeSysfs(tmp_path / "sys")
+    sysfs.jetson_orin(tmp_path / "proc")
+    hwmon = _ina3221(sysfs)
+    source = jetson(sysfs, tmp_path / "proc")
+    looks = []
+    real = jetson_module._gpu_rail
+    monkeypatch.setattr(jetson_module, "_gpu_rail", lambda root: looks.append(1) or real(root))
+    device = hwmon.resolve()
+    hwmon.unlink()  # the driver unbound: class/hwmon/hwmonN gone
+    assert all(source.read().gpus[0].power_watts is None for _ in range(200))
+    assert len(looks) <= 10  # after 1, 2, 4, ... 64 samples
+    sysfs.link(hwmon, device)
+    readings = [source.read().gpus[0].power_watts for _ in range(65)]
+    assert readings[-1] == 6.0
 
 
 def test_out_of_range_readings_are_dropped(tmp_path: Path) -> None:

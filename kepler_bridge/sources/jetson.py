@@ -23,6 +23,25 @@ VENDOR = "nvidia"
 GPU_NODES = ("gp10b", "gv11b", "ga10b", "gpu")
 GPU_THERMAL_ZONES = ("gpu-therm", "gpu-thermal")
 LOAD_FULL_SCALE = 1000  # the devfreq device's `load` is per mille
+MAX_SEARCH_WAIT = 64  # samples between looks for a missing rail or zone, at most
+
+
+@dataclass
+class _Search:
+    """When to look again for a sensor that is missing (its driver probes after the agent starts,
+    or unbinds): the next sample, then 2, 4, ... up to MAX_SEARCH_WAIT samples later."""
+
+    wait: int = 0
+    left: int = 0
+
+    def due(self) -> bool:
+        self.left -= 1
+        return self.left < 0
+
+    def update(self, found: bool) -> None:
+        """After a look: found, the next loss is looked for at once; missed, the wait doubles."""
+        self.wait = 0 if found else min(MAX_SEARCH_WAIT, max(1, self.wait * 2))
+        self.left = self.wait - 1 if self.wait else 0
 
 
 @dataclass(frozen=True)
@@ -59,8 +78,9 @@ class JetsonSource(Source):
         super().__init__(config)
         self.devfreq = Path()
         self.rail: _Rail | None = None
-        self.had_rail = False
         self.thermal: Path | None = None
+        self.rail_search = _Search()
+        self.thermal_search = _Search()
 
     def start(self) -> None:
         sysfs = Path(self.config.sysfs)
@@ -80,20 +100,22 @@ class JetsonSource(Source):
         serial = read_text(devicetree / "serial-number")
         self.uuid = f"JETSON-{serial or self.devfreq.name}"
         self.model = read_text(devicetree / "model") or "NVIDIA Jetson"
-        self.rail = _gpu_rail(self.config.sysfs)
-        self.had_rail = self.rail is not None
-        self.thermal = next(
-            (
-                zone
-                for zone in sorted((sysfs / "class" / "thermal").glob("thermal_zone*"))
-                if (read_text(zone / "type") or "").lower() in GPU_THERMAL_ZONES
-            ),
-            None,
-        )
+        self._find_sensors()
+
+    def _find_sensors(self) -> None:
+        """Find the GPU's rail and thermal zone where missing (or the rail's channel taken by
+        another), looking again on a back-off, never each sample."""
+        if self.rail is not None and not self.rail.here():
+            self.rail = None  # its channel is another rail's now: looked for again at once
+        if self.rail is None and self.rail_search.due():
+            self.rail = _gpu_rail(self.config.sysfs)  # None (no power) until it is back
+            self.rail_search.update(self.rail is not None)
+        if self.thermal is None and self.thermal_search.due():
+            self.thermal = _gpu_zone(self.config.sysfs)
+            self.thermal_search.update(self.thermal is not None)
 
     def read(self) -> SourceReading:
-        if self.had_rail and (self.rail is None or not self.rail.here()):
-            self.rail = _gpu_rail(self.config.sysfs)  # None (no power) until it is back
+        self._find_sensors()
         load = read_int(self.devfreq / "device" / "load")
         used, total = _shared_memory(self.config.procfs)
         return SourceReading(
@@ -152,6 +174,18 @@ def _gpu_rail(sysfs: str) -> _Rail | None:
     rails = [rail for rail in _rails(sysfs) if "GPU" in rail.label.upper()]
     return next(
         (rail for rail in rails if "CPU" not in rail.label.upper()), rails[0] if rails else None
+    )
+
+
+def _gpu_zone(sysfs: str) -> Path | None:
+    """The GPU's thermal zone: GPU-therm (JetPack 4, Xavier on 5) or gpu-thermal (Orin)."""
+    return next(
+        (
+            zone
+            for zone in sorted(Path(sysfs, "class", "thermal").glob("thermal_zone*"))
+            if (read_text(zone / "type") or "").lower() in GPU_THERMAL_ZONES
+        ),
+        None,
     )
 
 
