@@ -169,8 +169,8 @@ def _rails(sysfs: str) -> list[_Rail]:
 
 
 def _gpu_rail(sysfs: str) -> _Rail | None:
-    """The rail feeding the GPU alone (VDD_GPU_SOC, GPU, POM_5V_GPU); else one shared with the CPU
-    (VDD_CPU_GPU_CV)."""
+    """The GPU's rail without the CPU (GPU, VDD_SYS_GPU, POM_5V_GPU; AGX Orin's VDD_GPU_SOC feeds
+    the SoC too); else one shared with the CPU (VDD_CPU_GPU_CV)."""
     rails = [rail for rail in _rails(sysfs) if "GPU" in rail.label.upper()]
     return next(
         (rail for rail in rails if "CPU" not in rail.label.upper()), rails[0] if rails else None
