@@ -3,6 +3,7 @@ meminfo."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from scaffold import make_config
 
 
 def jetson(sysfs: FakeSysfs, procfs: Path) -> JetsonSource:
-    source = JetsonSource(make_config(sysfs=sysfs.root, procfs=procfs))
+    """The source, started, on a clock that moves a second at each look: a sample a second."""
+    source = JetsonSource(make_config(sysfs=sysfs.root, procfs=procfs, interval="1s"))
+    source.clock = itertools.count(0.0, 1.0).__next__
     source.start()
     return source
 
@@ -133,7 +136,7 @@ def test_a_missing_rail_is_looked_for_on_a_back_off_not_each_sample(
     device = hwmon.resolve()
     hwmon.unlink()  # the driver unbound: class/hwmon/hwmonN gone
     assert all(source.read().gpus[0].power_watts is None for _ in range(200))
-    assert len(looks) <= 10  # after 1, 2, 4, ... 64 samples
+    assert len(looks) <= 10  # after 1, 2, 4, ... 64 s
     sysfs.link(hwmon, device)
     readings = [source.read().gpus[0].power_watts for _ in range(65)]
     assert readings[-1] == 6.0

@@ -8,13 +8,14 @@ MemAvailable) from /proc/meminfo.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from kepler_bridge.config import Config
 from kepler_bridge.model import GpuReading, SourceReading
 from kepler_bridge.sources import ranges
-from kepler_bridge.sources.base import Source, SourceAbsent
+from kepler_bridge.sources.base import Retry, Source, SourceAbsent
 from kepler_bridge.sources.sysfs import class_hwmons, read_int, read_text, scaled, whole_number
 
 VENDOR = "nvidia"
@@ -23,25 +24,9 @@ VENDOR = "nvidia"
 GPU_NODES = ("gp10b", "gv11b", "ga10b", "gpu")
 GPU_THERMAL_ZONES = ("gpu-therm", "gpu-thermal")
 LOAD_FULL_SCALE = 1000  # the devfreq device's `load` is per mille
-MAX_SEARCH_WAIT = 64  # samples between looks for a missing rail or zone, at most
-
-
-@dataclass
-class _Search:
-    """When to look again for a sensor that is missing (its driver probes after the agent starts,
-    or unbinds): the next sample, then 2, 4, ... up to MAX_SEARCH_WAIT samples later."""
-
-    wait: int = 0
-    left: int = 0
-
-    def due(self) -> bool:
-        self.left -= 1
-        return self.left < 0
-
-    def update(self, found: bool) -> None:
-        """After a look: found, the next loss is looked for at once; missed, the wait doubles."""
-        self.wait = 0 if found else min(MAX_SEARCH_WAIT, max(1, self.wait * 2))
-        self.left = self.wait - 1 if self.wait else 0
+# The most seconds between two looks for a missing rail or zone: its driver probes after the agent
+# starts (drivers come up in any order at boot), or it was unbound.
+MAX_SEARCH_WAIT = 64.0
 
 
 @dataclass(frozen=True)
@@ -79,8 +64,9 @@ class JetsonSource(Source):
         self.devfreq = Path()
         self.rail: _Rail | None = None
         self.thermal: Path | None = None
-        self.rail_search = _Search()
-        self.thermal_search = _Search()
+        self.rail_search = Retry(MAX_SEARCH_WAIT)
+        self.thermal_search = Retry(MAX_SEARCH_WAIT)
+        self.clock = time.monotonic
 
     def start(self) -> None:
         sysfs = Path(self.config.sysfs)
@@ -104,15 +90,22 @@ class JetsonSource(Source):
 
     def _find_sensors(self) -> None:
         """Find the GPU's rail and thermal zone where missing (or the rail's channel taken by
-        another), looking again on a back-off, never each sample."""
+        another), looking again on a back-off (`Retry`), never each sample."""
+        now = self.clock()
         if self.rail is not None and not self.rail.here():
             self.rail = None  # its channel is another rail's now: looked for again at once
-        if self.rail is None and self.rail_search.due():
+        if self.rail is None and self.rail_search.due(now):
             self.rail = _gpu_rail(self.config.sysfs)  # None (no power) until it is back
-            self.rail_search.update(self.rail is not None)
-        if self.thermal is None and self.thermal_search.due():
+            self._looked(self.rail_search, self.rail is not None, now)
+        if self.thermal is None and self.thermal_search.due(now):
             self.thermal = _gpu_zone(self.config.sysfs)
-            self.thermal_search.update(self.thermal is not None)
+            self._looked(self.thermal_search, self.thermal is not None, now)
+
+    def _looked(self, search: Retry, found: bool, now: float) -> None:
+        if found:
+            search.succeeded()
+        else:
+            search.failed(self.config.interval, now)
 
     def read(self) -> SourceReading:
         self._find_sensors()
