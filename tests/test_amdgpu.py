@@ -4,12 +4,11 @@ in the real agent."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agent import Agent
-from fixtures.sysfs import GIB, FakeSysfs
+from fixtures.sysfs import GIB, FakeSysfs, record_reads
 from kepler_bridge.sources.amdgpu import AmdgpuSource
 from kepler_bridge.sources.base import SourceAbsent
 from scaffold import make_config
@@ -171,14 +170,7 @@ def test_a_runtime_suspended_card_is_read_without_waking_it(
     device = sysfs.root / "devices" / "pci0000:00" / "0000:03:00.0"
     source = AmdgpuSource(make_config(sysfs=str(sysfs.root)))
     source.start()
-    opened: list[str] = []
-    read_text = Path.read_text
-
-    def reading(path: Path, *args: Any, **kwargs: Any) -> str:
-        opened.append(str(path))
-        return read_text(path, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", reading)
+    opened = record_reads(monkeypatch)
     for status in ("suspended", "unsupported", "active"):
         sysfs.write(device / "power", {"runtime_status": status})
         opened.clear()

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agent import Agent
-from fixtures.sysfs import GIB, FakeSysfs
+from fixtures.sysfs import GIB, FakeSysfs, record_reads
 from kepler_bridge.sources import intel
 from kepler_bridge.sources.base import SourceAbsent
 from scaffold import make_config
@@ -96,14 +95,7 @@ def test_a_runtime_suspended_card_is_read_without_waking_it(
     ]
     source = intel.IntelSource(make_config(sysfs=sysfs.root))
     source.start()
-    opened: list[str] = []
-    read_text = Path.read_text
-
-    def reading(path: Path, *args: Any, **kwargs: Any) -> str:
-        opened.append(str(path))
-        return read_text(path, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", reading)
+    opened = record_reads(monkeypatch)
     for status in ("active", "suspended", "active"):
         for device in devices:
             sysfs.write(device / "power", {"runtime_status": status})
